@@ -1,0 +1,163 @@
+"""Per-span cost of otel-tunix against the raw OTel SDK, Tunix's tracer and a bare loop.
+
+Everything is measured in this one run and printed as ratios, since absolute numbers drift
+between machines. Run: ``make bench`` (or ``.venv/bin/python bench/bench_overhead.py``).
+
+Targets (issue #2):
+* a component in a step that is not sampled: <= 0.5 us, and <= 0.1x an OTel SDK span under
+  the ALWAYS_OFF sampler;
+* a component in a sampled step, including otel-tunix's processors and a null exporter:
+  <= 0.25x a raw OTel SDK span (ALWAYS_ON + BatchSpanProcessor to a null exporter), and no
+  more than Tunix's ``PerfTracer.span`` when google-tunix is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+import otel_tunix
+
+
+class NullExporter(SpanExporter):
+    """Accepts every batch and drops it."""
+
+    def export(self, spans: Sequence[object]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def best_of(fn: Callable[[int], float], n: int, repeats: int) -> float:
+    """Median of ``repeats`` runs of ``fn(n)``, in microseconds per span."""
+    return statistics.median(fn(n) / n * 1e6 for _ in range(repeats))
+
+
+def bare_clock(n: int) -> float:
+    pc = time.perf_counter_ns
+    t = time.perf_counter()
+    for _ in range(n):
+        pc()
+        pc()
+    return time.perf_counter() - t
+
+
+def sdk_span(sampler: object, processor: bool) -> Callable[[int], float]:
+    tp = TracerProvider(sampler=sampler)  # type: ignore[arg-type]
+    if processor:
+        tp.add_span_processor(BatchSpanProcessor(NullExporter(), max_queue_size=1 << 16))
+    tracer = tp.get_tracer("bench")
+
+    def run(n: int) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            with tracer.start_as_current_span("train_step_compute"):
+                pass
+        elapsed = time.perf_counter() - t
+        tp.force_flush()
+        return elapsed
+
+    return run
+
+
+def tunix_span() -> Callable[[int], float] | None:
+    try:
+        from tunix.perf.experimental.tracer import PerfTracer  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    tracer = PerfTracer()
+
+    def run(n: int) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            with tracer.span("train_step_compute"):
+                pass
+        return time.perf_counter() - t
+
+    return run
+
+
+def ours(sampled: bool, per_step: int, include_pipeline: bool) -> Callable[[int], float]:
+    component, step = otel_tunix.component, otel_tunix.step
+
+    def run(n: int) -> float:
+        steps = max(1, n // per_step)
+        base = 0 if sampled else 1  # sampling_rate=2: even steps are sampled
+        t = time.perf_counter()
+        for s in range(steps):
+            with step(2 * s + base):
+                for _ in range(per_step):
+                    with component("train_step_compute"):
+                        pass
+        if include_pipeline:
+            otel_tunix.force_flush()
+        elapsed = time.perf_counter() - t
+        if not include_pipeline:
+            otel_tunix.force_flush()
+        return elapsed
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--spans", type=int, default=20000, help="spans per measurement")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--per-step", type=int, default=10, help="components per step")
+    args = ap.parse_args()
+    n, r = args.spans, args.repeats
+
+    # otel-tunix with its processors and a null exporter (no local run folder: file writing
+    # is an exporter of its own, measured by bench_demo.py).
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(NullExporter(), max_queue_size=1 << 16))
+    if True:
+        otel_tunix.configure(
+            service_name="bench",
+            output_dir="none",
+            perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=2),
+            tracer_provider=tp,
+        )
+        rows = {
+            "bare clock pair": best_of(bare_clock, n, r),
+            "OTel SDK, ALWAYS_OFF": best_of(sdk_span(ALWAYS_OFF, False), n, r),
+            "OTel SDK, ALWAYS_ON + batch(null)": best_of(sdk_span(ALWAYS_ON, True), n, r),
+            "otel-tunix, step not sampled": best_of(ours(False, args.per_step, False), n, r),
+            "otel-tunix, sampled (hot path)": best_of(ours(True, args.per_step, False), n, r),
+            "otel-tunix, sampled (+ processing)": best_of(ours(True, args.per_step, True), n, r),
+        }
+        tunix = tunix_span()
+        if tunix is not None:
+            rows["Tunix PerfTracer.span"] = best_of(tunix, n, r)
+        otel_tunix.shutdown()
+
+    width = max(len(k) for k in rows)
+    print(f"{'what':<{width}}  us/span")
+    for k, v in rows.items():
+        print(f"{k:<{width}}  {v:7.3f}")
+    off, on = rows["OTel SDK, ALWAYS_OFF"], rows["OTel SDK, ALWAYS_ON + batch(null)"]
+    unsampled = rows["otel-tunix, step not sampled"]
+    sampled = rows["otel-tunix, sampled (+ processing)"]
+    print()
+    print(f"unsampled / SDK ALWAYS_OFF        = {unsampled / off:.3f}  (target <= 0.1)")
+    print(f"unsampled absolute                = {unsampled:.3f} us (target <= 0.5)")
+    print(f"sampled+processing / SDK ALWAYS_ON = {sampled / on:.3f}  (target <= 0.25)")
+    hot = rows["otel-tunix, sampled (hot path)"]
+    print(f"sampled hot path / SDK ALWAYS_ON   = {hot / on:.3f}")
+    if "Tunix PerfTracer.span" in rows:
+        print(f"sampled+processing / Tunix         = {sampled / rows['Tunix PerfTracer.span']:.3f}"
+              "  (target <= 1)")
+    else:
+        print("Tunix PerfTracer.span: google-tunix not installed; ratio skipped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""otel-tunix: OpenTelemetry-native observability for LLM training loops.
+
+Quick start::
+
+    import otel_tunix
+
+    otel_tunix.configure(service_name="sft-demo")
+    for n in range(steps):
+        with otel_tunix.step(n, scope="train"):
+            with otel_tunix.component("train_data_load"):
+                batch = next(it)
+            with otel_tunix.component("train_step_compute"):
+                loss = train_step(batch)
+    otel_tunix.shutdown()
+"""
+
+from __future__ import annotations
+
+from otel_tunix._configure import (
+    RunInfo,
+    configure,
+    current_run,
+    force_flush,
+    get_metrics_logger,
+    last_step_summary,
+    shutdown,
+)
+from otel_tunix._tracer import component, step
+from otel_tunix._version import __version__
+from otel_tunix.accounting import ComponentTime, ScopeSession, SpanInfo, StepSummary
+from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
+from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
+
+__all__ = [
+    "ComponentTime",
+    "ConfigurationError",
+    "MetricsLogger",
+    "MetricsLoggerOptions",
+    "PerformanceMetricsConfig",
+    "RunInfo",
+    "ScopeSession",
+    "SpanInfo",
+    "StepSummary",
+    "__version__",
+    "component",
+    "configure",
+    "current_run",
+    "force_flush",
+    "get_metrics_logger",
+    "last_step_summary",
+    "shutdown",
+    "step",
+]

@@ -1,0 +1,395 @@
+"""``configure()`` / ``shutdown()``: one run's providers, pipeline, processors and files."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_tunix import _otel_setup, _resource, _tracer
+from otel_tunix import attributes as attr
+from otel_tunix import environment_variables as env
+from otel_tunix._pipeline import Pipeline
+from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
+from otel_tunix._spans import SpanBuilder, epoch_offset_ns
+from otel_tunix._version import __version__
+from otel_tunix.accounting import ScopeSession
+from otel_tunix.config import (
+    ConfigurationError,
+    PerformanceMetricsConfig,
+    env_bool,
+    load_callable,
+)
+from otel_tunix.exporters.jsonl import StepJsonlWriter
+from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What ``configure()`` set up: the run id, the local folder, the resource."""
+
+    run_id: str
+    output_dir: Path | None
+    resource: Resource
+    rank: RankInfo
+    enabled: bool
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _State:
+    info: RunInfo
+    config: PerformanceMetricsConfig
+    logger: MetricsLogger
+    owns_logger: bool
+    runtime: _tracer.Runtime | None = None
+    processor: StepAccountingProcessor | None = None
+    tracer_provider: Any = None
+    owns_tracer_provider: bool = False
+    meter_provider: Any = None
+    owns_meter_provider: bool = False
+    offset_ns: int = 0
+
+
+_lock = threading.RLock()
+_state: _State | None = None
+_installed: list[object] = []  # providers otel-tunix made global (replaceable by a later run)
+_atexit_registered = False
+
+
+def _output_dir(arg: str | os.PathLike[str] | None, run_id: str) -> Path | None:
+    raw = os.fspath(arg) if arg is not None else os.environ.get(env.OTEL_TUNIX_OUTPUT_DIR)
+    if raw is not None and raw.strip().lower() == "none":
+        return None
+    if raw is None or not raw.strip():
+        return Path("otel-tunix-runs") / run_id
+    return Path(raw)
+
+
+def _rank_suffix(rank: RankInfo) -> str:
+    return f"-rank{rank.rank}" if rank.distributed else ""
+
+
+def configure(
+    *,
+    service_name: str | None = None,
+    perf: PerformanceMetricsConfig | None = None,
+    output_dir: str | os.PathLike[str] | None = None,
+    run_id: str | None = None,
+    metrics_logger: MetricsLogger | MetricsLoggerOptions | None = None,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+    resource_attributes: dict[str, Any] | None = None,
+) -> RunInfo:
+    """Set up otel-tunix for this process (keyword-only, idempotent, thread-safe).
+
+    Calling it again shuts the previous run down first. Settings resolve argument, then
+    environment, then default (see the README's configuration table).
+
+    Args:
+        service_name: ``service.name`` (else ``OTEL_SERVICE_NAME``).
+        perf: What to record: sampling, component filter, JSONL path, export function.
+        output_dir: Local run folder (else ``OTEL_TUNIX_OUTPUT_DIR``, else
+            ``./otel-tunix-runs/<run id>``; ``"none"`` turns it off).
+        run_id: ``tunix.run.id`` (else ``OTEL_TUNIX_RUN_ID``, else the launcher's job id,
+            else a new id).
+        metrics_logger: A :class:`MetricsLogger` to receive the ``perf/...`` scalars, or
+            options for the default one (which writes ``metrics.jsonl`` in the run folder).
+        tracer_provider: An SDK TracerProvider to use. Default: the application's global SDK
+            provider if it set one (joined, its exporters reused, nothing exported twice),
+            else a new one with the exporters of ``OTEL_TRACES_EXPORTER``.
+        meter_provider: Likewise for metrics (``OTEL_METRICS_EXPORTER``).
+        resource_attributes: More resource attributes.
+
+    Returns:
+        The :class:`RunInfo` of the run.
+
+    Raises:
+        ConfigurationError: a value (argument or environment variable) is not allowed.
+    """
+    global _state
+    with _lock:
+        if _state is not None:
+            shutdown()
+        cfg = (perf if perf is not None else PerformanceMetricsConfig()).resolved()
+        if not isinstance(cfg, PerformanceMetricsConfig):  # pragma: no cover - typing guard
+            raise ConfigurationError("perf must be a PerformanceMetricsConfig")
+        export_fn = cfg.export_fn
+        if isinstance(export_fn, str):
+            export_fn = load_callable(export_fn, "export_fn / " + env.OTEL_TUNIX_EXPORT_FN)
+        if metrics_logger is not None and not isinstance(
+            metrics_logger, MetricsLogger | MetricsLoggerOptions
+        ):
+            raise ConfigurationError(
+                "metrics_logger must be a MetricsLogger or MetricsLoggerOptions, "
+                f"got {metrics_logger!r}"
+            )
+        rid = run_id or new_run_id()
+        rank = detect_rank()
+        ours = _resource.resource_attributes(
+            service_name=service_name, run_id=rid, rank=rank, extra=resource_attributes
+        )
+        resource = build_resource(ours)
+        disabled = env_bool(OTEL_SDK_DISABLED, False)
+        out_dir = None if disabled else _output_dir(output_dir, rid)
+        files: dict[str, Path] = {}
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+
+        if disabled:
+            logger = _make_logger(metrics_logger, None, rid, rank, None, enabled=False)
+            info = RunInfo(rid, None, resource, rank, enabled=False)
+            _tracer.set_runtime(None)
+            _state = _State(
+                info, cfg, logger, owns_logger=not isinstance(metrics_logger, MetricsLogger)
+            )
+            return info
+
+        # --- providers -------------------------------------------------------------------
+        tp, owns_tp = tracer_provider, False
+        if tp is None:
+            glob = trace.get_tracer_provider()
+            if isinstance(glob, TracerProvider) and glob not in _installed:
+                tp = glob
+            else:
+                tp, owns_tp = _otel_setup.build_tracer_provider(resource), True
+        mp, owns_mp = meter_provider, False
+        if mp is None:
+            glob_mp = metrics.get_meter_provider()
+            if isinstance(glob_mp, MeterProvider) and glob_mp not in _installed:
+                mp = glob_mp
+            else:
+                mp, owns_mp = _otel_setup.build_meter_provider(resource, []), True
+        _otel_setup.install_global_providers(
+            tp if owns_tp else None, mp if owns_mp else None, tuple(_installed)
+        )
+        _installed[:] = [p for p in (tp if owns_tp else None, mp if owns_mp else None) if p]
+        span_resource = resource if owns_tp else tp.resource.merge(Resource(ours))
+
+        # --- sinks -----------------------------------------------------------------------
+        logger = _make_logger(metrics_logger, out_dir, rid, rank, mp, enabled=True)
+        if out_dir is not None and logger.backends:
+            files["metrics"] = out_dir / "metrics.jsonl"
+        processor = StepAccountingProcessor()
+        instruments = InstrumentSink(mp.get_meter(cfg.otel_scope, __version__))
+        processor.add_sink(instruments)
+        processor.add_sink(MetricsLoggerSink(logger))
+        if out_dir is not None:
+            files["spans"] = out_dir / f"spans{_rank_suffix(rank)}.jsonl"
+            processor.add_sink(StepJsonlWriter(files["spans"]))
+        if cfg.export_jsonl_path:
+            processor.add_sink(StepJsonlWriter(cfg.export_jsonl_path))
+        if export_fn is not None:
+            processor.add_sink(ExportFnSink(export_fn, instruments=instruments, logger=logger))
+        if out_dir is not None:
+            files["summary"] = out_dir / f"summary{_rank_suffix(rank)}.json"
+
+        info = RunInfo(rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files)
+        state = _State(
+            info,
+            cfg,
+            logger,
+            owns_logger=not isinstance(metrics_logger, MetricsLogger),
+            processor=processor,
+            tracer_provider=tp,
+            owns_tracer_provider=owns_tp,
+            meter_provider=mp,
+            owns_meter_provider=owns_mp,
+            offset_ns=epoch_offset_ns(),
+        )
+        tp.add_span_processor(processor)
+        span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
+        if cfg.enabled:
+            runtime = _tracer.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline=None)
+            runtime.pipeline = Pipeline(
+                SpanBuilder(
+                    span_sink,
+                    span_resource,
+                    InstrumentationScope(cfg.otel_scope or "tunix", __version__),
+                    runtime.thread_names,
+                )
+            )
+            state.runtime = runtime
+            _register_observables(mp.get_meter(cfg.otel_scope, __version__), state)
+        _tracer.set_runtime(state.runtime)
+        _state = state
+        _register_atexit()
+        _logger.info("otel-tunix: run %s, local folder %s", rid, out_dir)
+        return info
+
+
+def _make_logger(
+    given: MetricsLogger | MetricsLoggerOptions | None,
+    out_dir: Path | None,
+    run_id: str,
+    rank: RankInfo,
+    meter_provider: Any,
+    *,
+    enabled: bool,
+) -> MetricsLogger:
+    if isinstance(given, MetricsLogger):
+        return given
+    if not enabled:
+        return MetricsLogger(
+            MetricsLoggerOptions(default_backends=False), run_id=run_id, rank=rank.rank
+        )
+    opts = given or MetricsLoggerOptions(log_dir=out_dir, run_name=run_id)
+    return MetricsLogger(opts, run_id=run_id, rank=rank.rank, meter_provider=meter_provider)
+
+
+def _register_observables(meter: Any, state: _State) -> None:
+    runtime = state.runtime
+    assert runtime is not None
+
+    def steps(_: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(s.count, {attr.METRIC_SCOPE: scope})
+            for scope, s in list(runtime.scopes.items())
+        ]
+
+    def rate(_: CallbackOptions) -> list[Observation]:
+        out = []
+        for scope, s in list(runtime.scopes.items()):
+            wall = (s.last_end_ns - s.first_start_ns) * 1e-9
+            if wall > 0:
+                out.append(Observation(s.count / wall, {attr.METRIC_SCOPE: scope}))
+        return out
+
+    def dropped(_: CallbackOptions) -> list[Observation]:
+        p = runtime.pipeline
+        return [
+            Observation(p.dropped_steps, {"reason": "queue_full"}),
+            Observation(p.failed_steps, {"reason": "processing_error"}),
+        ]
+
+    meter.create_observable_counter(
+        "tunix.steps", [steps], unit="{step}", description="Steps run (sampled or not)"
+    )
+    meter.create_observable_gauge(
+        "tunix.session.steps_per_second",
+        [rate],
+        unit="{step}/s",
+        description="Steps per second from the first to the latest step of a scope",
+    )
+    meter.create_observable_counter(
+        "tunix.telemetry.dropped_steps",
+        [dropped],
+        unit="{step}",
+        description="Sampled steps otel-tunix could not record",
+    )
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(shutdown)
+
+
+def force_flush(timeout: float = 10.0) -> bool:
+    """Process every finished step and flush the providers' exporters."""
+    with _lock:
+        st = _state
+    if st is None or st.runtime is None:
+        return True
+    ok = st.runtime.pipeline.flush(timeout)
+    if st.tracer_provider is not None:
+        ok = st.tracer_provider.force_flush(int(timeout * 1000)) and ok
+    if st.meter_provider is not None:
+        ok = st.meter_provider.force_flush(int(timeout * 1000)) and ok
+    return bool(ok)
+
+
+def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
+    """Finish the run: process queued steps, write the session lines and summary, flush.
+
+    Idempotent; registered with ``atexit``. Returns the per-scope session totals.
+    """
+    global _state
+    with _lock:
+        st = _state
+        if st is None:
+            return []
+        _state = None
+        _tracer.set_runtime(None)
+        sessions: list[ScopeSession] = []
+        rt = st.runtime
+        if rt is not None and st.processor is not None:
+            rt.pipeline.close(timeout)
+            counts = {
+                scope: (s.count, s.first_start_ns + st.offset_ns, s.last_end_ns + st.offset_ns)
+                for scope, s in rt.scopes.items()
+            }
+            st.processor.finish_session(counts)
+            sessions = st.processor.sessions(counts)
+            summary_path = st.info.files.get("summary")
+            if summary_path is not None:
+                _write_summary(summary_path, st, sessions)
+        if st.owns_logger:
+            st.logger.close()
+        for provider, owned in (
+            (st.tracer_provider, st.owns_tracer_provider),
+            (st.meter_provider, st.owns_meter_provider),
+        ):
+            if provider is None:
+                continue
+            try:
+                if owned:
+                    provider.shutdown()
+                else:
+                    provider.force_flush(int(timeout * 1000))
+            except Exception:
+                _logger.exception("otel-tunix: shutting down %s failed", type(provider).__name__)
+        return sessions
+
+
+def _write_summary(path: Path, st: _State, sessions: list[ScopeSession]) -> None:
+    rt = st.runtime
+    data = {
+        "run_id": st.info.run_id,
+        "resource": dict(st.info.resource.attributes),
+        "sampling_rate": st.config.sampling_rate,
+        "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
+        "failed_steps": rt.pipeline.failed_steps if rt else 0,
+        "scopes": [s.to_json() for s in sessions],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+def get_metrics_logger() -> MetricsLogger:
+    """The MetricsLogger of the current run (an inactive one before ``configure()``)."""
+    with _lock:
+        if _state is not None:
+            return _state.logger
+    return MetricsLogger(MetricsLoggerOptions(default_backends=False), rank=0)
+
+
+def current_run() -> RunInfo | None:
+    """The :class:`RunInfo` of the current run, or ``None``."""
+    st = _state
+    return st.info if st is not None else None
+
+
+def last_step_summary() -> Any:
+    """The latest :class:`~otel_tunix.accounting.StepSummary` (or ``None``)."""
+    st = _state
+    return st.processor.last_summary if st is not None and st.processor is not None else None

@@ -1,0 +1,155 @@
+"""Tracer and meter providers: join the application's, or build ours from ``OTEL_*``.
+
+Exporters are resolved by name through the OTel entry-point groups
+(``opentelemetry_traces_exporter`` / ``opentelemetry_metrics_exporter``), exactly as
+``opentelemetry-instrument`` does, so ``otlp``, ``console``, ``prometheus`` and otel-tunix's
+own ``perfetto`` and ``datadog`` all work with ``OTEL_TRACES_EXPORTER`` /
+``OTEL_METRICS_EXPORTER``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER, OTEL_TRACES_EXPORTER
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.util._importlib_metadata import entry_points
+
+from otel_tunix.config import ConfigurationError
+
+_logger = logging.getLogger(__name__)
+
+_EXTRA_FOR = {
+    "otlp_proto_grpc": "otlp",
+    "otlp_proto_http": "otlp",
+    "perfetto": "perfetto",
+    "datadog": "datadog",
+    "prometheus": "prometheus",
+}
+
+
+def exporter_names(var: str, endpoint_vars: tuple[str, ...]) -> list[str]:
+    """Names listed in ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``.
+
+    Unset means ``otlp`` when an OTLP endpoint variable is set, else nothing (the local run
+    folder still gets everything).
+    """
+    raw = os.environ.get(var)
+    if raw is None or not raw.strip():
+        return ["otlp"] if any(os.environ.get(v) for v in endpoint_vars) else []
+    names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    return [] if "none" in names else names
+
+
+def _otlp_entry_point(signal_protocol_var: str, var: str) -> str:
+    protocol = (
+        os.environ.get(signal_protocol_var) or os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL) or "grpc"
+    ).strip()
+    if protocol == "grpc":
+        return "otlp_proto_grpc"
+    if protocol == "http/protobuf":
+        return "otlp_proto_http"
+    raise ConfigurationError(
+        f"{signal_protocol_var} / {OTEL_EXPORTER_OTLP_PROTOCOL}={protocol!r} is not supported "
+        f"for {var}=otlp; use 'grpc' or 'http/protobuf'"
+    )
+
+
+def load_exporter_class(group: str, name: str, var: str) -> Any:
+    """Load an exporter class from its entry point, with a clear error when it is missing."""
+    found = list(entry_points(group=group, name=name))
+    if not found:
+        extra = _EXTRA_FOR.get(name)
+        hint = f"; install it with pip install 'otel-tunix[{extra}]'" if extra else ""
+        raise ConfigurationError(f"{var} names {name!r}, but no such exporter is installed{hint}")
+    return found[0].load()
+
+
+def trace_exporters() -> list[Any]:
+    """Span exporters named by ``OTEL_TRACES_EXPORTER``, constructed from the environment."""
+    out = []
+    for name in exporter_names(
+        OTEL_TRACES_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    ):
+        ep = (
+            _otlp_entry_point(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_TRACES_EXPORTER)
+            if name == "otlp"
+            else name
+        )
+        out.append(load_exporter_class("opentelemetry_traces_exporter", ep, OTEL_TRACES_EXPORTER)())
+    return out
+
+
+def metric_readers() -> list[MetricReader]:
+    """Metric readers for ``OTEL_METRICS_EXPORTER`` (a reader class is used as is)."""
+    out: list[MetricReader] = []
+    for name in exporter_names(
+        OTEL_METRICS_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
+    ):
+        ep = (
+            _otlp_entry_point(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRICS_EXPORTER)
+            if name == "otlp"
+            else name
+        )
+        cls = load_exporter_class("opentelemetry_metrics_exporter", ep, OTEL_METRICS_EXPORTER)
+        obj = cls()
+        out.append(obj if isinstance(obj, MetricReader) else PeriodicExportingMetricReader(obj))
+    return out
+
+
+def build_tracer_provider(resource: Resource) -> TracerProvider:
+    """A new SDK TracerProvider with a batch processor per configured exporter."""
+    tp = TracerProvider(resource=resource)
+    for exporter in trace_exporters():
+        tp.add_span_processor(BatchSpanProcessor(exporter))
+    return tp
+
+
+def build_meter_provider(resource: Resource, extra_readers: list[MetricReader]) -> MeterProvider:
+    """A new SDK MeterProvider with the configured readers."""
+    return MeterProvider(resource=resource, metric_readers=[*metric_readers(), *extra_readers])
+
+
+def install_global_providers(
+    tp: TracerProvider | None, mp: MeterProvider | None, replaceable: tuple[object, ...]
+) -> None:
+    """Make our providers the global ones, so other code's spans nest under ours.
+
+    The OTel API lets a global provider be set once per process. A provider that otel-tunix
+    itself installed in an earlier ``configure()`` (listed in ``replaceable``) is replaced by
+    resetting the API's set-once guard, as OpenTelemetry's own test utilities do; a provider
+    the application installed is never replaced (``configure()`` joins it instead).
+    """
+    from opentelemetry.util._once import Once
+
+    if tp is not None:
+        current = trace.get_tracer_provider()
+        if current in replaceable:
+            trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+            trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            trace.set_tracer_provider(tp)
+    if mp is not None:
+        from opentelemetry.metrics import _internal as metrics_internal
+
+        current_mp = metrics.get_meter_provider()
+        if current_mp in replaceable:
+            metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+            metrics_internal._METER_PROVIDER = None
+        if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider):
+            metrics.set_meter_provider(mp)

@@ -1,0 +1,180 @@
+"""Off the hot path: the worker that turns finished step records into spans, and the
+device-end waiter.
+
+The training thread hands each finished sampled step to :meth:`Pipeline.submit` (a deque
+append and an event set). A daemon worker thread waits until every component of the step has
+ended (components in other threads, device ends still resolving) and then calls the
+``process`` callback, which builds the OTel spans and feeds the span processors. The queue is
+bounded: when the worker falls behind, new steps are dropped and counted, never blocking the
+training loop.
+
+Device ends are resolved on a second daemon thread, one resolver at a time in FIFO order, so
+a blocking ``block_until_ready`` reads the clock as soon as the device finishes instead of
+whenever the worker gets to it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from otel_tunix._tracer import SpanRecord, StepRecord
+
+_logger = logging.getLogger(__name__)
+
+_STALL_SEC = 60.0
+"""A step whose components are still open this long after the step ended is processed with
+those components closed at that moment and marked ``tunix.incomplete``."""
+
+
+class Pipeline:
+    """Bounded hand-off from the training loop to the span-building worker."""
+
+    def __init__(
+        self,
+        process: Callable[[StepRecord], None],
+        *,
+        max_queued_steps: int = 4096,
+        stall_sec: float = _STALL_SEC,
+    ) -> None:
+        self._process = process
+        self._queue: collections.deque[StepRecord] = collections.deque()
+        self._max = max_queued_steps
+        self._stall = stall_sec
+        self._wake = threading.Event()
+        self._stopping = False
+        self._closed = False
+        self.dropped_steps = 0
+        self.failed_steps = 0
+        self.processed_steps = 0
+        self._device_queue: queue.SimpleQueue[SpanRecord | None] | None = None
+        self._device_thread: threading.Thread | None = None
+        self._device_lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._worker = threading.Thread(target=self._run, name="otel-tunix-worker", daemon=True)
+        self._worker.start()
+
+    # --- called from the training loop ----------------------------------------------------
+    def submit(self, record: StepRecord) -> None:
+        """Queue a finished step (drops and counts it when the queue is full or closed)."""
+        if self._closed or len(self._queue) >= self._max:
+            self.dropped_steps += 1
+            return
+        record.submitted_at = time.monotonic()
+        self._queue.append(record)
+        self._wake.set()
+
+    def wait_for_device(self, record: SpanRecord) -> None:
+        """Resolve ``record.device_end`` on the device-waiter thread."""
+        if self._device_queue is None:
+            with self._device_lock:
+                if self._device_queue is None:
+                    self._device_queue = queue.SimpleQueue()
+                    self._device_thread = threading.Thread(
+                        target=self._resolve_devices, name="otel-tunix-device-waiter", daemon=True
+                    )
+                    self._device_thread.start()
+        self._device_queue.put(record)
+
+    # --- threads --------------------------------------------------------------------------
+    def _resolve_devices(self) -> None:
+        q = self._device_queue
+        assert q is not None
+        while True:
+            rec = q.get()
+            if rec is None:
+                return
+            resolve_device_end(rec)
+            self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(0.05 if self._queue else 1.0)
+            self._wake.clear()
+            self._drain(force=self._stopping)
+            if self._stopping and not self._queue:
+                with self._idle:
+                    self._idle.notify_all()
+                return
+            if not self._queue:
+                with self._idle:
+                    self._idle.notify_all()
+
+    def _drain(self, force: bool) -> None:
+        while self._queue:
+            head = self._queue[0]
+            if not _ready(head):
+                stalled = time.monotonic() - head.submitted_at > self._stall
+                if not (force or stalled):
+                    return
+                _close_open_spans(head)
+            self._queue.popleft()
+            try:
+                self._process(head)
+                self.processed_steps += 1
+            except Exception:
+                self.failed_steps += 1
+                if self.failed_steps == 1:
+                    _logger.exception("otel-tunix: processing a step failed (reported once)")
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued step whose components have ended is processed."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._queue and _ready(self._queue[0]):
+                self._wake.set()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._worker.is_alive():
+                    return False
+                self._idle.wait(min(remaining, 0.05))
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Process everything still queued (closing open components) and stop the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._device_queue is not None:
+            self._device_queue.put(None)
+            if self._device_thread is not None:
+                self._device_thread.join(timeout)
+        self._stopping = True
+        self._wake.set()
+        self._worker.join(timeout)
+        if self._worker.is_alive():
+            _logger.warning("otel-tunix: the worker did not finish within %.1f s", timeout)
+
+
+def resolve_device_end(rec: SpanRecord) -> None:
+    """Run a component's device-end resolver and store the device end time."""
+    resolver = rec.device_end
+    try:
+        value = resolver.result() if hasattr(resolver, "result") else resolver()
+        if value is not None:
+            rec.end_ns = int(value)
+    except Exception:
+        _logger.warning(
+            "otel-tunix: the device-end resolver of %r failed; using the host end time",
+            rec.name,
+            exc_info=True,
+        )
+    rec.device_end = None
+
+
+def _ready(rec: StepRecord) -> bool:
+    return all(s.end_ns and s.device_end is None for s in rec.spans)
+
+
+def _close_open_spans(rec: StepRecord) -> None:
+    now = time.perf_counter_ns()
+    for s in rec.spans:
+        if not s.end_ns or s.device_end is not None:
+            s.end_ns = s.end_ns or now
+            s.host_end_ns = s.host_end_ns or now
+            s.device_end = None
+            s.incomplete = True

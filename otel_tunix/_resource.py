@@ -1,0 +1,101 @@
+"""The OTel Resource of a run: service, run id, host, pid, rank and world size."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import secrets
+import socket
+import sys
+from dataclasses import dataclass
+
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+from otel_tunix import attributes as attr
+from otel_tunix import environment_variables as env
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    """Where this process sits in a distributed job (rank 0 of 1 when it is alone)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip().lstrip("-").isdigit():
+            return int(raw)
+    return None
+
+
+def detect_rank() -> RankInfo:
+    """Rank and world size from torch launchers, MPI, SLURM, or JAX (in that order)."""
+    rank = _env_int("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+    world = _env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+    local = _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+    if rank is None and "jax" in sys.modules:
+        # Only when the program already imported JAX: asking earlier would start a backend.
+        try:
+            jax = sys.modules["jax"]
+            rank, world = int(jax.process_index()), int(jax.process_count())
+        except Exception:  # JAX present but not usable: treat the process as alone
+            rank = None
+    if rank is None:
+        return RankInfo(local_rank=local)
+    return RankInfo(rank=rank, world_size=max(world or 1, rank + 1), local_rank=local)
+
+
+def new_run_id() -> str:
+    """The run id: ``OTEL_TUNIX_RUN_ID``, else the launcher's job id, else a fresh one."""
+    explicit = os.environ.get(env.OTEL_TUNIX_RUN_ID, "").strip()
+    if explicit:
+        return explicit
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        job = os.environ.get(name, "").strip()
+        if job and job != "none":
+            return f"{name.split('_')[0].lower()}-{job}"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def resource_attributes(
+    *,
+    service_name: str | None,
+    run_id: str,
+    rank: RankInfo,
+    extra: dict[str, str | int | float | bool] | None = None,
+) -> dict[str, str | int | float | bool]:
+    """The attributes otel-tunix adds to the Resource (``service.name`` only if given)."""
+    ours: dict[str, str | int | float | bool] = {
+        attr.RUN_ID: run_id,
+        "host.name": socket.gethostname(),
+        "process.pid": os.getpid(),
+    }
+    if rank.distributed or rank.rank:
+        ours[attr.RANK] = rank.rank
+        ours[attr.WORLD_SIZE] = rank.world_size
+    if rank.local_rank is not None:
+        ours[attr.LOCAL_RANK] = rank.local_rank
+    if extra:
+        ours.update(extra)
+    if service_name:
+        ours[SERVICE_NAME] = service_name
+    return ours
+
+
+def build_resource(attributes: dict[str, str | int | float | bool]) -> Resource:
+    """Our attributes merged over the SDK's (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``).
+
+    An explicit ``service_name`` wins over ``OTEL_SERVICE_NAME``, which wins over the SDK's
+    ``unknown_service`` default: ``Resource.create`` reads both variables and lets the
+    attributes passed to it win.
+    """
+    return Resource.create(attributes)

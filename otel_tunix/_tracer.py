@@ -1,0 +1,451 @@
+"""The hot path: ``step()`` and ``component()``.
+
+Inside the training loop otel-tunix only reads the clock, draws a span id and appends a small
+record to the step. Real OTel spans are built from those records later, on the pipeline's
+worker thread (``_pipeline.py``), and fed to the span processors and exporters there.
+
+OTel context propagation costs about 1.5 us per attach (a SpanContext, a span object, a new
+Context, the context-var set), too much per component. So a sampled step attaches, once, a
+*proxy span* whose ``get_span_context()`` answers with the innermost otel-tunix component open
+in the calling context (read from our own context variable), or the step itself. Spans that
+any other code starts inside a component (an HTTP client, a user's
+``tracer.start_as_current_span``) therefore become that component's children in the export,
+while a component costs only one context-variable set. Only when a foreign span sits between
+the step and a component (or in a thread that did not inherit the context) does the
+component attach the proxy itself.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from random import getrandbits
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from opentelemetry.context import attach, detach
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanContext,
+    TraceFlags,
+    get_current_span,
+    set_span_in_context,
+)
+
+if TYPE_CHECKING:
+    from otel_tunix._pipeline import Pipeline
+
+_logger = logging.getLogger(__name__)
+_clock = time.perf_counter_ns
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+DeviceEnd = Callable[[], int | None]
+"""Resolves a component's device completion time, as ``time.perf_counter_ns()``.
+
+Called once on otel-tunix's device-waiter thread, never on the training thread; it may block
+(``jax.block_until_ready``, ``torch.cuda.Event.synchronize``). Returning ``None`` keeps the
+host exit time. An object with a ``result()`` method (a ``concurrent.futures.Future``) works
+too."""
+
+
+class _ScopeStats:
+    """Counts every step of a scope, sampled or not (read by the session summary)."""
+
+    __slots__ = ("count", "first_start_ns", "last_end_ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first_start_ns = 0
+        self.last_end_ns = 0
+
+
+class SpanRecord:
+    """A component as recorded on the hot path (perf_counter nanoseconds)."""
+
+    __slots__ = (
+        "_ctx",
+        "blocked",
+        "device_end",
+        "end_ns",
+        "error",
+        "host_end_ns",
+        "incomplete",
+        "name",
+        "parent_id",
+        "span_id",
+        "start_ns",
+        "thread_id",
+        "trace_id",
+    )
+
+    def __init__(
+        self, name: str, blocked: bool, trace_id: int, span_id: int, parent_id: int
+    ) -> None:
+        self.name = name
+        self.trace_id = trace_id
+        self._ctx: SpanContext | None = None
+        self.blocked = blocked
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.thread_id = threading.get_ident()
+        self.end_ns = 0
+        self.host_end_ns = 0
+        self.error: BaseException | None = None
+        self.device_end: Any = None
+        self.incomplete = False
+        self.start_ns = _clock()
+
+    def span_context(self) -> SpanContext:
+        """The OTel SpanContext of this component (built on first use)."""
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
+        return ctx
+
+
+class StepRecord:
+    """A sampled step as recorded on the hot path."""
+
+    __slots__ = (
+        "_ctx",
+        "attributes",
+        "end_ns",
+        "error",
+        "number",
+        "parent_id",
+        "proxy",
+        "runtime",
+        "scope",
+        "span_id",
+        "spans",
+        "start_ns",
+        "submitted_at",
+        "trace_id",
+    )
+
+    def __init__(self, runtime: Runtime, scope: str, number: int, start_ns: int) -> None:
+        self.runtime = runtime
+        self.scope = scope
+        self.number = number
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.spans: list[SpanRecord] = []
+        self.attributes: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.submitted_at = 0.0
+        parent = get_current_span().get_span_context()
+        if parent.is_valid:
+            # Join the application's trace: the step becomes a child of its current span.
+            self.trace_id = parent.trace_id
+            self.parent_id = parent.span_id
+        else:
+            self.trace_id = getrandbits(128) or 1
+            self.parent_id = 0
+        self.span_id = getrandbits(64) or 1
+        self._ctx: SpanContext | None = None
+        self.proxy = _ProxySpan(self)
+
+    def span_context(self) -> SpanContext:
+        """The OTel SpanContext of the step span (built on first use)."""
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
+        return ctx
+
+
+class _ProxySpan(NonRecordingSpan):
+    """The current OTel span while a sampled step runs: it stands for the innermost
+    otel-tunix component open in the calling context, else for the step."""
+
+    def __init__(self, step: StepRecord) -> None:
+        super().__init__(INVALID_SPAN_CONTEXT)
+        self._step = step
+
+    def get_span_context(self) -> SpanContext:
+        rec = _current_component.get()
+        if rec is not None and rec.trace_id == self._step.trace_id:
+            return rec.span_context()
+        return self._step.span_context()
+
+    def __repr__(self) -> str:
+        return f"_ProxySpan({self.get_span_context()!r})"
+
+
+class Runtime:
+    """What the hot path needs from one ``configure()``: sampling, filter, the pipeline."""
+
+    __slots__ = ("allowed", "open_steps", "pipeline", "sampling_rate", "scopes", "thread_names")
+
+    def __init__(
+        self, sampling_rate: int, components: tuple[str, ...] | None, pipeline: Pipeline
+    ) -> None:
+        self.sampling_rate = sampling_rate
+        self.allowed = frozenset(components) if components is not None else None
+        self.pipeline = pipeline
+        self.scopes: dict[str, _ScopeStats] = {}
+        self.open_steps: list[StepRecord] = []
+        self.thread_names: dict[int, str] = {}
+
+
+_runtime: Runtime | None = None
+_quiet = False  # True once configure() ran: a missing runtime is then deliberate (disabled)
+_NOT_SET: Any = object()
+_current_step: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "otel_tunix_step", default=_NOT_SET
+)
+_current_component: contextvars.ContextVar[SpanRecord | None] = contextvars.ContextVar(
+    "otel_tunix_component", default=None
+)
+_warned: set[str] = set()
+
+
+def set_runtime(runtime: Runtime | None) -> None:
+    """Install the runtime of a ``configure()`` (``None``: otel-tunix is off, silently)."""
+    global _runtime, _quiet
+    _runtime = runtime
+    _quiet = True
+
+
+def get_runtime() -> Runtime | None:
+    return _runtime
+
+
+def _warn_once(key: str, msg: str, *args: object) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        _logger.warning(msg, *args)
+
+
+class step:
+    """One training iteration: ``with otel_tunix.step(n, scope="train") as s: ...``.
+
+    Opens the step span ``<scope>_step`` when step ``n`` is sampled (``n % sampling_rate ==
+    0``); every component inside follows that decision. Counts every step of the scope, so
+    the session's ``steps_per_sec`` includes the steps that were not sampled. Never raises;
+    an exception from the body propagates unchanged and marks the step span as an error.
+
+    Args:
+        n: The step number (an ``int``; other values are counted as the scope's next step).
+        scope: ``"train"``, ``"eval"``, ``"rl/actor"``, ``"rl/learner"`` or any string.
+    """
+
+    __slots__ = ("_comp_token", "_n", "_otel_token", "_record", "_scope", "_stats", "_token")
+
+    def __init__(self, n: int, scope: str = "train") -> None:
+        self._n = n
+        self._scope = scope
+        self._record: StepRecord | None = None
+        self._stats: _ScopeStats | None = None
+        self._token: contextvars.Token[Any] | None = None
+        self._otel_token: object = None
+        self._comp_token: contextvars.Token[Any] | None = None
+
+    @property
+    def sampled(self) -> bool:
+        """True when this step is recorded."""
+        return self._record is not None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Add an attribute to the step span (ignored when the step is not sampled)."""
+        if self._record is not None:
+            self._record.attributes[key] = value
+
+    def __enter__(self) -> step:
+        rt = _runtime
+        if rt is None:
+            if not _quiet:
+                _warn_once(
+                    "not-configured",
+                    "otel_tunix.step() was called before otel_tunix.configure(); "
+                    "nothing is recorded until configure() runs",
+                )
+            return self
+        try:
+            start = _clock()
+            stats = rt.scopes.get(self._scope)
+            if stats is None:
+                stats = rt.scopes.setdefault(self._scope, _ScopeStats())
+            if stats.count == 0:
+                stats.first_start_ns = start
+            stats.count += 1
+            self._stats = stats
+            n = self._n
+            if type(n) is not int:
+                _warn_once("step-n", "otel_tunix.step() wants an int step number, got %r", n)
+                n = self._n = stats.count - 1
+            if n % rt.sampling_rate:
+                self._token = _current_step.set(None)
+                return self
+            rec = StepRecord(rt, self._scope, n, start)
+            self._record = rec
+            self._token = _current_step.set(rec)
+            self._comp_token = _current_component.set(None)
+            self._otel_token = attach(set_span_in_context(rec.proxy))
+            rt.open_steps.append(rec)
+        except Exception:  # never hurt the training loop
+            _logger.exception("otel-tunix: step() failed; this step is not recorded")
+            self._record = None
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        end = _clock()
+        try:
+            if self._stats is not None:
+                self._stats.last_end_ns = end
+            if self._otel_token is not None:
+                detach(self._otel_token)
+                self._otel_token = None
+            if self._comp_token is not None:
+                _current_component.reset(self._comp_token)
+                self._comp_token = None
+            if self._token is not None:
+                _current_step.reset(self._token)
+                self._token = None
+            rec = self._record
+            if rec is not None:
+                rec.end_ns = end
+                rec.error = exc
+                rt = rec.runtime
+                try:
+                    rt.open_steps.remove(rec)
+                except ValueError:
+                    pass
+                rt.pipeline.submit(rec)
+                self._record = None
+        except Exception:
+            _logger.exception("otel-tunix: closing a step failed")
+
+
+class component:
+    """One phase of a step: ``with otel_tunix.component("train_data_load"): ...``.
+
+    Also a decorator, for plain and ``async`` functions: ``@otel_tunix.component("rollout")``.
+    Components nest, and work in threads and asyncio tasks started inside the step (they read
+    the step from ``contextvars``; a thread started without a copy of the context records
+    into the most recently opened step). Outside a sampled step, or when the name is filtered
+    out by ``components=``, it costs a few hundred nanoseconds and records nothing.
+
+    Args:
+        name: The component (and span) name, e.g. ``"train_step_compute"``.
+        blocked: True for time spent waiting (a queue, a throttle, a mesh swap): it counts as
+            ``blocked_time_sec`` instead of ``busy_time_sec``.
+        device_end: Optional :data:`DeviceEnd` resolver; the span then ends at device
+            completion instead of host exit. It can also be given inside the block with
+            :meth:`end_on_device` once the outputs exist.
+    """
+
+    __slots__ = ("_blocked", "_ctoken", "_device_end", "_name", "_record", "_token")
+
+    def __init__(self, name: str, blocked: bool = False, device_end: Any = None) -> None:
+        self._name = name
+        self._blocked = blocked
+        self._device_end = device_end
+        self._record: SpanRecord | None = None
+        self._token: object = None
+        self._ctoken: contextvars.Token[SpanRecord | None] | None = None
+
+    @property
+    def recording(self) -> bool:
+        """True when this component is being recorded."""
+        return self._record is not None
+
+    def end_on_device(self, resolver: Any) -> None:
+        """End the span at device completion, as resolved later by ``resolver``.
+
+        See :data:`DeviceEnd`. Does nothing when the component is not recorded.
+        """
+        if self._record is not None:
+            self._record.device_end = resolver
+
+    def __enter__(self) -> component:
+        st = _current_step.get()
+        if st is None:
+            return self
+        try:
+            if st is _NOT_SET:
+                rt = _runtime
+                if rt is None or not rt.open_steps:
+                    return self
+                st = rt.open_steps[-1]
+            else:
+                rt = st.runtime
+            allowed = rt.allowed
+            name = self._name
+            if allowed is not None and name not in allowed:
+                return self
+            trace_id = st.trace_id
+            cur = get_current_span()
+            if cur is st.proxy:  # the usual case: no foreign span in between
+                outer = _current_component.get()
+                parent = outer.span_id if outer is not None else st.span_id
+                attach_proxy = False
+            else:  # a foreign span is current, or a thread that did not inherit the context
+                cur_ctx = cur.get_span_context()
+                parent = cur_ctx.span_id if cur_ctx.trace_id == trace_id else st.span_id
+                attach_proxy = True
+            rec = SpanRecord(name, self._blocked, trace_id, getrandbits(64) or 1, parent)
+            rec.device_end = self._device_end
+            names = rt.thread_names
+            if rec.thread_id not in names:
+                names[rec.thread_id] = threading.current_thread().name
+            st.spans.append(rec)
+            self._record = rec
+            self._ctoken = _current_component.set(rec)
+            if attach_proxy:
+                self._token = attach(set_span_in_context(st.proxy))
+        except Exception:
+            _logger.exception("otel-tunix: component() failed; it is not recorded")
+            self._record = None
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        rec = self._record
+        if rec is None:
+            return
+        rec.end_ns = rec.host_end_ns = _clock()
+        try:
+            rec.error = exc
+            if self._token is not None:
+                detach(self._token)
+                self._token = None
+            if self._ctoken is not None:
+                _current_component.reset(self._ctoken)
+                self._ctoken = None
+            self._record = None
+            if rec.device_end is not None:
+                rt = _runtime
+                if rt is not None:
+                    rt.pipeline.wait_for_device(rec)
+        except Exception:
+            _logger.exception("otel-tunix: closing a component failed")
+
+    def __call__(self, fn: _F) -> _F:
+        """Use as a decorator: each call of ``fn`` runs inside a fresh component."""
+        name, blocked, device_end = self._name, self._blocked, self._device_end
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with component(name, blocked, device_end):
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with component(name, blocked, device_end):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def current_span_context() -> SpanContext:
+    """The span context that otel-tunix's current component or step runs under."""
+    ctx = get_current_span().get_span_context()
+    return ctx if ctx.is_valid else INVALID_SPAN_CONTEXT

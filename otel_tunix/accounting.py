@@ -1,0 +1,358 @@
+"""Busy / blocked / idle accounting of one step, and the per-session totals.
+
+This is the one definition of the counters; the span processor, the Perfetto exporter and
+the offline tools all call it, so every backend shows the same numbers.
+
+How time is counted (all intervals are clipped to the step window):
+
+* The step window runs from the step's start to the later of the step's own end and the
+  end of its last component (a component that ends at device completion can outlive the
+  host-side ``with`` block).
+* At every instant of the window the step is in exactly one state: **busy** if at least one
+  busy component is open (on any thread), else **blocked** if at least one blocked component
+  is open, else **idle**. ``busy_time_sec``, ``blocked_time_sec`` and ``idle_time_sec`` are
+  the lengths of those three sets, so they never overlap and add up to ``step_time_sec``.
+  Nested or concurrent busy spans are therefore counted once (the union of their intervals).
+* A component's own ``busy_time_sec`` (or ``blocked_time_sec``) is the union of that
+  component's intervals of that kind: two overlapping instances of the same component on two
+  threads count once, but two different components overlapping each count their full time,
+  so component times can add up to more than the step's busy time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from otel_tunix.attributes import KIND_BLOCKED
+
+_NS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class SpanInfo:
+    """One component span of a step, in the form the local files and user functions see.
+
+    Times are Unix epoch nanoseconds. ``span_id`` and ``parent`` are 16-hex-digit span ids;
+    ``parent`` is the step span's id for top-level components.
+    """
+
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    thread: str = ""
+    thread_id: int = 0
+    span_id: str = ""
+    parent: str | None = None
+    error: str | None = None
+    attributes: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def duration_sec(self) -> float:
+        """Length of the span in seconds."""
+        return (self.end_ns - self.start_ns) * _NS
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (the ``spans`` entries of the spans JSONL file)."""
+        out: dict[str, object] = {
+            "name": self.name,
+            "kind": self.kind,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "thread": self.thread,
+            "thread_id": self.thread_id,
+            "span_id": self.span_id,
+            "parent": self.parent,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        if self.attributes:
+            out["attributes"] = dict(self.attributes)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentTime:
+    """Time of one component within a step (or summed over a session)."""
+
+    busy_time_sec: float = 0.0
+    blocked_time_sec: float = 0.0
+    count: int = 0
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "busy_time_sec": self.busy_time_sec,
+            "blocked_time_sec": self.blocked_time_sec,
+            "count": self.count,
+        }
+
+
+class StepSummary:
+    """Everything otel-tunix derives from one sampled step.
+
+    Attributes:
+        scope: The step's scope (``train``, ``eval``, ``rl/actor``, ...).
+        step: The step number.
+        start_ns: Start of the step window (Unix epoch ns).
+        end_ns: End of the step window: the later of the step's end and its last component's.
+        step_time_sec: ``end_ns - start_ns`` in seconds.
+        busy_time_sec: Time with at least one busy component open.
+        blocked_time_sec: Time with a blocked component open and no busy one.
+        idle_time_sec: The rest of the window.
+        components: Per component name, its :class:`ComponentTime`.
+        spans: The component spans (:class:`SpanInfo`), converted on first access.
+        trace_id: The step's trace id (32 hex digits).
+        attributes: Extra attributes of the step span.
+    """
+
+    __slots__ = (
+        "_span_source",
+        "_spans",
+        "attributes",
+        "blocked_time_sec",
+        "busy_time_sec",
+        "components",
+        "end_ns",
+        "idle_time_sec",
+        "scope",
+        "start_ns",
+        "step",
+        "step_time_sec",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        scope: str,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        step_time_sec: float,
+        busy_time_sec: float,
+        blocked_time_sec: float,
+        idle_time_sec: float,
+        components: Mapping[str, ComponentTime],
+        spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
+        trace_id: str = "",
+        attributes: Mapping[str, object] | None = None,
+    ) -> None:
+        self.scope = scope
+        self.step = step
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.step_time_sec = step_time_sec
+        self.busy_time_sec = busy_time_sec
+        self.blocked_time_sec = blocked_time_sec
+        self.idle_time_sec = idle_time_sec
+        self.components = components
+        self.trace_id = trace_id
+        self.attributes = dict(attributes or {})
+        if callable(spans):
+            self._spans: tuple[SpanInfo, ...] | None = None
+            self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
+        else:
+            self._spans, self._span_source = tuple(spans), None
+
+    @property
+    def spans(self) -> tuple[SpanInfo, ...]:
+        """The step's component spans, in start order."""
+        if self._spans is None:
+            assert self._span_source is not None
+            self._spans = tuple(self._span_source())
+            self._span_source = None
+        return self._spans
+
+    def __repr__(self) -> str:
+        return (
+            f"StepSummary(scope={self.scope!r}, step={self.step}, "
+            f"step_time_sec={self.step_time_sec:.6f}, busy_time_sec={self.busy_time_sec:.6f}, "
+            f"blocked_time_sec={self.blocked_time_sec:.6f}, "
+            f"idle_time_sec={self.idle_time_sec:.6f}, components={dict(self.components)!r})"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON object written as one line of the spans JSONL file."""
+        out: dict[str, object] = {
+            "type": "step",
+            "scope": self.scope,
+            "step": self.step,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "trace_id": self.trace_id,
+            "step_time_sec": self.step_time_sec,
+            "busy_time_sec": self.busy_time_sec,
+            "blocked_time_sec": self.blocked_time_sec,
+            "idle_time_sec": self.idle_time_sec,
+            "components": {k: v.to_json() for k, v in self.components.items()},
+            "spans": [s.to_json() for s in self.spans],
+        }
+        if self.attributes:
+            out["attributes"] = dict(self.attributes)
+        return out
+
+
+def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    """Total length of the union of half-open ``(start, end)`` intervals."""
+    total = 0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
+
+
+Interval = tuple[str, bool, int, int]
+"""``(component name, blocked, start_ns, end_ns)``."""
+
+
+def account_step(
+    scope: str,
+    step: int,
+    start_ns: int,
+    end_ns: int,
+    spans: Sequence[SpanInfo],
+    *,
+    trace_id: str = "",
+    attributes: Mapping[str, object] | None = None,
+) -> StepSummary:
+    """Derive the busy / blocked / idle counters of one step from its component spans.
+
+    See the module docstring for the exact rules.
+    """
+    return account_intervals(
+        scope,
+        step,
+        start_ns,
+        end_ns,
+        [(s.name, s.kind == KIND_BLOCKED, s.start_ns, s.end_ns) for s in spans],
+        spans=spans,
+        trace_id=trace_id,
+        attributes=attributes,
+    )
+
+
+def account_intervals(
+    scope: str,
+    step: int,
+    start_ns: int,
+    end_ns: int,
+    intervals: Sequence[Interval],
+    *,
+    spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
+    trace_id: str = "",
+    attributes: Mapping[str, object] | None = None,
+) -> StepSummary:
+    """:func:`account_step` on plain intervals; ``spans`` may be a factory (made lazily)."""
+    window_end = max([end_ns, *(iv[3] for iv in intervals)])
+    busy: list[tuple[int, int]] = []
+    blocked: list[tuple[int, int]] = []
+    by_name: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+    for name, is_blocked, s, e in intervals:
+        clipped = (max(s, start_ns), min(e, window_end))
+        (blocked if is_blocked else busy).append(clipped)
+        kinds = by_name.get(name)
+        if kinds is None:
+            kinds = by_name[name] = ([], [])
+        kinds[1 if is_blocked else 0].append(clipped)
+    busy_ns = union_ns(busy)
+    blocked_ns = union_ns(busy + blocked) - busy_ns if blocked else 0
+    wall_ns = window_end - start_ns
+    idle_ns = max(0, wall_ns - busy_ns - blocked_ns)
+    components = {
+        name: ComponentTime(
+            busy_time_sec=union_ns(b) * _NS,
+            blocked_time_sec=union_ns(k) * _NS,
+            count=len(b) + len(k),
+        )
+        for name, (b, k) in by_name.items()
+    }
+    return StepSummary(
+        scope=scope,
+        step=step,
+        start_ns=start_ns,
+        end_ns=window_end,
+        step_time_sec=wall_ns * _NS,
+        busy_time_sec=busy_ns * _NS,
+        blocked_time_sec=blocked_ns * _NS,
+        idle_time_sec=idle_ns * _NS,
+        components=components,
+        spans=spans,
+        trace_id=trace_id,
+        attributes=attributes,
+    )
+
+
+@dataclass(slots=True)
+class ScopeSession:
+    """Totals of one scope over a session (first to last step)."""
+
+    scope: str
+    steps: int = 0
+    sampled_steps: int = 0
+    first_start_ns: int = 0
+    last_end_ns: int = 0
+    step_time_sec: float = 0.0
+    busy_time_sec: float = 0.0
+    blocked_time_sec: float = 0.0
+    idle_time_sec: float = 0.0
+    components: dict[str, ComponentTime] = field(default_factory=dict)
+
+    @property
+    def wall_time_sec(self) -> float:
+        """Time from the start of the first step to the end of the last one."""
+        return max(0, self.last_end_ns - self.first_start_ns) * _NS
+
+    @property
+    def steps_per_sec(self) -> float:
+        """All steps of the scope (sampled or not) over :attr:`wall_time_sec`."""
+        wall = self.wall_time_sec
+        return self.steps / wall if wall > 0 else 0.0
+
+    def add(self, summary: StepSummary) -> None:
+        """Add one sampled step's counters."""
+        self.sampled_steps += 1
+        self.step_time_sec += summary.step_time_sec
+        self.busy_time_sec += summary.busy_time_sec
+        self.blocked_time_sec += summary.blocked_time_sec
+        self.idle_time_sec += summary.idle_time_sec
+        for name, ct in summary.components.items():
+            old = self.components.get(name, ComponentTime())
+            self.components[name] = ComponentTime(
+                busy_time_sec=old.busy_time_sec + ct.busy_time_sec,
+                blocked_time_sec=old.blocked_time_sec + ct.blocked_time_sec,
+                count=old.count + ct.count,
+            )
+
+    def mean(self, total: float) -> float:
+        """A session total divided by the number of sampled steps."""
+        return total / self.sampled_steps if self.sampled_steps else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON object of the ``type: "session"`` line (one per scope)."""
+        n = self.sampled_steps
+        return {
+            "type": "session",
+            "scope": self.scope,
+            "steps": self.steps,
+            "sampled_steps": n,
+            "first_start_ns": self.first_start_ns,
+            "last_end_ns": self.last_end_ns,
+            "wall_time_sec": self.wall_time_sec,
+            "steps_per_sec": self.steps_per_sec,
+            "step_time_sec": self.step_time_sec,
+            "busy_time_sec": self.busy_time_sec,
+            "blocked_time_sec": self.blocked_time_sec,
+            "idle_time_sec": self.idle_time_sec,
+            "mean_step_time_sec": self.mean(self.step_time_sec),
+            "components": {k: v.to_json() for k, v in self.components.items()},
+        }

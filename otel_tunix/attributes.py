@@ -1,0 +1,46 @@
+"""Attribute keys that otel-tunix puts on spans and metrics.
+
+Spans carry ``tunix.*`` keys; metric instruments carry the short ``scope`` and
+``component`` keys so that they read naturally as Prometheus labels and Datadog tags.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- span attributes -------------------------------------------------------------------
+STEP: Final = "tunix.step"
+"""Step number (int) on step spans and on every component span of that step."""
+SCOPE: Final = "tunix.scope"
+"""Scope of the step: ``train``, ``eval``, ``rl/actor``, ``rl/learner`` or any string."""
+COMPONENT: Final = "tunix.component"
+"""Component name on component spans (same as the span name)."""
+TIME_KIND: Final = "tunix.time_kind"
+"""``busy`` or ``blocked`` on component spans."""
+SPAN_TYPE: Final = "tunix.span.type"
+"""``step`` or ``component``: which kind of otel-tunix span this is."""
+HOST_DURATION: Final = "tunix.host_duration_s"
+"""Host-side duration in seconds, set when the span ended at device completion."""
+DEVICE_END: Final = "tunix.device_end"
+"""True when the span's end time is the device completion time."""
+INCOMPLETE: Final = "tunix.incomplete"
+"""True when a component was still open at shutdown and was closed by otel-tunix."""
+THREAD_ID: Final = "thread.id"
+"""Semantic-convention thread id of the thread that ran the span."""
+THREAD_NAME: Final = "thread.name"
+"""Semantic-convention thread name of the thread that ran the span."""
+
+SPAN_TYPE_STEP: Final = "step"
+SPAN_TYPE_COMPONENT: Final = "component"
+KIND_BUSY: Final = "busy"
+KIND_BLOCKED: Final = "blocked"
+
+# --- resource attributes ---------------------------------------------------------------
+RUN_ID: Final = "tunix.run.id"
+RANK: Final = "tunix.rank"
+LOCAL_RANK: Final = "tunix.local_rank"
+WORLD_SIZE: Final = "tunix.world_size"
+
+# --- metric attributes -----------------------------------------------------------------
+METRIC_SCOPE: Final = "scope"
+METRIC_COMPONENT: Final = "component"

@@ -1,0 +1,49 @@
+"""The ``OTEL_TUNIX_*`` environment variables, in one place.
+
+Every setting resolves in the same order: the argument given to :func:`otel_tunix.configure`
+(or to a config object), then the environment variable, then the default. The standard
+``OTEL_*`` variables of the OpenTelemetry SDK (``OTEL_SDK_DISABLED``, ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_EXPORTER``, ``OTEL_METRICS_EXPORTER``,
+``OTEL_EXPORTER_OTLP_*``, ...) keep their meaning and are not repeated here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+OTEL_TUNIX_ENABLED: Final = "OTEL_TUNIX_ENABLED"
+"""``true`` / ``false``: record step and component spans. Default: ``true``."""
+
+OTEL_TUNIX_SAMPLING_RATE: Final = "OTEL_TUNIX_SAMPLING_RATE"
+"""Positive integer N: instrument the steps whose number is divisible by N. Default: ``1``."""
+
+OTEL_TUNIX_COMPONENTS: Final = "OTEL_TUNIX_COMPONENTS"
+"""Comma-separated component names to record; empty or unset records all. Default: all."""
+
+OTEL_TUNIX_SCOPE: Final = "OTEL_TUNIX_SCOPE"
+"""Instrumentation scope (tracer and meter name) of otel-tunix's spans and instruments.
+Default: ``tunix``."""
+
+OTEL_TUNIX_OUTPUT_DIR: Final = "OTEL_TUNIX_OUTPUT_DIR"
+"""Local run folder (spans JSONL, metrics JSONL, summary). ``none`` turns the local folder
+off. Default: ``./otel-tunix-runs/<run id>``."""
+
+OTEL_TUNIX_EXPORT_JSONL_PATH: Final = "OTEL_TUNIX_EXPORT_JSONL_PATH"
+"""An extra spans JSONL file (one line per sampled step); ``.gz`` writes gzip. Default: unset."""
+
+OTEL_TUNIX_EXPORT_FN: Final = "OTEL_TUNIX_EXPORT_FN"
+"""Import path ``pkg.mod:fn`` of a custom export function that receives each finished
+:class:`~otel_tunix.accounting.StepSummary` and returns ``{metric name: value}``.
+Default: unset."""
+
+OTEL_TUNIX_RUN_ID: Final = "OTEL_TUNIX_RUN_ID"
+"""Run id, the ``tunix.run.id`` resource attribute. Default: derived from the job id of the
+launcher (``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``) so all ranks share it, else a new
+``<date>-<time>-<random>`` id."""
+
+OTEL_TUNIX_LOG_ALL_RANKS: Final = "OTEL_TUNIX_LOG_ALL_RANKS"
+"""``true``: every rank's MetricsLogger logs scalars. Default: ``false`` (rank 0 only)."""
+
+OTEL_TUNIX_PERFETTO_DIR: Final = "OTEL_TUNIX_PERFETTO_DIR"
+"""Directory for Perfetto trace files translated from the spans. Default: unset (no
+Perfetto file) unless ``OTEL_TRACES_EXPORTER`` names ``perfetto``."""

@@ -1,0 +1,1 @@
+"""Exporters of otel-tunix: perfetto, jsonl, datadog (DogStatsD), prometheus."""

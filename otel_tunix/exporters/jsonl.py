@@ -1,0 +1,50 @@
+"""The spans JSONL file: one line per sampled step, flushed as the step ends.
+
+Each ``type: "step"`` line is :meth:`otel_tunix.accounting.StepSummary.to_json`: scope,
+step, start/end (Unix ns), the busy / blocked / idle counters, per-component times and every
+component span (name, kind, start/end, thread, span id, parent). At shutdown one
+``type: "session"`` line per scope carries the totals. A ``.gz`` path writes gzip (flushed
+per step too, so a crash loses at most the step in flight).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from otel_tunix.accounting import ScopeSession, StepSummary
+from otel_tunix.metrics_logger import open_text
+
+_logger = logging.getLogger(__name__)
+
+
+class StepJsonlWriter:
+    """A step sink (see :class:`otel_tunix.processors.StepSink`) that writes the spans JSONL."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file = open_text(self.path, "a")
+        self._lock = threading.Lock()
+
+    def on_step(self, summary: StepSummary) -> None:
+        self._write(summary.to_json())
+
+    def on_session(self, sessions: list[ScopeSession]) -> None:
+        for s in sessions:
+            self._write(s.to_json())
+
+    def _write(self, obj: dict[str, object]) -> None:
+        line = json.dumps(obj, default=str) + "\n"
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()

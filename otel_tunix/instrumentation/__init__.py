@@ -1,0 +1,1 @@
+"""Framework integrations of otel-tunix (torch, jax, transformers, tunix, system)."""

@@ -1,0 +1,353 @@
+"""``MetricsLogger``: scalars (loss, rewards, perf/...) to pluggable backends.
+
+Backends follow Tunix's / metrax's protocol, structurally: an object with
+``log_scalar(event, value, **kwargs)`` and ``close()``; no base class needed. They are given
+as *factories* (a class or a lambda) so that :class:`MetricsLoggerOptions` stays copyable.
+Built in: :class:`JsonlBackend` (``<log_dir>/metrics.jsonl``), :class:`OTelBackend` (OTel
+gauges) and :class:`ConsoleBackend`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol, runtime_checkable
+
+from otel_tunix.config import ConfigurationError
+
+__all__ = [
+    "ConsoleBackend",
+    "JsonlBackend",
+    "LoggingBackend",
+    "MetricsLogger",
+    "MetricsLoggerOptions",
+    "OTelBackend",
+    "to_scalar",
+]
+
+_logger = logging.getLogger(__name__)
+
+PERF_SOURCE = "perf"
+"""``source`` keyword of the perf/... scalars that the accounting processor logs: they are
+already OTel histograms, so :class:`OTelBackend` skips them."""
+
+
+@runtime_checkable
+class LoggingBackend(Protocol):
+    """The backend protocol (metrax's ``LoggingBackend``)."""
+
+    def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
+        """Log one scalar; ``kwargs`` usually holds ``step``."""
+
+    def close(self) -> None:
+        """Flush and release resources."""
+
+
+BackendFactory = Callable[[], LoggingBackend]
+
+
+@dataclass(kw_only=True)
+class MetricsLoggerOptions:
+    """Options of a :class:`MetricsLogger` (Tunix's ``MetricsLoggerOptions`` and more).
+
+    Attributes:
+        log_dir: Folder for ``metrics.jsonl`` (the JSONL backend is added when it is set).
+        project_name: Project name, written into the JSONL header and passed to backends.
+        run_name: Run name; defaults to the run id.
+        backend_factories: Extra backends, as factories (a class or ``lambda: Backend(...)``).
+        flush_every_n_steps: The JSONL backend flushes when the step has advanced this far
+            since its last flush, and at ``close()``.
+        log_all_ranks: Log on every rank (default: rank 0 only; ``OTEL_TUNIX_LOG_ALL_RANKS``).
+        default_backends: Add the built-in JSONL (if ``log_dir``) and OTel backends.
+        backend_kwargs: Tunix-style extras; ``{"custom_backend": [factory, ...]}`` is
+            accepted as more backend factories.
+    """
+
+    log_dir: str | os.PathLike[str] | None = None
+    project_name: str = "otel-tunix"
+    run_name: str | None = None
+    backend_factories: Sequence[BackendFactory] = field(default_factory=list)
+    flush_every_n_steps: int = 100
+    log_all_ranks: bool | None = None
+    default_backends: bool = True
+    backend_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.flush_every_n_steps, bool)
+            or not isinstance(self.flush_every_n_steps, int)
+            or self.flush_every_n_steps < 1
+        ):
+            raise ConfigurationError(
+                "MetricsLoggerOptions.flush_every_n_steps must be a positive integer, "
+                f"got {self.flush_every_n_steps!r}"
+            )
+        for f in [*self.backend_factories, *self.backend_kwargs.get("custom_backend", [])]:
+            if not callable(f):
+                raise ConfigurationError(
+                    "MetricsLoggerOptions.backend_factories must hold factories (a class or "
+                    f"a lambda returning a backend), got {f!r}"
+                )
+
+
+def to_scalar(value: Any) -> float:
+    """A Python float from a Python, numpy, JAX or torch scalar (or 1-element array).
+
+    Raises:
+        TypeError: the value is not a number or has more than one element.
+    """
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    item = getattr(value, "item", None)
+    if item is not None:
+        numel = getattr(value, "numel", None)  # torch; numpy and JAX have an int .size
+        size = numel() if callable(numel) else getattr(value, "size", 1)
+        if isinstance(size, int) and size != 1:
+            raise TypeError(f"expected a scalar, got an array with {size} elements")
+        return float(item())
+    return float(value)
+
+
+class MetricsLogger:
+    """Logs scalars to every configured backend.
+
+    Only rank 0 logs by default (see ``log_all_ranks``). ``log`` never raises: a value that is
+    not a number is reported once per metric name and skipped; NaN and Inf are logged as such
+    and flagged with one warning per name; a backend that fails is reported once.
+    """
+
+    def __init__(
+        self,
+        metrics_logger_options: MetricsLoggerOptions | None = None,
+        *,
+        run_id: str | None = None,
+        rank: int | None = None,
+        meter_provider: Any = None,
+    ) -> None:
+        from otel_tunix import environment_variables as env
+        from otel_tunix._resource import detect_rank
+        from otel_tunix.config import env_bool
+
+        self.options = opts = metrics_logger_options or MetricsLoggerOptions()
+        self.run_id = run_id
+        self.rank = detect_rank().rank if rank is None else rank
+        log_all = (
+            opts.log_all_ranks
+            if opts.log_all_ranks is not None
+            else env_bool(env.OTEL_TUNIX_LOG_ALL_RANKS, False)
+        )
+        self.active = log_all or self.rank == 0
+        self._lock = threading.Lock()
+        self._failed: set[int] = set()
+        self._warned: set[str] = set()
+        self._closed = False
+        self.last_values: dict[str, float] = {}
+        self.last_step: int | None = None
+        self.backends: list[LoggingBackend] = []
+        if not self.active:
+            return
+        if opts.default_backends:
+            if opts.log_dir is not None:
+                self.backends.append(
+                    JsonlBackend(
+                        Path(opts.log_dir) / "metrics.jsonl",
+                        flush_every_n_steps=opts.flush_every_n_steps,
+                        header={
+                            "project": opts.project_name,
+                            "run": opts.run_name or run_id,
+                            "run_id": run_id,
+                            "rank": self.rank,
+                        },
+                    )
+                )
+            self.backends.append(OTelBackend(meter_provider=meter_provider))
+        factories = [*opts.backend_factories, *opts.backend_kwargs.get("custom_backend", [])]
+        for factory in factories:
+            backend = factory()
+            if not callable(getattr(backend, "log_scalar", None)):
+                raise ConfigurationError(
+                    f"backend factory {factory!r} returned {backend!r}, which has no "
+                    "log_scalar(event, value, **kwargs) method"
+                )
+            self.backends.append(backend)
+
+    def log(self, name: str, value: Any, step: int | None = None, **kwargs: Any) -> None:
+        """Log one scalar under ``name`` (e.g. ``"loss"``, ``"rewards/mean"``) at ``step``."""
+        if not self.active or self._closed:
+            return
+        try:
+            v = to_scalar(value)
+        except Exception as exc:  # not a number: report once, never raise
+            self._warn_once(f"type:{name}", "otel-tunix: metric %r skipped: %s", name, exc)
+            return
+        if not math.isfinite(v):
+            kwargs["nonfinite"] = True
+            self._warn_once(f"nan:{name}", "otel-tunix: metric %r is %s at step %s", name, v, step)
+        with self._lock:
+            self.last_values[name] = v
+            if step is not None:
+                self.last_step = step
+            for backend in self.backends:
+                try:
+                    backend.log_scalar(name, v, step=step, **kwargs)
+                except Exception:
+                    if id(backend) not in self._failed:
+                        self._failed.add(id(backend))
+                        _logger.exception(
+                            "otel-tunix: backend %s failed (reported once)",
+                            type(backend).__name__,
+                        )
+
+    def wants(self, source: str) -> bool:
+        """False when no backend takes scalars of this ``source`` (they can be skipped)."""
+        return self.active and any(
+            source not in getattr(b, "skip_sources", ()) for b in self.backends
+        )
+
+    def log_dict(self, metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log several scalars at one step."""
+        for name, value in metrics.items():
+            self.log(name, value, step=step, **kwargs)
+
+    def _warn_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            _logger.warning(msg, *args)
+
+    def close(self) -> None:
+        """Flush and close every backend (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for backend in self.backends:
+                try:
+                    backend.close()
+                except Exception:
+                    _logger.exception("otel-tunix: closing %s failed", type(backend).__name__)
+
+
+def open_text(path: Path, mode: str = "a") -> IO[str]:
+    """Open a text file for writing; a ``.gz`` suffix writes gzip."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return open(path, mode, encoding="utf-8")
+
+
+class JsonlBackend:
+    """One JSON object per scalar: ``{"step": s, "time": t, "metrics": {name: value}}``.
+
+    The first line is a header, ``{"type": "meta", ...}``. NaN / Inf are written as the
+    JSON extensions ``NaN`` / ``Infinity`` (Python's ``json`` and pandas read them) and the
+    record gets ``"nonfinite": true``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        flush_every_n_steps: int = 100,
+        header: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._file = open_text(self.path)
+        self._every = flush_every_n_steps
+        self._last_flush_step: int | None = None
+        if header is not None:
+            meta = {"type": "meta", "time": time.time(), **header}
+            self._file.write(json.dumps(meta, default=str) + "\n")
+            self._file.flush()
+
+    def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
+        step = kwargs.get("step")
+        rec: dict[str, Any] = {"step": step, "time": time.time(), "metrics": {event: value}}
+        if kwargs.get("nonfinite"):
+            rec["nonfinite"] = True
+        self._file.write(json.dumps(rec) + "\n")
+        if step is None or self._last_flush_step is None:
+            self._last_flush_step = step if step is not None else self._last_flush_step
+            self._file.flush()
+        elif step - self._last_flush_step >= self._every:
+            self._last_flush_step = step
+            self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+_NAME_OK = re.compile(r"[^A-Za-z0-9_./\-]")
+
+
+def otel_metric_name(event: str) -> str:
+    """A valid OTel instrument name for a logged scalar (``/`` is kept)."""
+    name = _NAME_OK.sub("_", event)
+    if not name or not name[0].isalpha():
+        name = "m_" + name
+    return name[:255]
+
+
+def _unit_for(event: str) -> str:
+    if event.endswith(("_sec", "_time", "_seconds")):
+        return "s"
+    if "tokens" in event and not event.endswith("per_sec"):
+        return "{token}"
+    return "1"
+
+
+class OTelBackend:
+    """Each scalar name becomes an OTel gauge (last value wins), step as no attribute.
+
+    The perf/... scalars (``source="perf"``) are skipped: the accounting processor already
+    publishes them as histograms in seconds.
+    """
+
+    skip_sources = (PERF_SOURCE,)
+
+    def __init__(self, meter_provider: Any = None, scope: str = "otel_tunix.metrics") -> None:
+        from opentelemetry import metrics
+
+        provider = meter_provider or metrics.get_meter_provider()
+        self._meter = provider.get_meter(scope)
+        self._gauges: dict[str, Any] = {}
+
+    def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
+        if kwargs.get("source") in self.skip_sources:
+            return
+        gauge = self._gauges.get(event)
+        if gauge is None:
+            gauge = self._gauges[event] = self._meter.create_gauge(
+                otel_metric_name(event), unit=_unit_for(event), description=f"logged {event}"
+            )
+        gauge.set(value)
+
+    def close(self) -> None:
+        return None
+
+
+class ConsoleBackend:
+    """Prints ``[step N] name = value`` lines to stderr (or the given stream)."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream or sys.stderr
+
+    def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
+        step = kwargs.get("step")
+        prefix = f"[step {step}] " if step is not None else ""
+        self._stream.write(f"{prefix}{event} = {value:.6g}\n")
+
+    def close(self) -> None:
+        self._stream.flush()

@@ -1,0 +1,195 @@
+"""Span processors of otel-tunix.
+
+:class:`StepAccountingProcessor` is a real OTel ``SpanProcessor``: it watches the spans that
+otel-tunix emits (``tunix.span.type`` = ``component`` / ``step``), groups the components of
+each step, and when the step span ends derives the busy / blocked / idle counters with
+:func:`otel_tunix.accounting.account_step`. The resulting :class:`StepSummary` goes to
+*sinks*: OTel instruments, the MetricsLogger, the spans JSONL file, a user's export function.
+Spans from other code pass through untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Protocol, runtime_checkable
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+from otel_tunix import attributes as attr
+from otel_tunix.accounting import ScopeSession, SpanInfo, StepSummary, account_intervals
+
+_logger = logging.getLogger(__name__)
+
+_EXTRA_SPAN_ATTRS = (attr.DEVICE_END, attr.HOST_DURATION, attr.INCOMPLETE)
+
+
+@runtime_checkable
+class StepSink(Protocol):
+    """Receives what the accounting processor derives. Implementations must not raise."""
+
+    def on_step(self, summary: StepSummary) -> None:
+        """One sampled step finished."""
+
+    def on_session(self, sessions: list[ScopeSession]) -> None:
+        """The session ends (``otel_tunix.shutdown()``): totals per scope."""
+
+    def close(self) -> None:
+        """Release files and clients."""
+
+
+def span_info(span: ReadableSpan) -> SpanInfo:
+    """The :class:`SpanInfo` of an otel-tunix component span."""
+    a = span.attributes or {}
+    parent = span.parent
+    error = None
+    if span.status.status_code is StatusCode.ERROR:
+        error = span.status.description or "error"
+    ctx = span.context
+    return SpanInfo(
+        name=span.name,
+        kind=str(a.get(attr.TIME_KIND, attr.KIND_BUSY)),
+        start_ns=span.start_time or 0,
+        end_ns=span.end_time or 0,
+        thread=str(a.get(attr.THREAD_NAME, "")),
+        thread_id=int(a.get(attr.THREAD_ID, 0) or 0),  # type: ignore[arg-type]
+        span_id=f"{ctx.span_id:016x}" if ctx else "",
+        parent=f"{parent.span_id:016x}" if parent else None,
+        error=error,
+        attributes={k: a[k] for k in _EXTRA_SPAN_ATTRS if k in a},
+    )
+
+
+class StepAccountingProcessor(SpanProcessor):
+    """Derives per-step busy / blocked / idle time and per-session totals from spans.
+
+    Args:
+        sinks: Where each :class:`StepSummary` goes; more can be added with :meth:`add_sink`.
+        max_open_steps: Steps whose component spans are buffered while their step span has
+            not arrived; the oldest is dropped past this bound (memory stays constant).
+    """
+
+    def __init__(self, sinks: Iterable[StepSink] = (), *, max_open_steps: int = 1024) -> None:
+        self._sinks: list[StepSink] = list(sinks)
+        self._open: OrderedDict[tuple[int, str, int], list[ReadableSpan]] = OrderedDict()
+        self._max_open = max_open_steps
+        self._sessions: dict[str, ScopeSession] = {}
+        self._lock = threading.Lock()
+        self._failed: set[int] = set()
+        self._closed = False
+        self.last_summary: StepSummary | None = None
+
+    def add_sink(self, sink: StepSink) -> None:
+        """Add a destination for step summaries."""
+        self._sinks.append(sink)
+
+    @property
+    def sinks(self) -> tuple[StepSink, ...]:
+        return tuple(self._sinks)
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._closed:
+            return
+        a = span.attributes
+        kind = a.get(attr.SPAN_TYPE) if a else None
+        if kind is None:
+            return
+        try:
+            key = (span.context.trace_id if span.context else 0, a[attr.SCOPE], a[attr.STEP])
+            if kind == attr.SPAN_TYPE_COMPONENT:
+                with self._lock:
+                    buf = self._open.get(key)  # type: ignore[call-overload]
+                    if buf is None:
+                        buf = self._open[key] = []  # type: ignore[index]
+                    buf.append(span)
+                    while len(self._open) > self._max_open:
+                        self._open.popitem(last=False)
+            elif kind == attr.SPAN_TYPE_STEP:
+                with self._lock:
+                    components = self._open.pop(key, [])  # type: ignore[call-overload]
+                self._finish_step(span, components)
+        except Exception:
+            _logger.exception("otel-tunix: accounting of span %r failed", span.name)
+
+    def _finish_step(self, span: ReadableSpan, components: list[ReadableSpan]) -> None:
+        a = span.attributes or {}
+        scope = str(a[attr.SCOPE])
+        extra = {k: v for k, v in a.items() if k not in (attr.SPAN_TYPE, attr.SCOPE, attr.STEP)}
+        summary = account_intervals(
+            scope,
+            int(a[attr.STEP]),  # type: ignore[arg-type]
+            span.start_time or 0,
+            span.end_time or 0,
+            [
+                (
+                    c.name,
+                    c.attributes.get(attr.TIME_KIND) == attr.KIND_BLOCKED,  # type: ignore[union-attr]
+                    c.start_time or 0,
+                    c.end_time or 0,
+                )
+                for c in components
+            ],
+            spans=lambda: [span_info(c) for c in components],
+            trace_id=f"{span.context.trace_id:032x}" if span.context else "",
+            attributes=extra,
+        )
+        with self._lock:
+            session = self._sessions.get(scope)
+            if session is None:
+                session = self._sessions[scope] = ScopeSession(scope)
+            session.add(summary)
+        self.last_summary = summary
+        for sink in self._sinks:
+            self._call(sink, "on_step", summary)
+
+    def _call(self, sink: StepSink, method: str, arg: object) -> None:
+        try:
+            getattr(sink, method)(arg)
+        except Exception:
+            if id(sink) not in self._failed:
+                self._failed.add(id(sink))
+                _logger.exception(
+                    "otel-tunix: %s.%s failed (reported once; the run goes on)",
+                    type(sink).__name__,
+                    method,
+                )
+
+    def sessions(
+        self, step_counts: Mapping[str, tuple[int, int, int]] | None = None
+    ) -> list[ScopeSession]:
+        """Per-scope totals; ``step_counts`` maps scope to (steps, first start, last end)."""
+        with self._lock:
+            out = {
+                k: dataclasses.replace(v, components=dict(v.components))
+                for k, v in self._sessions.items()
+            }
+        for scope, (count, first, last) in (step_counts or {}).items():
+            s = out.setdefault(scope, ScopeSession(scope))
+            s.steps, s.first_start_ns, s.last_end_ns = count, first, last
+        return [out[k] for k in sorted(out)]
+
+    def finish_session(self, step_counts: Mapping[str, tuple[int, int, int]]) -> None:
+        """Send the session totals to every sink and close the sinks."""
+        sessions = self.sessions(step_counts)
+        for sink in self._sinks:
+            self._call(sink, "on_session", sessions)
+        for sink in self._sinks:
+            try:
+                sink.close()
+            except Exception:
+                _logger.exception("otel-tunix: closing %s failed", type(sink).__name__)
+        self._closed = True
+
+    def shutdown(self) -> None:
+        self._closed = True
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True

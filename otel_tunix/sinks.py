@@ -1,0 +1,179 @@
+"""Where step summaries go: OTel instruments, the MetricsLogger, a user's export function.
+
+Each class is a :class:`otel_tunix.processors.StepSink`. They run on otel-tunix's worker
+thread, never on the training thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.metrics import Histogram, Meter
+
+from otel_tunix import attributes as attr
+from otel_tunix.accounting import ScopeSession, StepSummary
+from otel_tunix.metrics_logger import PERF_SOURCE, MetricsLogger, otel_metric_name, to_scalar
+
+_logger = logging.getLogger(__name__)
+
+SECONDS_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
+)  # fmt: skip
+"""Histogram boundaries for durations in seconds: 0.5 ms to ~17 min (the SDK's default
+boundaries are shaped for milliseconds)."""
+
+
+def perf_metrics(summary: StepSummary) -> dict[str, float]:
+    """The Tunix-style ``perf/<scope>/...`` scalars of one step."""
+    p = f"perf/{summary.scope}"
+    out = {
+        f"{p}/step_time_sec": summary.step_time_sec,
+        f"{p}/busy_time_sec": summary.busy_time_sec,
+        f"{p}/blocked_time_sec": summary.blocked_time_sec,
+        f"{p}/idle_time_sec": summary.idle_time_sec,
+    }
+    for name, ct in summary.components.items():
+        if ct.busy_time_sec or not ct.blocked_time_sec:
+            out[f"{p}/{name}/busy_time_sec"] = ct.busy_time_sec
+        if ct.blocked_time_sec:
+            out[f"{p}/{name}/blocked_time_sec"] = ct.blocked_time_sec
+    return out
+
+
+class InstrumentSink:
+    """Step counters as OTel histograms in seconds (scope / component as attributes).
+
+    Instruments: ``tunix.step.duration``, ``tunix.step.busy_time``, ``tunix.step.blocked_time``,
+    ``tunix.step.idle_time`` (attribute ``scope``); ``tunix.component.busy_time``,
+    ``tunix.component.blocked_time`` (``scope``, ``component``). Values returned by a custom
+    export function become histograms named as returned (see :meth:`record_custom`).
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        self._meter = meter
+
+        def hist(name: str, desc: str) -> Histogram:
+            return meter.create_histogram(
+                name, unit="s", description=desc,
+                explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS),
+            )  # fmt: skip
+
+        self._step = hist("tunix.step.duration", "Wall time of a sampled step")
+        self._busy = hist("tunix.step.busy_time", "Time a step had a busy component open")
+        self._blocked = hist(
+            "tunix.step.blocked_time", "Time a step was blocked (waiting) and not busy"
+        )
+        self._idle = hist("tunix.step.idle_time", "Time of a step in no component")
+        self._c_busy = hist("tunix.component.busy_time", "Busy time of a component in a step")
+        self._c_blocked = hist(
+            "tunix.component.blocked_time", "Blocked time of a component in a step"
+        )
+        self._custom: dict[str, Histogram] = {}
+
+    def on_step(self, summary: StepSummary) -> None:
+        a = {attr.METRIC_SCOPE: summary.scope}
+        self._step.record(summary.step_time_sec, a)
+        self._busy.record(summary.busy_time_sec, a)
+        self._blocked.record(summary.blocked_time_sec, a)
+        self._idle.record(summary.idle_time_sec, a)
+        for name, ct in summary.components.items():
+            ca = {attr.METRIC_SCOPE: summary.scope, attr.METRIC_COMPONENT: name}
+            if ct.busy_time_sec or not ct.blocked_time_sec:
+                self._c_busy.record(ct.busy_time_sec, ca)
+            if ct.blocked_time_sec:
+                self._c_blocked.record(ct.blocked_time_sec, ca)
+
+    def record_custom(self, name: str, value: float, scope: str) -> None:
+        """Record a value returned by a custom export function."""
+        h = self._custom.get(name)
+        if h is None:
+            unit = "s" if name.endswith(("_sec", "_time", "_seconds")) else "1"
+            h = self._custom[name] = self._meter.create_histogram(
+                otel_metric_name(name),
+                unit=unit,
+                description="returned by the custom export function",
+                explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS) if unit == "s" else None,
+            )
+        h.record(value, {attr.METRIC_SCOPE: scope})
+
+    def on_session(self, sessions: list[ScopeSession]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class MetricsLoggerSink:
+    """Logs the ``perf/<scope>/...`` scalars of each sampled step at its step number."""
+
+    def __init__(self, logger: MetricsLogger) -> None:
+        self._logger = logger
+
+    def on_step(self, summary: StepSummary) -> None:
+        if self._logger.wants(PERF_SOURCE):
+            self._logger.log_dict(perf_metrics(summary), step=summary.step, source=PERF_SOURCE)
+
+    def on_session(self, sessions: list[ScopeSession]) -> None:
+        for s in sessions:
+            self._logger.log(
+                f"perf/{s.scope}/steps_per_sec", s.steps_per_sec, step=None, source=PERF_SOURCE
+            )
+
+    def close(self) -> None:
+        return None
+
+
+ExportFn = Callable[[StepSummary], Mapping[str, Any] | None]
+
+
+class ExportFnSink:
+    """Runs a user's export function on each step and publishes what it returns.
+
+    The function gets the :class:`StepSummary` (its ``spans`` are the step's component
+    spans) and returns ``{metric name: value}``; each value goes to the MetricsLogger at the
+    step and to an OTel histogram of that name. An exception is reported once, with its
+    traceback, and never reaches the training loop.
+    """
+
+    def __init__(
+        self,
+        fn: ExportFn,
+        *,
+        instruments: InstrumentSink | None,
+        logger: MetricsLogger | None,
+        name: str | None = None,
+    ) -> None:
+        self._fn = fn
+        self._instruments = instruments
+        self._logger = logger
+        self._name = name or getattr(fn, "__qualname__", repr(fn))
+        self._reported = False
+        self.failures = 0
+
+    def on_step(self, summary: StepSummary) -> None:
+        try:
+            result = self._fn(summary)
+            values = {str(k): to_scalar(v) for k, v in (result or {}).items()}
+        except Exception:
+            self.failures += 1
+            if not self._reported:
+                self._reported = True
+                _logger.exception(
+                    "otel-tunix: export function %s raised (reported once; the run goes on)",
+                    self._name,
+                )
+            return
+        for name, value in values.items():
+            if self._instruments is not None:
+                self._instruments.record_custom(name, value, summary.scope)
+            if self._logger is not None:
+                self._logger.log(name, value, step=summary.step, source=PERF_SOURCE)
+
+    def on_session(self, sessions: list[ScopeSession]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
