@@ -223,7 +223,6 @@ def configure(
                     span_sink,
                     span_resource,
                     InstrumentationScope(cfg.otel_scope or "tunix", __version__),
-                    runtime.thread_names,
                 )
             )
             state.runtime = runtime

@@ -123,10 +123,11 @@ class Pipeline:
 
     # --- lifecycle ------------------------------------------------------------------------
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every queued step whose components have ended is processed."""
+        """Wait until every queued step whose components have ended on the host (device ends
+        still resolving included) is processed."""
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._queue and _ready(self._queue[0]):
+            while self._queue and _host_done(self._queue[0]):
                 self._wake.set()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._worker.is_alive():
@@ -168,6 +169,10 @@ def resolve_device_end(rec: SpanRecord) -> None:
 
 def _ready(rec: StepRecord) -> bool:
     return all(s.end_ns and s.device_end is None for s in rec.spans)
+
+
+def _host_done(rec: StepRecord) -> bool:
+    return all(s.end_ns for s in rec.spans)
 
 
 def _close_open_spans(rec: StepRecord) -> None:

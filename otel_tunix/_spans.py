@@ -53,12 +53,10 @@ class SpanBuilder:
         processor: SpanProcessor,
         resource: Resource,
         scope: InstrumentationScope,
-        thread_names: dict[int, str],
     ) -> None:
         self._processor = processor
         self._resource = resource
         self._scope = scope
-        self._thread_names = thread_names
         self._offset = epoch_offset_ns()
 
     def __call__(self, rec: StepRecord) -> None:
@@ -108,8 +106,8 @@ class SpanBuilder:
             attr.SCOPE: rec.scope,
             attr.COMPONENT: s.name,
             attr.TIME_KIND: attr.KIND_BLOCKED if s.blocked else attr.KIND_BUSY,
-            attr.THREAD_ID: s.thread_id,
-            attr.THREAD_NAME: self._thread_names.get(s.thread_id, str(s.thread_id)),
+            attr.THREAD_ID: s.thread.ident or 0,
+            attr.THREAD_NAME: s.thread.name,
         }
         if s.end_ns != s.host_end_ns:
             attrs[attr.DEVICE_END] = True

@@ -80,7 +80,7 @@ class SpanRecord:
         "parent_id",
         "span_id",
         "start_ns",
-        "thread_id",
+        "thread",
         "trace_id",
     )
 
@@ -93,7 +93,7 @@ class SpanRecord:
         self.blocked = blocked
         self.span_id = span_id
         self.parent_id = parent_id
-        self.thread_id = threading.get_ident()
+        self.thread = threading.current_thread()
         self.end_ns = 0
         self.host_end_ns = 0
         self.error: BaseException | None = None
@@ -180,7 +180,7 @@ class _ProxySpan(NonRecordingSpan):
 class Runtime:
     """What the hot path needs from one ``configure()``: sampling, filter, the pipeline."""
 
-    __slots__ = ("allowed", "open_steps", "pipeline", "sampling_rate", "scopes", "thread_names")
+    __slots__ = ("allowed", "open_steps", "pipeline", "sampling_rate", "scopes")
 
     def __init__(
         self, sampling_rate: int, components: tuple[str, ...] | None, pipeline: Pipeline
@@ -190,7 +190,6 @@ class Runtime:
         self.pipeline = pipeline
         self.scopes: dict[str, _ScopeStats] = {}
         self.open_steps: list[StepRecord] = []
-        self.thread_names: dict[int, str] = {}
 
 
 _runtime: Runtime | None = None
@@ -391,9 +390,6 @@ class component:
                 attach_proxy = True
             rec = SpanRecord(name, self._blocked, trace_id, getrandbits(64) or 1, parent)
             rec.device_end = self._device_end
-            names = rt.thread_names
-            if rec.thread_id not in names:
-                names[rec.thread_id] = threading.current_thread().name
             st.spans.append(rec)
             self._record = rec
             self._ctoken = _current_component.set(rec)

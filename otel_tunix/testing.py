@@ -1,0 +1,138 @@
+"""Helpers to test code instrumented with otel-tunix (and otel-tunix itself).
+
+``capture()`` configures otel-tunix with in-memory span and metric readers, so a test can
+assert on the spans, the metrics and the step summaries a piece of code produces::
+
+    from otel_tunix.testing import capture
+
+    def test_my_loop(tmp_path):
+        with capture(output_dir=tmp_path) as cap:
+            run_my_training_loop(steps=3)
+        assert [s.name for s in cap.spans()][-1] == "train_step"
+        assert cap.summaries[0].busy_time_sec > 0
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_tunix import _configure
+from otel_tunix.accounting import ScopeSession, StepSummary
+
+__all__ = ["Capture", "capture", "reset"]
+
+
+def reset() -> None:
+    """Shut otel-tunix down and clear the OTel API's global providers.
+
+    The global tracer and meter providers can be set once per process; tests that configure
+    several runs reset them between runs, as OpenTelemetry's own test utilities do.
+    """
+    from opentelemetry import metrics, trace
+    from opentelemetry.metrics import _internal as metrics_internal
+    from opentelemetry.util._once import Once
+
+    _configure.shutdown()
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+    metrics_internal._METER_PROVIDER = None
+    del metrics  # imported for its side effect of loading the API
+
+
+class _SummaryCollector:
+    def __init__(self, cap: Capture) -> None:
+        self._cap = cap
+
+    def on_step(self, summary: StepSummary) -> None:
+        self._cap.summaries.append(summary)
+
+    def on_session(self, sessions: list[ScopeSession]) -> None:
+        self._cap.sessions.extend(sessions)
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class Capture:
+    """What a :func:`capture` block recorded."""
+
+    span_exporter: InMemorySpanExporter
+    metric_reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+    summaries: list[StepSummary] = field(default_factory=list)
+    sessions: list[ScopeSession] = field(default_factory=list)
+
+    def flush(self) -> None:
+        """Process every finished step (spans and summaries appear after this)."""
+        _configure.force_flush()
+
+    def spans(self) -> list[ReadableSpan]:
+        """Every finished span so far, in the order the processors saw them."""
+        self.flush()
+        return list(self.span_exporter.get_finished_spans())
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """``{instrument name: [data points]}`` collected right now."""
+        self.flush()
+        data = self.metric_reader.get_metrics_data()
+        out: dict[str, list[Any]] = {}
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    out.setdefault(m.name, []).extend(m.data.data_points)
+        return out
+
+    def metric_units(self) -> dict[str, str]:
+        """``{instrument name: unit}`` of the metrics collected right now."""
+        data = self.metric_reader.get_metrics_data()
+        return {
+            m.name: m.unit or ""
+            for rm in (data.resource_metrics if data else [])
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        }
+
+
+@contextmanager
+def capture(
+    *, output_dir: str | os.PathLike[str] | None = "none", **configure_kwargs: Any
+) -> Iterator[Capture]:
+    """Configure otel-tunix with in-memory exporters for the duration of the block.
+
+    Keyword arguments go to :func:`otel_tunix.configure`. By default no local run folder
+    is written (``output_dir="none"``). On exit otel-tunix is shut down and the OTel globals
+    are reset.
+    """
+    reset()
+    exporter = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    tp = configure_kwargs.pop("tracer_provider", None) or TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    mp = configure_kwargs.pop("meter_provider", None) or MeterProvider(metric_readers=[reader])
+    cap = Capture(exporter, reader, tp, mp)
+    _configure.configure(
+        output_dir=output_dir, tracer_provider=tp, meter_provider=mp, **configure_kwargs
+    )
+    st = _configure._state
+    if st is not None and st.processor is not None:
+        st.processor.add_sink(_SummaryCollector(cap))
+    try:
+        yield cap
+    finally:
+        cap.flush()
+        reset()

@@ -1,0 +1,64 @@
+"""Shared fixtures: a clean OTel / otel-tunix state and environment for every test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from otel_tunix.testing import reset
+
+_PREFIXES = ("OTEL_", "DD_", "DATADOG_")
+_LAUNCHER_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+    "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK", "PMI_SIZE",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def clean_otel_state(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[None]:
+    """No OTEL_* / DD_* / launcher variables leak in, the cwd is a temp dir, globals reset."""
+    for name in list(os.environ):
+        if name.startswith(_PREFIXES) or name in _LAUNCHER_VARS:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    reset()
+    yield
+    reset()
+
+
+# --- a real OpenTelemetry collector (rotel) on loopback; see tests/collector.py -----------
+
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from collector import RotelCollector  # noqa: E402
+
+
+@pytest.fixture
+def rotel_factory(tmp_path: Path) -> Iterator[Callable[..., RotelCollector]]:
+    """Starts rotel collectors on free loopback ports; all are stopped (by pid) at teardown.
+
+    Call it with :class:`collector.RotelCollector`'s keyword arguments (``args``, ``env``,
+    ``grpc_port``, ``http_port``); each call gets its own log file under ``tmp_path``.
+    """
+    started: list[RotelCollector] = []
+
+    def start(**kwargs: object) -> RotelCollector:
+        log = tmp_path / f"rotel-{len(started)}.log"
+        collector = RotelCollector(log, **kwargs)  # type: ignore[arg-type]
+        started.append(collector)
+        return collector.start()
+
+    yield start
+    for collector in reversed(started):
+        collector.stop()
+
+
+@pytest.fixture
+def rotel_collector(rotel_factory: Callable[..., RotelCollector]) -> RotelCollector:
+    """A rotel collector with a blackhole exporter that prints every span and metric it
+    receives (``.output()``, ``.parsed()``, ``.wait_for(...)``, ``.restart()``)."""
+    return rotel_factory()

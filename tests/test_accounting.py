@@ -1,0 +1,234 @@
+"""Busy / blocked / idle counters: controlled sleeps, nesting, threads, published values."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import otel_tunix
+from otel_tunix.accounting import SpanInfo, account_step, union_ns
+from otel_tunix.sinks import SECONDS_BUCKETS
+from otel_tunix.testing import capture
+
+MS = 1_000_000
+
+
+def _span(name: str, kind: str, start_ms: float, end_ms: float) -> SpanInfo:
+    return SpanInfo(name=name, kind=kind, start_ns=int(start_ms * MS), end_ns=int(end_ms * MS))
+
+
+def test_union_counts_overlaps_once():
+    assert union_ns([(0, 10), (5, 15), (20, 30), (25, 26)]) == 25
+    assert union_ns([]) == 0
+    assert union_ns([(5, 5), (7, 3)]) == 0
+
+
+def test_account_step_partitions_the_window_exactly():
+    spans = [
+        _span("load", "busy", 0, 20),
+        _span("wait", "blocked", 20, 50),
+        _span("compute", "busy", 50, 90),
+        _span("inner", "busy", 60, 70),  # nested in compute: not counted twice
+        _span("other_thread_wait", "blocked", 55, 95),  # blocked only after compute ends
+    ]
+    s = account_step("train", 3, 0, 100 * MS, spans)
+    assert s.busy_time_sec == pytest.approx(0.060)
+    assert s.blocked_time_sec == pytest.approx(0.030 + 0.005)
+    assert s.idle_time_sec == pytest.approx(0.005)
+    assert s.step_time_sec == pytest.approx(0.100)
+    assert s.busy_time_sec + s.blocked_time_sec + s.idle_time_sec == pytest.approx(s.step_time_sec)
+    assert s.components["compute"].busy_time_sec == pytest.approx(0.040)
+    assert s.components["inner"].busy_time_sec == pytest.approx(0.010)
+    assert s.components["other_thread_wait"].blocked_time_sec == pytest.approx(0.040)
+    assert s.components["wait"].count == 1
+
+
+def test_window_extends_to_a_component_that_outlives_the_step():
+    spans = [_span("device", "busy", 10, 150)]
+    s = account_step("train", 0, 0, 100 * MS, spans)
+    assert s.step_time_sec == pytest.approx(0.150)
+    assert s.end_ns == 150 * MS
+    assert s.busy_time_sec == pytest.approx(0.140)
+    assert s.idle_time_sec == pytest.approx(0.010)
+
+
+def test_counters_on_controlled_sleeps():
+    """20 ms busy load, 30 ms blocked wait, 40 ms busy compute, 10 ms gap."""
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("train_data_load"):
+                time.sleep(0.020)
+            with otel_tunix.component("train_queue_wait", blocked=True):
+                time.sleep(0.030)
+            with otel_tunix.component("train_step_compute"):
+                time.sleep(0.040)
+            time.sleep(0.010)
+        spans = {s.name: s for s in cap.spans()}
+        s = cap.summaries[0]
+
+    def dur(name: str) -> float:
+        return (spans[name].end_time - spans[name].start_time) / 1e9
+
+    # Exactly what the spans say ...
+    assert s.busy_time_sec == pytest.approx(dur("train_data_load") + dur("train_step_compute"))
+    assert s.blocked_time_sec == pytest.approx(dur("train_queue_wait"))
+    assert s.step_time_sec == pytest.approx(dur("train_step"))
+    assert s.idle_time_sec == pytest.approx(
+        s.step_time_sec - s.busy_time_sec - s.blocked_time_sec, abs=1e-9
+    )
+    # ... and close to the sleeps (sleeps only ever run long on a busy machine).
+    assert 0.060 <= s.busy_time_sec < 0.085
+    assert 0.030 <= s.blocked_time_sec < 0.050
+    assert 0.010 <= s.idle_time_sec < 0.030
+    assert s.components["train_data_load"].busy_time_sec == pytest.approx(dur("train_data_load"))
+    assert s.components["train_queue_wait"].blocked_time_sec == pytest.approx(
+        dur("train_queue_wait")
+    )
+
+
+def test_nested_and_concurrent_busy_time_is_not_double_counted():
+    def worker() -> None:
+        with otel_tunix.component("shard"):
+            time.sleep(0.03)
+
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("outer"):
+                with otel_tunix.component("inner"):
+                    time.sleep(0.02)
+                threads = [threading.Thread(target=worker) for _ in range(3)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        spans = {s.name: s for s in cap.spans()}
+        s = cap.summaries[0]
+    outer = (spans["outer"].end_time - spans["outer"].start_time) / 1e9
+    assert s.busy_time_sec == pytest.approx(outer, abs=2e-4)
+    # three concurrent shards of ~30 ms count ~30 ms, not ~90 ms
+    assert 0.03 <= s.components["shard"].busy_time_sec < 0.06
+    assert s.components["shard"].count == 3
+
+
+def test_instruments_are_histograms_in_seconds_with_scope_and_component_attributes():
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf) as cap:
+        for n in range(4):
+            with otel_tunix.step(n, scope="rl/learner"):
+                with otel_tunix.component("train_queue_wait", blocked=True):
+                    time.sleep(0.002)
+                with otel_tunix.component("actor_train_step"):
+                    time.sleep(0.002)
+        metrics = cap.metrics()
+        units = cap.metric_units()
+    for name in (
+        "tunix.step.duration",
+        "tunix.step.busy_time",
+        "tunix.step.blocked_time",
+        "tunix.step.idle_time",
+        "tunix.component.busy_time",
+        "tunix.component.blocked_time",
+    ):
+        assert units[name] == "s", name
+        points = metrics[name]
+        assert sum(p.count for p in points) == (2 if "step" in name else 2)
+        assert list(points[0].explicit_bounds) == list(SECONDS_BUCKETS)
+    assert dict(metrics["tunix.step.busy_time"][0].attributes) == {"scope": "rl/learner"}
+    comp = {p.attributes["component"]: p for p in metrics["tunix.component.busy_time"]}
+    assert set(comp) == {"actor_train_step"}
+    assert dict(comp["actor_train_step"].attributes) == {
+        "scope": "rl/learner",
+        "component": "actor_train_step",
+    }
+    blocked = metrics["tunix.component.blocked_time"][0]
+    assert blocked.attributes["component"] == "train_queue_wait"
+    assert blocked.sum >= 0.004  # two sampled steps of >= 2 ms
+    assert units["tunix.steps"] == "{step}"
+    assert metrics["tunix.steps"][0].value == 4
+    assert metrics["tunix.session.steps_per_second"][0].value > 0
+
+
+def test_perf_scalars_reach_the_metrics_logger_with_tunix_names():
+    logged: list[tuple[str, float, int | None]] = []
+
+    class Recorder:
+        def log_scalar(self, event: str, value: float, **kwargs: object) -> None:
+            logged.append((event, value, kwargs.get("step")))  # type: ignore[arg-type]
+
+        def close(self) -> None:
+            pass
+
+    opts = otel_tunix.MetricsLoggerOptions(backend_factories=[Recorder])
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf, metrics_logger=opts) as cap:
+        for n in range(3):
+            with otel_tunix.step(n):
+                with otel_tunix.component("train_queue_wait", blocked=True):
+                    time.sleep(0.001)
+                with otel_tunix.component("checkpoint_save"):
+                    time.sleep(0.001)
+        cap.flush()
+    names = {e for e, _, _ in logged}
+    assert {
+        "perf/train/step_time_sec",
+        "perf/train/busy_time_sec",
+        "perf/train/blocked_time_sec",
+        "perf/train/idle_time_sec",
+        "perf/train/checkpoint_save/busy_time_sec",
+        "perf/train/train_queue_wait/blocked_time_sec",
+        "perf/train/steps_per_sec",
+    } <= names
+    assert "perf/train/train_queue_wait/busy_time_sec" not in names
+    steps = sorted({s for e, _, s in logged if e == "perf/train/busy_time_sec"})
+    assert steps == [0, 2]
+    rate = [v for e, v, _ in logged if e == "perf/train/steps_per_sec"]
+    assert rate and rate[0] > 0
+
+
+def test_custom_export_fn_object_is_published_like_ours():
+    seen = []
+
+    def my_fn(summary):
+        seen.append(summary)
+        return {"perf/custom/compute_share": summary.busy_time_sec / summary.step_time_sec}
+
+    logged = {}
+
+    class Recorder:
+        def log_scalar(self, event, value, **kwargs):
+            logged[(event, kwargs.get("step"))] = value
+
+        def close(self):
+            pass
+
+    opts = otel_tunix.MetricsLoggerOptions(backend_factories=[Recorder])
+    with capture(perf=otel_tunix.PerformanceMetricsConfig(export_fn=my_fn), metrics_logger=opts) as cap:
+        with otel_tunix.step(0), otel_tunix.component("train_step_compute"):
+            time.sleep(0.002)
+        metrics = cap.metrics()
+    assert len(seen) == 1
+    assert [s.name for s in seen[0].spans] == ["train_step_compute"]
+    value = logged[("perf/custom/compute_share", 0)]
+    assert 0 < value <= 1
+    assert metrics["perf/custom/compute_share"][0].sum == pytest.approx(value)
+
+
+def test_export_fn_that_raises_is_reported_once_and_never_reaches_the_loop(caplog):
+    calls = []
+
+    def broken(summary):
+        calls.append(summary.step)
+        raise ZeroDivisionError("oops")
+
+    with capture(perf=otel_tunix.PerformanceMetricsConfig(export_fn=broken)) as cap:
+        for n in range(3):
+            with otel_tunix.step(n), otel_tunix.component("x"):
+                pass
+        cap.flush()
+        assert len(cap.summaries) == 3  # other sinks still work
+    assert calls == [0, 1, 2]
+    reports = [r for r in caplog.records if "export function" in r.getMessage()]
+    assert len(reports) == 1
+    assert "ZeroDivisionError" in (reports[0].exc_text or "")

@@ -1,0 +1,248 @@
+"""configure(): validation, every OTEL_TUNIX_* variable, resources, providers, exporters."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_tunix
+from otel_tunix import ConfigurationError, PerformanceMetricsConfig
+from otel_tunix.testing import capture
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True, None.__class__])
+def test_bad_sampling_rate_names_the_field(bad):
+    with pytest.raises(ConfigurationError, match=r"sampling_rate must be a positive integer"):
+        PerformanceMetricsConfig(sampling_rate=bad)
+
+
+@pytest.mark.parametrize("bad", ["train_data_load", ("a", 1), 5, ("",)])
+def test_bad_components_names_the_field(bad):
+    with pytest.raises(ConfigurationError, match=r"components must be a tuple of"):
+        PerformanceMetricsConfig(components=bad)
+
+
+def test_components_accept_tuple_list_and_none():
+    assert PerformanceMetricsConfig(components=["a", "b"]).components == ("a", "b")
+    assert PerformanceMetricsConfig(components=None).resolved().components is None
+
+
+def test_bad_env_sampling_rate_fails_at_configure(monkeypatch):
+    monkeypatch.setenv("OTEL_TUNIX_SAMPLING_RATE", "abc")
+    with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_SAMPLING_RATE='abc'"):
+        otel_tunix.configure()
+    monkeypatch.setenv("OTEL_TUNIX_SAMPLING_RATE", "0")
+    with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_SAMPLING_RATE"):
+        otel_tunix.configure()
+
+
+def test_bad_env_boolean_and_export_fn(monkeypatch):
+    monkeypatch.setenv("OTEL_TUNIX_ENABLED", "maybe")
+    with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_ENABLED='maybe'"):
+        otel_tunix.configure()
+    monkeypatch.delenv("OTEL_TUNIX_ENABLED")
+    monkeypatch.setenv("OTEL_TUNIX_EXPORT_FN", "no_such_module_xyz:fn")
+    with pytest.raises(ConfigurationError, match=r"cannot be imported"):
+        otel_tunix.configure()
+
+
+def test_bad_metrics_logger_and_unknown_exporter(monkeypatch):
+    with pytest.raises(ConfigurationError, match=r"metrics_logger must be"):
+        otel_tunix.configure(metrics_logger="jsonl")  # type: ignore[arg-type]
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "nonexistent")
+    with pytest.raises(ConfigurationError, match=r"OTEL_TRACES_EXPORTER names 'nonexistent'"):
+        otel_tunix.configure()
+
+
+def test_env_sampling_rate_components_scope_and_enabled(monkeypatch):
+    monkeypatch.setenv("OTEL_TUNIX_SAMPLING_RATE", "3")
+    monkeypatch.setenv("OTEL_TUNIX_COMPONENTS", "keep, also")
+    monkeypatch.setenv("OTEL_TUNIX_SCOPE", "my.scope")
+    with capture() as cap:
+        for n in range(7):
+            with otel_tunix.step(n):
+                for name in ("keep", "drop", "also"):
+                    with otel_tunix.component(name):
+                        pass
+        spans = cap.spans()
+    steps = sorted({s.attributes["tunix.step"] for s in spans})
+    assert steps == [0, 3, 6]
+    assert {s.name for s in spans} == {"keep", "also", "train_step"}
+    assert {s.instrumentation_scope.name for s in spans} == {"my.scope"}
+    monkeypatch.setenv("OTEL_TUNIX_ENABLED", "false")
+    with capture() as cap:
+        with otel_tunix.step(0), otel_tunix.component("keep"):
+            pass
+        assert cap.spans() == []
+
+
+def test_arguments_beat_environment(monkeypatch):
+    monkeypatch.setenv("OTEL_TUNIX_SAMPLING_RATE", "3")
+    with capture(perf=PerformanceMetricsConfig(sampling_rate=1)) as cap:
+        for n in range(2):
+            with otel_tunix.step(n):
+                pass
+        assert len(cap.spans()) == 2
+
+
+def test_env_export_fn_and_jsonl_path(monkeypatch, tmp_path):
+    mod = types.ModuleType("my_export_mod")
+    mod.fn = lambda summary: {"perf/custom/n_spans": len(summary.spans)}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "my_export_mod", mod)
+    monkeypatch.setenv("OTEL_TUNIX_EXPORT_FN", "my_export_mod:fn")
+    monkeypatch.setenv("OTEL_TUNIX_EXPORT_JSONL_PATH", str(tmp_path / "extra" / "spans.jsonl.gz"))
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("a"), otel_tunix.component("b"):
+                pass
+        metrics = cap.metrics()
+    assert metrics["perf/custom/n_spans"][0].sum == 2
+    import gzip
+
+    lines = gzip.open(tmp_path / "extra" / "spans.jsonl.gz", "rt").read().splitlines()
+    assert [json.loads(x)["type"] for x in lines] == ["step", "session"]
+
+
+def test_env_output_dir_run_id_and_none(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_TUNIX_OUTPUT_DIR", str(tmp_path / "out"))
+    monkeypatch.setenv("OTEL_TUNIX_RUN_ID", "run-42")
+    info = otel_tunix.configure(tracer_provider=TracerProvider())
+    assert info.run_id == "run-42"
+    assert info.output_dir == tmp_path / "out"
+    assert info.resource.attributes["tunix.run.id"] == "run-42"
+    otel_tunix.shutdown()
+    assert (tmp_path / "out" / "spans.jsonl").exists()
+    monkeypatch.setenv("OTEL_TUNIX_OUTPUT_DIR", "none")
+    info = otel_tunix.configure(tracer_provider=TracerProvider())
+    assert info.output_dir is None and info.files == {}
+    otel_tunix.shutdown()
+
+
+def test_default_output_dir_is_under_cwd_with_the_run_id(tmp_path):
+    info = otel_tunix.configure(tracer_provider=TracerProvider())
+    assert info.output_dir == otel_tunix.current_run().output_dir
+    assert info.output_dir.parts[:1] == ("otel-tunix-runs",)
+    assert info.output_dir.name == info.run_id
+    otel_tunix.shutdown()
+    assert (tmp_path / info.output_dir / "summary.json").exists()
+
+
+def test_resource_service_name_run_id_host_pid(monkeypatch):
+    import os
+    import socket
+
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=dev,team=ml")
+    info = otel_tunix.configure(output_dir="none", tracer_provider=TracerProvider())
+    a = info.resource.attributes
+    assert a["service.name"] == "from-env"
+    assert a["deployment.environment"] == "dev" and a["team"] == "ml"
+    assert a["host.name"] == socket.gethostname()
+    assert a["process.pid"] == os.getpid()
+    assert a["tunix.run.id"]
+    assert "tunix.rank" not in a
+    info = otel_tunix.configure(
+        service_name="explicit", output_dir="none", tracer_provider=TracerProvider()
+    )
+    assert info.resource.attributes["service.name"] == "explicit"
+    otel_tunix.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "world", "run_id"),
+    [
+        ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "abc"},
+         3, 8, "torchelastic-abc"),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "777"}, 1, 4, "slurm-777"),
+    ],
+)  # fmt: skip
+def test_rank_and_world_size_from_launchers(monkeypatch, tmp_path, env, rank, world, run_id):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    info = otel_tunix.configure(output_dir=tmp_path, tracer_provider=TracerProvider())
+    a = info.resource.attributes
+    assert (a["tunix.rank"], a["tunix.world_size"]) == (rank, world)
+    assert info.run_id == run_id  # all ranks of one job share the run id
+    assert info.files["spans"].name == f"spans-rank{rank}.jsonl"
+    otel_tunix.shutdown()
+
+
+def test_joins_an_application_tracer_provider_without_exporting_twice():
+    app_exporter = InMemorySpanExporter()
+    app_tp = TracerProvider()
+    app_tp.add_span_processor(SimpleSpanProcessor(app_exporter))
+    trace.set_tracer_provider(app_tp)
+    otel_tunix.configure(service_name="joined", output_dir="none")
+    with otel_tunix.step(0), otel_tunix.component("x"):
+        trace.get_tracer("user").start_span("user-span").end()
+    otel_tunix.shutdown()
+    names = [s.name for s in app_exporter.get_finished_spans()]
+    assert sorted(names) == ["train_step", "user-span", "x"]
+    ours = next(s for s in app_exporter.get_finished_spans() if s.name == "x")
+    assert ours.resource.attributes["tunix.run.id"]
+    assert ours.resource.attributes["service.name"] == "joined"
+
+
+def test_installs_global_provider_so_foreign_spans_share_the_pipeline(monkeypatch):
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    from otel_tunix import _otel_setup
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert [type(e) for e in _otel_setup.trace_exporters()] == [ConsoleSpanExporter]
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    otel_tunix.configure(output_dir="none")
+    installed = trace.get_tracer_provider()
+    assert isinstance(installed, TracerProvider)
+    exporter = InMemorySpanExporter()
+    installed.add_span_processor(SimpleSpanProcessor(exporter))
+    with otel_tunix.step(0), otel_tunix.component("x"):
+        with trace.get_tracer("user").start_as_current_span("user-span"):
+            pass
+    otel_tunix.shutdown()
+    by = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(by) == {"user-span", "x", "train_step"}
+    assert by["user-span"].parent.span_id == by["x"].context.span_id
+    # a second configure() replaces the provider otel-tunix installed itself
+    otel_tunix.configure(output_dir="none")
+    second = trace.get_tracer_provider()
+    otel_tunix.shutdown()
+    assert isinstance(second, TracerProvider) and second is not installed
+
+
+def test_otlp_endpoint_env_selects_the_otlp_exporter(monkeypatch):
+    from otel_tunix import _otel_setup
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    assert _otel_setup.exporter_names("OTEL_TRACES_EXPORTER", ("OTEL_EXPORTER_OTLP_ENDPOINT",)) == [
+        "otlp"
+    ]
+    exporters = _otel_setup.trace_exporters()
+    assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    exporters = _otel_setup.trace_exporters()
+    assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    with pytest.raises(ConfigurationError, match="http/json"):
+        _otel_setup.trace_exporters()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert _otel_setup.trace_exporters() == []
+
+
+def test_configure_twice_is_idempotent_and_shutdown_twice_is_safe(tmp_path):
+    otel_tunix.configure(output_dir=tmp_path / "a", tracer_provider=TracerProvider())
+    otel_tunix.configure(output_dir=tmp_path / "b", tracer_provider=TracerProvider())
+    with otel_tunix.step(0):
+        pass
+    assert len(otel_tunix.shutdown()) == 1
+    assert otel_tunix.shutdown() == []
+    assert (tmp_path / "a" / "summary.json").exists()
+    lines = (tmp_path / "b" / "spans.jsonl").read_text().splitlines()
+    assert [json.loads(x)["type"] for x in lines] == ["step", "session"]

@@ -1,0 +1,315 @@
+"""step() / component(): spans, parentage, sampling, filters, threads, asyncio, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+import otel_tunix
+from otel_tunix import attributes as attr
+from otel_tunix.testing import capture
+
+
+def _by_name(spans):
+    out = {}
+    for s in spans:
+        out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_step_and_component_spans_have_names_attributes_and_parents():
+    with capture(service_name="svc") as cap:
+        for n in range(2):
+            with otel_tunix.step(n, scope="train"):
+                with otel_tunix.component("train_data_load"):
+                    pass
+                with otel_tunix.component("train_queue_wait", blocked=True):
+                    pass
+        spans = cap.spans()
+    names = [s.name for s in spans]
+    assert names == ["train_data_load", "train_queue_wait", "train_step"] * 2
+    by = _by_name(spans)
+    for i in range(2):
+        step_span = by["train_step"][i]
+        load, wait = by["train_data_load"][i], by["train_queue_wait"][i]
+        assert step_span.parent is None
+        assert load.parent.span_id == step_span.context.span_id
+        assert wait.parent.span_id == step_span.context.span_id
+        assert load.context.trace_id == step_span.context.trace_id
+        assert step_span.attributes[attr.STEP] == i
+        assert step_span.attributes[attr.SCOPE] == "train"
+        assert step_span.attributes[attr.SPAN_TYPE] == "step"
+        assert load.attributes[attr.COMPONENT] == "train_data_load"
+        assert load.attributes[attr.TIME_KIND] == "busy"
+        assert wait.attributes[attr.TIME_KIND] == "blocked"
+        assert load.attributes[attr.THREAD_NAME] == threading.current_thread().name
+        assert step_span.resource.attributes["service.name"] == "svc"
+        assert step_span.start_time <= load.start_time <= load.end_time <= step_span.end_time
+    # one trace per step
+    assert by["train_step"][0].context.trace_id != by["train_step"][1].context.trace_id
+
+
+def test_scopes_name_the_step_span():
+    with capture() as cap:
+        for scope in ("train", "eval", "rl/actor", "rl/learner", "my-scope"):
+            with otel_tunix.step(0, scope=scope):
+                pass
+        names = [s.name for s in cap.spans()]
+    assert names == ["train_step", "eval_step", "rl/actor_step", "rl/learner_step", "my-scope_step"]
+
+
+def test_sampling_rate_keeps_only_multiples_and_components_follow():
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=4)
+    with capture(perf=perf) as cap:
+        for n in range(10):
+            with otel_tunix.step(n), otel_tunix.component("train_step_compute"):
+                pass
+        spans = cap.spans()
+        steps = sorted(s.attributes[attr.STEP] for s in spans if s.name == "train_step")
+        comps = sorted(s.attributes[attr.STEP] for s in spans if s.name == "train_step_compute")
+        counts = cap.metrics()["tunix.steps"]
+    assert steps == [0, 4, 8]
+    assert comps == [0, 4, 8]
+    assert counts[0].value == 10  # every step is counted, sampled or not
+
+
+def test_component_filter_records_only_listed_names():
+    perf = otel_tunix.PerformanceMetricsConfig(components=("train_step_compute",))
+    with capture(perf=perf) as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("train_data_load") as c:
+                assert not c.recording
+            with otel_tunix.component("train_step_compute") as c:
+                assert c.recording
+        names = [s.name for s in cap.spans()]
+    assert names == ["train_step_compute", "train_step"]
+
+
+def test_nested_components_parent_each_other():
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("outer"):
+                with otel_tunix.component("inner"):
+                    pass
+        by = _by_name(cap.spans())
+    assert by["inner"][0].parent.span_id == by["outer"][0].context.span_id
+    assert by["outer"][0].parent.span_id == by["train_step"][0].context.span_id
+
+
+def test_foreign_otel_spans_nest_under_components_and_ours_under_theirs():
+    with capture() as cap:
+        tracer = cap.tracer_provider.get_tracer("user-code")
+        with otel_tunix.step(0):
+            with otel_tunix.component("rollout"):
+                with tracer.start_as_current_span("http.request"):
+                    with otel_tunix.component("decode"):
+                        with tracer.start_as_current_span("db.query"):
+                            pass
+            with tracer.start_as_current_span("after"):
+                pass
+        by = _by_name(cap.spans())
+    step_id = by["train_step"][0].context.span_id
+    trace_id = by["train_step"][0].context.trace_id
+    assert by["http.request"][0].parent.span_id == by["rollout"][0].context.span_id
+    assert by["decode"][0].parent.span_id == by["http.request"][0].context.span_id
+    assert by["db.query"][0].parent.span_id == by["decode"][0].context.span_id
+    assert by["after"][0].parent.span_id == step_id
+    assert {s.context.trace_id for ss in by.values() for s in ss} == {trace_id}
+
+
+def test_step_joins_the_applications_current_trace():
+    with capture() as cap:
+        tracer = cap.tracer_provider.get_tracer("app")
+        with tracer.start_as_current_span("training_run") as run:
+            with otel_tunix.step(0):
+                pass
+        by = _by_name(cap.spans())
+    assert by["train_step"][0].parent.span_id == run.get_span_context().span_id
+    assert by["train_step"][0].context.trace_id == run.get_span_context().trace_id
+
+
+def test_exception_propagates_unchanged_and_marks_the_span():
+    class Boom(RuntimeError):
+        pass
+
+    err = Boom("bad batch")
+    with capture() as cap:
+        with pytest.raises(Boom) as info:
+            with otel_tunix.step(0), otel_tunix.component("train_step_compute"):
+                raise err
+        assert info.value is err
+        by = _by_name(cap.spans())
+        summary = cap.summaries[0]
+    comp = by["train_step_compute"][0]
+    assert comp.status.status_code is StatusCode.ERROR
+    assert "bad batch" in comp.status.description
+    event = comp.events[0]
+    assert event.name == "exception"
+    assert event.attributes["exception.type"] == "test_exception_propagates_unchanged_and_marks_the_span.<locals>.Boom"
+    assert "raise err" in event.attributes["exception.stacktrace"]
+    assert by["train_step"][0].status.status_code is StatusCode.ERROR
+    assert summary.spans[0].error and "bad batch" in summary.spans[0].error
+
+
+def test_threads_with_copied_context_pool_and_raw_threads():
+    def work(name: str) -> None:
+        with otel_tunix.component(name):
+            time.sleep(0.005)
+
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("rollout"):
+                ctx = contextvars.copy_context()
+                t = threading.Thread(target=ctx.run, args=(work, "copied"), name="copier")
+                t.start()
+                t.join()
+                with ThreadPoolExecutor(2, thread_name_prefix="pool") as pool:
+                    futs = [pool.submit(contextvars.copy_context().run, work, "pooled")]
+                    futs += [pool.submit(contextvars.copy_context().run, work, "pooled")]
+                    [f.result() for f in futs]
+            raw = threading.Thread(target=work, args=("raw",), name="raw-thread")
+            raw.start()
+            raw.join()
+        by = _by_name(cap.spans())
+    rollout = by["rollout"][0].context.span_id
+    step_id = by["train_step"][0].context.span_id
+    assert by["copied"][0].parent.span_id == rollout
+    assert by["copied"][0].attributes[attr.THREAD_NAME] == "copier"
+    assert [s.parent.span_id for s in by["pooled"]] == [rollout, rollout]
+    assert all(s.attributes[attr.THREAD_NAME].startswith("pool") for s in by["pooled"])
+    # a raw thread has no context: it records into the open step, under the step span
+    assert by["raw"][0].parent.span_id == step_id
+    assert by["raw"][0].attributes[attr.THREAD_NAME] == "raw-thread"
+
+
+def test_asyncio_tasks_and_async_decorator():
+    @otel_tunix.component("generate")
+    async def generate(i: int) -> int:
+        await asyncio.sleep(0.002)
+        return i * 2
+
+    async def main() -> list[int]:
+        with otel_tunix.step(0, scope="rl/actor"):
+            with otel_tunix.component("rollout"):
+                return list(await asyncio.gather(*(generate(i) for i in range(3))))
+
+    with capture() as cap:
+        assert asyncio.run(main()) == [0, 2, 4]
+        by = _by_name(cap.spans())
+    rollout = by["rollout"][0].context.span_id
+    assert len(by["generate"]) == 3
+    assert {s.parent.span_id for s in by["generate"]} == {rollout}
+    assert by["rl/actor_step"][0].attributes[attr.SCOPE] == "rl/actor"
+
+
+def test_sync_decorator_keeps_function_and_records_each_call():
+    @otel_tunix.component("checkpoint_save")
+    def save(x: int) -> int:
+        """Docstring kept."""
+        return x + 1
+
+    with capture() as cap:
+        assert save(1) == 2  # outside a step: runs, records nothing
+        with otel_tunix.step(0):
+            assert save(2) == 3
+            assert save(3) == 4
+        names = [s.name for s in cap.spans()]
+    assert save.__doc__ == "Docstring kept."
+    assert names == ["checkpoint_save", "checkpoint_save", "train_step"]
+
+
+def test_step_attributes_and_sampled_flag():
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf) as cap:
+        with otel_tunix.step(0) as s:
+            assert s.sampled
+            s.set_attribute("tunix.tokens", 4096)
+        with otel_tunix.step(1) as s:
+            assert not s.sampled
+            s.set_attribute("ignored", 1)
+        spans = cap.spans()
+    assert len(spans) == 1
+    assert spans[0].attributes["tunix.tokens"] == 4096
+
+
+def test_step_before_configure_is_a_noop_with_one_warning(caplog):
+    from otel_tunix import _tracer
+
+    _tracer._quiet = False
+    _tracer._warned.discard("not-configured")
+    with caplog.at_level(logging.WARNING, logger="otel_tunix"):
+        for n in range(3):
+            with otel_tunix.step(n), otel_tunix.component("x") as c:
+                assert not c.recording
+    warnings = [r for r in caplog.records if "before otel_tunix.configure" in r.message]
+    assert len(warnings) == 1
+
+
+def test_enabled_false_records_nothing_but_loop_runs():
+    with capture(perf=otel_tunix.PerformanceMetricsConfig(enabled=False)) as cap:
+        for n in range(3):
+            with otel_tunix.step(n), otel_tunix.component("x"):
+                pass
+        assert cap.spans() == []
+
+
+def test_device_end_ends_the_span_at_device_completion():
+    def device_done() -> int:
+        time.sleep(0.03)  # the "device" finishes 30 ms after the host exits the block
+        return time.perf_counter_ns()
+
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("train_step_compute") as c:
+                time.sleep(0.01)
+                c.end_on_device(device_done)
+            with otel_tunix.component("given_upfront", device_end=lambda: None):
+                pass
+        by = _by_name(cap.spans())
+        summary = cap.summaries[0]
+    comp = by["train_step_compute"][0]
+    host = comp.attributes[attr.HOST_DURATION]
+    device = (comp.end_time - comp.start_time) / 1e9
+    assert comp.attributes[attr.DEVICE_END] is True
+    assert 0.01 <= host < 0.03
+    assert device >= host + 0.025
+    assert by["train_step"][0].end_time >= comp.end_time
+    assert attr.DEVICE_END not in by["given_upfront"][0].attributes  # None keeps host time
+    assert summary.components["train_step_compute"].busy_time_sec == pytest.approx(device, abs=1e-6)
+
+
+def test_device_end_accepts_a_future_and_a_failing_resolver_keeps_host_time(caplog):
+    from concurrent.futures import Future
+
+    fut: Future[int] = Future()
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("a") as c:
+                c.end_on_device(fut)
+            with otel_tunix.component("b") as c:
+                c.end_on_device(lambda: 1 / 0)
+        time.sleep(0.01)
+        fut.set_result(time.perf_counter_ns())
+        by = _by_name(cap.spans())
+    assert by["a"][0].attributes[attr.DEVICE_END] is True
+    assert attr.DEVICE_END not in by["b"][0].attributes
+    assert any("device-end resolver" in r.message for r in caplog.records)
+
+
+def test_otel_sdk_disabled_keeps_api_working_and_exports_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    info = otel_tunix.configure(output_dir=tmp_path / "run")
+    assert not info.enabled
+    for n in range(3):
+        with otel_tunix.step(n), otel_tunix.component("x") as c:
+            assert not c.recording
+    otel_tunix.get_metrics_logger().log("loss", 1.0, step=0)
+    assert otel_tunix.shutdown() == []
+    assert not (tmp_path / "run").exists()
