@@ -52,7 +52,9 @@ def test_custom_backend_from_a_lambda_factory_and_tunix_custom_backend_kwarg():
 
 def test_values_from_numpy_torch_python_and_nonfinite(caplog):
     got: list = []
-    opts = MetricsLoggerOptions(backend_factories=[lambda: ListBackend(got)], default_backends=False)
+    opts = MetricsLoggerOptions(
+        backend_factories=[lambda: ListBackend(got)], default_backends=False
+    )
     logger = MetricsLogger(opts, rank=0)
     logger.log("a", np.float32(0.5), step=0)
     logger.log("b", torch.tensor(2.0), step=0)
@@ -75,7 +77,9 @@ def test_values_from_numpy_torch_python_and_nonfinite(caplog):
 
 def test_only_rank_zero_logs_by_default(monkeypatch):
     got: list = []
-    opts = MetricsLoggerOptions(backend_factories=[lambda: ListBackend(got)], default_backends=False)
+    opts = MetricsLoggerOptions(
+        backend_factories=[lambda: ListBackend(got)], default_backends=False
+    )
     MetricsLogger(opts, rank=1).log("loss", 1.0, step=0)
     assert got == []
     MetricsLogger(MetricsLoggerOptions(**{**opts.__dict__, "log_all_ranks": True}), rank=1).log(

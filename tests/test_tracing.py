@@ -152,7 +152,7 @@ def test_exception_propagates_unchanged_and_marks_the_span():
     assert "bad batch" in comp.status.description
     event = comp.events[0]
     assert event.name == "exception"
-    assert event.attributes["exception.type"] == "test_exception_propagates_unchanged_and_marks_the_span.<locals>.Boom"
+    assert event.attributes["exception.type"].endswith("<locals>.Boom")
     assert "raise err" in event.attributes["exception.stacktrace"]
     assert by["train_step"][0].status.status_code is StatusCode.ERROR
     assert summary.spans[0].error and "bad batch" in summary.spans[0].error
