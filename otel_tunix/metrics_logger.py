@@ -185,30 +185,22 @@ class MetricsLogger:
 
     def log(self, name: str, value: Any, step: int | None = None, **kwargs: Any) -> None:
         """Log one scalar under ``name`` (e.g. ``"loss"``, ``"rewards/mean"``) at ``step``."""
-        if not self.active or self._closed:
-            return
-        try:
-            v = to_scalar(value)
-        except Exception as exc:  # not a number: report once, never raise
-            self._warn_once(f"type:{name}", "otel-tunix: metric %r skipped: %s", name, exc)
-            return
-        if not math.isfinite(v):
-            kwargs["nonfinite"] = True
-            self._warn_once(f"nan:{name}", "otel-tunix: metric %r is %s at step %s", name, v, step)
-        with self._lock:
-            self.last_values[name] = v
-            if step is not None:
-                self.last_step = step
-            for backend in self.backends:
-                try:
-                    backend.log_scalar(name, v, step=step, **kwargs)
-                except Exception:
-                    if id(backend) not in self._failed:
-                        self._failed.add(id(backend))
-                        _logger.exception(
-                            "otel-tunix: backend %s failed (reported once)",
-                            type(backend).__name__,
-                        )
+        self.log_dict({name: value}, step=step, **kwargs)
+
+    def _convert(self, metrics: Mapping[str, Any], step: int | None) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, value in metrics.items():
+            try:
+                v = to_scalar(value)
+            except Exception as exc:  # not a number: report once, never raise
+                self._warn_once(f"type:{name}", "otel-tunix: metric %r skipped: %s", name, exc)
+                continue
+            if not math.isfinite(v):
+                self._warn_once(
+                    f"nan:{name}", "otel-tunix: metric %r is %s at step %s", name, v, step
+                )
+            out[name] = v
+        return out
 
     def wants(self, source: str) -> bool:
         """False when no backend takes scalars of this ``source`` (they can be skipped)."""
@@ -217,9 +209,34 @@ class MetricsLogger:
         )
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log several scalars at one step."""
-        for name, value in metrics.items():
-            self.log(name, value, step=step, **kwargs)
+        """Log several scalars at one step (one record in the JSONL backend)."""
+        if not self.active or self._closed:
+            return
+        values = self._convert(metrics, step)
+        if not values:
+            return
+        with self._lock:
+            self.last_values.update(values)
+            if step is not None:
+                self.last_step = step
+            for backend in self.backends:
+                try:
+                    many = getattr(backend, "log_scalars", None)
+                    if many is not None:
+                        many(values, step=step, **kwargs)
+                        continue
+                    for name, v in values.items():
+                        if math.isfinite(v):
+                            backend.log_scalar(name, v, step=step, **kwargs)
+                        else:
+                            backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
+                except Exception:
+                    if id(backend) not in self._failed:
+                        self._failed.add(id(backend))
+                        _logger.exception(
+                            "otel-tunix: backend %s failed (reported once)",
+                            type(backend).__name__,
+                        )
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:
@@ -248,7 +265,8 @@ def open_text(path: Path, mode: str = "a") -> IO[str]:
 
 
 class JsonlBackend:
-    """One JSON object per scalar: ``{"step": s, "time": t, "metrics": {name: value}}``.
+    """One JSON object per ``log``/``log_dict`` call: ``{"step": s, "time": t, "metrics":
+    {name: value, ...}}``.
 
     The first line is a header, ``{"type": "meta", ...}``. NaN / Inf are written as the
     JSON extensions ``NaN`` / ``Infinity`` (Python's ``json`` and pandas read them) and the
@@ -272,9 +290,13 @@ class JsonlBackend:
             self._file.flush()
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
+        self.log_scalars({event: value}, **kwargs)
+
+    def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
+        """Write several scalars of one step as one record."""
         step = kwargs.get("step")
-        rec: dict[str, Any] = {"step": step, "time": time.time(), "metrics": {event: value}}
-        if kwargs.get("nonfinite"):
+        rec: dict[str, Any] = {"step": step, "time": time.time(), "metrics": dict(values)}
+        if not all(math.isfinite(v) for v in values.values()):
             rec["nonfinite"] = True
         self._file.write(json.dumps(rec) + "\n")
         if step is None or self._last_flush_step is None:
