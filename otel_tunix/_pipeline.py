@@ -26,6 +26,11 @@ from otel_tunix._tracer import SpanRecord, StepRecord
 
 _logger = logging.getLogger(__name__)
 
+_KICK_SEC = 0.02
+"""The worker is woken at most this often by new steps (and polls at this interval). Fast
+loops hand over steps in batches, which keeps thread switches (and GIL hand-offs) rare; a
+loop slower than this gets each step processed as soon as it ends."""
+
 _STALL_SEC = 60.0
 """A step whose components are still open this long after the step ended is processed with
 those components closed at that moment and marked ``tunix.incomplete``."""
@@ -46,6 +51,7 @@ class Pipeline:
         self._max = max_queued_steps
         self._stall = stall_sec
         self._wake = threading.Event()
+        self._last_kick = 0.0
         self._stopping = False
         self._closed = False
         self.dropped_steps = 0
@@ -64,9 +70,11 @@ class Pipeline:
         if self._closed or len(self._queue) >= self._max:
             self.dropped_steps += 1
             return
-        record.submitted_at = time.monotonic()
+        now = record.submitted_at = time.monotonic()
         self._queue.append(record)
-        self._wake.set()
+        if now - self._last_kick >= _KICK_SEC:
+            self._last_kick = now
+            self._wake.set()
 
     def wait_for_device(self, record: SpanRecord) -> None:
         """Resolve ``record.device_end`` on the device-waiter thread."""
@@ -93,7 +101,7 @@ class Pipeline:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(0.05 if self._queue else 1.0)
+            self._wake.wait(_KICK_SEC if self._queue else 1.0)
             self._wake.clear()
             self._drain(force=self._stopping)
             if self._stopping and not self._queue:

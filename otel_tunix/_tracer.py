@@ -27,7 +27,7 @@ from collections.abc import Callable
 from random import getrandbits
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry.context import attach, detach
+from opentelemetry.context import attach, detach, get_current
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
@@ -42,6 +42,14 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
+
+try:  # the OTel context key of the current span: reading it directly saves an ABC check
+    from opentelemetry.trace.propagation import _SPAN_KEY
+
+    def _current_otel_span() -> Any:
+        return get_current().get(_SPAN_KEY)
+except ImportError:  # pragma: no cover - a future API without the private key
+    _current_otel_span = get_current_span
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -379,13 +387,13 @@ class component:
             if allowed is not None and name not in allowed:
                 return self
             trace_id = st.trace_id
-            cur = get_current_span()
+            cur = _current_otel_span()
             if cur is st.proxy:  # the usual case: no foreign span in between
                 outer = _current_component.get()
                 parent = outer.span_id if outer is not None else st.span_id
                 attach_proxy = False
             else:  # a foreign span is current, or a thread that did not inherit the context
-                cur_ctx = cur.get_span_context()
+                cur_ctx = (cur or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == trace_id else st.span_id
                 attach_proxy = True
             rec = SpanRecord(name, self._blocked, trace_id, getrandbits(64) or 1, parent)
