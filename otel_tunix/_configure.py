@@ -33,6 +33,7 @@ from otel_tunix.config import (
     env_bool,
     load_callable,
 )
+from otel_tunix.exporters.counting import ExportStats
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.processors import StepAccountingProcessor
@@ -66,6 +67,8 @@ class _State:
     meter_provider: Any = None
     owns_meter_provider: bool = False
     offset_ns: int = 0
+    datadog: Any = None
+    export_stats: ExportStats = field(default_factory=ExportStats)
 
 
 _lock = threading.RLock()
@@ -163,20 +166,23 @@ def configure(
             return info
 
         # --- providers -------------------------------------------------------------------
+        export_stats = ExportStats()
         tp, owns_tp = tracer_provider, False
         if tp is None:
             glob = trace.get_tracer_provider()
             if isinstance(glob, TracerProvider) and glob not in _installed:
                 tp = glob
             else:
-                tp, owns_tp = _otel_setup.build_tracer_provider(resource), True
+                tp, owns_tp = _otel_setup.build_tracer_provider(resource, export_stats), True
+        datadog = _datadog_client()
         mp, owns_mp = meter_provider, False
         if mp is None:
             glob_mp = metrics.get_meter_provider()
             if isinstance(glob_mp, MeterProvider) and glob_mp not in _installed:
                 mp = glob_mp
             else:
-                mp, owns_mp = _otel_setup.build_meter_provider(resource, []), True
+                extra_readers = _datadog_readers(datadog)
+                mp, owns_mp = _otel_setup.build_meter_provider(resource, extra_readers), True
         _otel_setup.install_global_providers(
             tp if owns_tp else None, mp if owns_mp else None, tuple(_installed)
         )
@@ -198,6 +204,10 @@ def configure(
             processor.add_sink(StepJsonlWriter(cfg.export_jsonl_path))
         if export_fn is not None:
             processor.add_sink(ExportFnSink(export_fn, instruments=instruments, logger=logger))
+        if datadog is not None:
+            from otel_tunix.exporters.datadog import DatadogStepSink
+
+            processor.add_sink(DatadogStepSink(datadog, resource=resource))
         if out_dir is not None:
             files["summary"] = out_dir / f"summary{_rank_suffix(rank)}.json"
 
@@ -213,6 +223,8 @@ def configure(
             meter_provider=mp,
             owns_meter_provider=owns_mp,
             offset_ns=epoch_offset_ns(),
+            datadog=datadog,
+            export_stats=export_stats,
         )
         tp.add_span_processor(processor)
         span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
@@ -232,6 +244,38 @@ def configure(
         _register_atexit()
         _logger.info("otel-tunix: run %s, local folder %s", rid, out_dir)
         return info
+
+
+def _datadog_client() -> Any:
+    """A DatadogClient when ``DATADOG_ENABLED`` / ``OTEL_METRICS_EXPORTER=datadog`` ask for it.
+
+    The env check comes first so that the ``datadog`` package is imported only when used.
+    """
+    names = os.environ.get("OTEL_METRICS_EXPORTER", "").lower()
+    if not env_bool("DATADOG_ENABLED", False) and "datadog" not in names:
+        return None
+    try:
+        from otel_tunix.exporters.datadog import DatadogClient
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"DATADOG_ENABLED / OTEL_METRICS_EXPORTER=datadog need pip install "
+            f"'otel-tunix[datadog]' ({exc})"
+        ) from exc
+    return DatadogClient()
+
+
+def _datadog_readers(client: Any) -> list[Any]:
+    """The Datadog metric reader, unless ``OTEL_METRICS_EXPORTER`` already names datadog."""
+    if client is None:
+        return []
+    names = {n.strip().lower() for n in os.environ.get("OTEL_METRICS_EXPORTER", "").split(",")}
+    if "datadog" in names:
+        return []
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    from otel_tunix.exporters.datadog import DatadogMetricExporter
+
+    return [PeriodicExportingMetricReader(DatadogMetricExporter(client))]
 
 
 def _make_logger(
@@ -278,8 +322,22 @@ def _register_observables(meter: Any, state: _State) -> None:
             Observation(p.failed_steps, {"reason": "processing_error"}),
         ]
 
+    def spans(_: CallbackOptions) -> list[Observation]:
+        stats = state.export_stats
+        return [
+            Observation(stats.exported, {"result": "exported"}),
+            Observation(stats.failed, {"result": "failed"}),
+            Observation(stats.dropped, {"result": "dropped"}),
+        ]
+
     meter.create_observable_counter(
         "tunix.steps", [steps], unit="{step}", description="Steps run (sampled or not)"
+    )
+    meter.create_observable_counter(
+        "tunix.telemetry.spans",
+        [spans],
+        unit="{span}",
+        description="Spans given to otel-tunix's batch exporters, by result",
     )
     meter.create_observable_gauge(
         "tunix.session.steps_per_second",
@@ -338,9 +396,6 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             }
             st.processor.finish_session(counts)
             sessions = st.processor.sessions(counts)
-            summary_path = st.info.files.get("summary")
-            if summary_path is not None:
-                _write_summary(summary_path, st, sessions)
         if st.owns_logger:
             st.logger.close()
         for provider, owned in (
@@ -356,6 +411,18 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                     provider.force_flush(int(timeout * 1000))
             except Exception:
                 _logger.exception("otel-tunix: shutting down %s failed", type(provider).__name__)
+        if st.datadog is not None:
+            st.datadog.close()
+        summary_path = st.info.files.get("summary")
+        if summary_path is not None and rt is not None:
+            _write_summary(summary_path, st, sessions)
+        if st.export_stats.failed or st.export_stats.dropped:
+            _logger.warning(
+                "otel-tunix: %d spans failed to export and %d were dropped "
+                "(collector down or slow?); the local run folder has everything",
+                st.export_stats.failed,
+                st.export_stats.dropped,
+            )
         return sessions
 
 
@@ -367,6 +434,7 @@ def _write_summary(path: Path, st: _State, sessions: list[ScopeSession]) -> None
         "sampling_rate": st.config.sampling_rate,
         "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
         "failed_steps": rt.pipeline.failed_steps if rt else 0,
+        "export": st.export_stats.to_json(),
         "scopes": [s.to_json() for s in sessions],
     }
     tmp = path.with_suffix(".json.tmp")

@@ -27,10 +27,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_tunix.config import ConfigurationError
+from otel_tunix.exporters.counting import CountingBatchSpanProcessor, ExportStats
 
 _logger = logging.getLogger(__name__)
 
@@ -101,6 +101,18 @@ def metric_readers() -> list[MetricReader]:
     for name in exporter_names(
         OTEL_METRICS_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
     ):
+        if name == "prometheus":
+            # Our endpoint rather than the stock one: a private registry, /healthz, loopback
+            # by default, OTEL_TUNIX_PROMETHEUS_{HOST,PORT} (see exporters/prometheus.py).
+            try:
+                from otel_tunix.exporters.prometheus import endpoint_reader
+            except ImportError as exc:
+                raise ConfigurationError(
+                    f"{OTEL_METRICS_EXPORTER}=prometheus needs pip install "
+                    f"'otel-tunix[prometheus]' ({exc})"
+                ) from exc
+            out.append(endpoint_reader())
+            continue
         ep = (
             _otlp_entry_point(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRICS_EXPORTER)
             if name == "otlp"
@@ -112,11 +124,11 @@ def metric_readers() -> list[MetricReader]:
     return out
 
 
-def build_tracer_provider(resource: Resource) -> TracerProvider:
-    """A new SDK TracerProvider with a batch processor per configured exporter."""
+def build_tracer_provider(resource: Resource, stats: ExportStats) -> TracerProvider:
+    """A new SDK TracerProvider with a counting batch processor per configured exporter."""
     tp = TracerProvider(resource=resource)
     for exporter in trace_exporters():
-        tp.add_span_processor(BatchSpanProcessor(exporter))
+        tp.add_span_processor(CountingBatchSpanProcessor(exporter, stats))
     return tp
 
 

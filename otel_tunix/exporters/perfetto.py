@@ -1,0 +1,1179 @@
+"""Perfetto exporter: finished OpenTelemetry spans → a native Perfetto protobuf trace.
+
+:class:`PerfettoSpanExporter` is a real OpenTelemetry
+:class:`~opentelemetry.sdk.trace.export.SpanExporter`. It streams every exported batch into
+one ``.pftrace`` file per process (packet by packet, never rewriting the file), so a run of
+any length uses constant memory and a crash leaves a file that loads up to the last batch.
+Open the file in https://ui.perfetto.dev.
+
+Layout of the trace:
+
+* one process track per OTel ``Resource`` (``service.name``, ``host.name``, ``tunix.rank``);
+* one thread track per ``thread.id`` / ``thread.name``; spans without thread info go on their
+  parent's track (a component on its step's thread, a foreign span on its component's);
+* extra lanes (child tracks ``<thread> #1``, ``#2``, ...) wherever spans on one thread overlap
+  without nesting, so that the slices of every track nest strictly;
+* step slices carry their attributes and their busy / blocked / idle times as arguments, and
+  three counter tracks per scope (``perf/<scope>/busy_time_sec``, ``.../blocked_time_sec``,
+  ``.../idle_time_sec``) get one value per step, computed by
+  :func:`otel_tunix.accounting.account_step`;
+* span events (exceptions, alerts) are instants on their span's track.
+
+The translation works on plain :class:`TraceSpan` records, so the same code converts a
+finished run's spans JSONL (:func:`convert_jsonl_to_perfetto`).
+
+Timestamps are the spans' Unix-epoch nanoseconds, written as-is on the ``REALTIME`` clock,
+which a ``ClockSnapshot`` at the head of the file declares the trace's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import itertools
+import json
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+import weakref
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Final
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind, StatusCode
+
+from otel_tunix.accounting import SpanInfo, account_step
+from otel_tunix.attributes import (
+    KIND_BLOCKED,
+    KIND_BUSY,
+    RANK,
+    RUN_ID,
+    SCOPE,
+    SPAN_TYPE,
+    SPAN_TYPE_COMPONENT,
+    SPAN_TYPE_STEP,
+    STEP,
+    THREAD_ID,
+    THREAD_NAME,
+    TIME_KIND,
+)
+from otel_tunix.environment_variables import OTEL_TUNIX_OUTPUT_DIR, OTEL_TUNIX_PERFETTO_DIR
+
+try:
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+    from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "otel_tunix.exporters.perfetto needs the 'perfetto' package: "
+        "pip install 'otel-tunix[perfetto]'"
+    ) from exc
+
+__all__ = [
+    "PerfettoSpanExporter",
+    "PerfettoTraceWriter",
+    "ProcessInfo",
+    "SpanEventRecord",
+    "TraceSpan",
+    "convert_jsonl_to_perfetto",
+    "default_directory",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DIRECTORY: Final = Path("otel-tunix-runs") / "perfetto"
+"""Directory used when neither the argument nor the environment names one."""
+
+DEFAULT_MAX_PENDING_SPANS: Final = 65_536
+"""Spans held while waiting for their step (or root) span; the oldest trace is written
+without it beyond this."""
+_MAX_RECENT_SPANS: Final = 4_096  # written spans remembered, so late children find their lane
+_MAX_INTERNED_NAMES: Final = 8_192  # further distinct names are written inline
+_MAX_LANES: Final = 1_024  # per track group; a span that fits none is dropped (logged)
+
+_REALTIME: Final = pb.BUILTIN_CLOCK_REALTIME
+_BEGIN: Final = pb.TrackEvent.TYPE_SLICE_BEGIN
+_END: Final = pb.TrackEvent.TYPE_SLICE_END
+_INSTANT: Final = pb.TrackEvent.TYPE_INSTANT
+_COUNTER: Final = pb.TrackEvent.TYPE_COUNTER
+_NEEDS_STATE: Final = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+_STATE_CLEARED: Final = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+_COUNTER_FIELDS: Final = ("busy_time_sec", "blocked_time_sec", "idle_time_sec")
+
+
+# --- plain records -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """The process a span came from: its process track in the trace.
+
+    Attributes:
+        service_name: ``service.name`` of the Resource.
+        host_name: ``host.name`` of the Resource.
+        rank: ``tunix.rank`` of the Resource, if any.
+        pid: ``process.pid`` (or the exporting process's pid); ``None`` makes one up from the
+            other fields.
+        run_id: ``tunix.run.id`` of the Resource, if any (shown as a process label).
+    """
+
+    service_name: str = ""
+    host_name: str = ""
+    rank: int | None = None
+    pid: int | None = None
+    run_id: str = ""
+
+    @classmethod
+    def from_resource(
+        cls,
+        resource: Resource | None,
+        *,
+        default_pid: int | None = None,
+        default_host: str = "",
+    ) -> ProcessInfo:
+        """Read the process fields of an OTel Resource.
+
+        Args:
+            resource: The span's Resource (``None`` gives the defaults).
+            default_pid: Used when the Resource has no ``process.pid``.
+            default_host: Used when the Resource has no ``host.name``.
+
+        Returns:
+            The process description.
+        """
+        attrs: Mapping[str, object] = resource.attributes if resource is not None else {}
+        return cls(
+            service_name=str(attrs.get("service.name", "") or ""),
+            host_name=str(attrs.get("host.name", "") or default_host),
+            rank=_as_int(attrs.get(RANK)),
+            pid=_as_int(attrs.get("process.pid"), default_pid),
+            run_id=str(attrs.get(RUN_ID, "") or ""),
+        )
+
+    @property
+    def label(self) -> str:
+        """Name of the process track, e.g. ``trainer (node-3, rank 2)``."""
+        details = [d for d in (self.host_name, _rank_text(self.rank)) if d]
+        name = self.service_name or "otel-tunix"
+        return f"{name} ({', '.join(details)})" if details else name
+
+
+@dataclass(frozen=True, slots=True)
+class SpanEventRecord:
+    """One span event (an instant in the trace)."""
+
+    name: str
+    timestamp_ns: int
+    attributes: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSpan:
+    """One finished span in the form the Perfetto translation needs.
+
+    Built from an OTel span by :meth:`from_readable_span` or from a spans JSONL line by
+    :func:`convert_jsonl_to_perfetto`.
+
+    Attributes:
+        name: Span name (slice name).
+        start_ns: Start, Unix epoch nanoseconds.
+        end_ns: End, Unix epoch nanoseconds.
+        trace_id: 32-hex-digit trace id ("" if unknown).
+        span_id: 16-hex-digit span id ("" if unknown).
+        parent_id: Span id of the local parent; ``None`` for a local root.
+        span_type: ``step``, ``component`` or ``None`` for a foreign span.
+        scope: ``tunix.scope``, if any.
+        step: ``tunix.step``, if any.
+        time_kind: ``busy`` or ``blocked`` for components.
+        thread_id: ``thread.id``, if known.
+        thread_name: ``thread.name``, if known.
+        attributes: All span attributes (written as slice arguments).
+        events: Span events (written as instants).
+        process: The process the span came from.
+        error: Status description of a failed span, else ``None``.
+    """
+
+    name: str
+    start_ns: int
+    end_ns: int
+    trace_id: str = ""
+    span_id: str = ""
+    parent_id: str | None = None
+    span_type: str | None = None
+    scope: str | None = None
+    step: int | None = None
+    time_kind: str | None = None
+    thread_id: int | None = None
+    thread_name: str | None = None
+    attributes: Mapping[str, object] = field(default_factory=dict)
+    events: tuple[SpanEventRecord, ...] = ()
+    process: ProcessInfo = field(default_factory=ProcessInfo)
+    error: str | None = None
+
+    @classmethod
+    def from_readable_span(
+        cls, span: ReadableSpan, process: ProcessInfo | None = None
+    ) -> TraceSpan:
+        """Translate a finished OTel span.
+
+        Args:
+            span: The finished span.
+            process: Its process; read from ``span.resource`` when ``None``.
+
+        Returns:
+            The record.
+        """
+        attrs = dict(span.attributes or {})
+        ctx = span.context
+        parent = span.parent
+        start = span.start_time or 0
+        status = span.status
+        error = None
+        if status.status_code is StatusCode.ERROR:
+            error = status.description or "error"
+        if span.kind is not SpanKind.INTERNAL:
+            attrs.setdefault("span.kind", span.kind.name.lower())
+        span_type = attrs.get(SPAN_TYPE)
+        return cls(
+            name=span.name,
+            start_ns=start,
+            end_ns=span.end_time if span.end_time is not None else start,
+            trace_id=f"{ctx.trace_id:032x}" if ctx is not None else "",
+            span_id=f"{ctx.span_id:016x}" if ctx is not None else "",
+            parent_id=None if parent is None or parent.is_remote else f"{parent.span_id:016x}",
+            span_type=span_type if isinstance(span_type, str) else None,
+            scope=_as_str(attrs.get(SCOPE)),
+            step=_as_int(attrs.get(STEP)),
+            time_kind=_as_str(attrs.get(TIME_KIND)),
+            thread_id=_as_int(attrs.get(THREAD_ID)),
+            thread_name=_as_str(attrs.get(THREAD_NAME)),
+            attributes=attrs,
+            events=tuple(
+                SpanEventRecord(e.name, e.timestamp, dict(e.attributes or {})) for e in span.events
+            ),
+            process=process if process is not None else ProcessInfo.from_resource(span.resource),
+            error=error,
+        )
+
+
+# --- the translation ---------------------------------------------------------------------
+
+
+class _Lane:
+    """One track on which slices strictly nest.
+
+    Slices are placed in non-decreasing start order; ``open_ends`` holds the end times of
+    the slices still open at ``last_start`` (outermost first, so it never increases).
+    """
+
+    __slots__ = ("last_start", "open_ends", "uuid")
+
+    def __init__(self, uuid: int) -> None:
+        self.uuid = uuid
+        self.last_start = _INT64_MIN
+        self.open_ends: list[int] = []
+
+    def fit(self, start: int, end: int) -> int | None:
+        """Depth at which ``[start, end]`` nests here, or ``None`` if it does not fit."""
+        if start < self.last_start:
+            return None
+        ends = self.open_ends
+        depth = len(ends)
+        while depth and ends[depth - 1] <= start:
+            depth -= 1
+        if depth and ends[depth - 1] < end:
+            return None
+        return depth
+
+    def place(self, start: int, end: int, depth: int) -> None:
+        del self.open_ends[depth:]
+        self.open_ends.append(end)
+        self.last_start = start
+
+
+class _TrackGroup:
+    """A thread (or a named track) and its lanes: lane 0 is the track itself."""
+
+    __slots__ = ("lanes", "name", "parent_uuid", "thread")
+
+    def __init__(self, name: str, parent_uuid: int, thread: tuple[int, int] | None) -> None:
+        self.name = name
+        self.parent_uuid = parent_uuid
+        self.thread = thread  # (pid, tid) for thread tracks
+        self.lanes: list[_Lane] = []
+
+
+_Placement = tuple[_TrackGroup, int]
+
+
+class _HeldTrace:
+    """Spans of one trace held until their step (or root) span arrives."""
+
+    __slots__ = ("children", "spans")
+
+    def __init__(self) -> None:
+        self.spans: dict[str, TraceSpan] = {}
+        self.children: dict[str, list[str]] = {}  # parent span id -> held child span ids
+
+
+_Event = tuple[tuple[int, ...], pb.TracePacket, str | None, str | None]
+"""Sort key, packet, event name, category: names are interned when the packet is written."""
+
+
+class PerfettoTraceWriter:
+    """Translates :class:`TraceSpan` records into Perfetto packets on a binary stream.
+
+    Spans are grouped per step: a span with a parent is held until its step span (or its
+    local root) arrives, then the whole group is laid out on lanes and written. Only those
+    pending spans, a bounded set of recently written span ids, and the per-track lane state
+    are kept, so memory stays constant over a run.
+
+    The writer is not thread-safe; :class:`PerfettoSpanExporter` holds a lock around it.
+
+    Args:
+        file: Binary stream the packets are appended to.
+        sequence_id: ``trusted_packet_sequence_id`` of every packet (random if ``None``).
+        max_pending_spans: Spans held while waiting for their step or root span.
+    """
+
+    def __init__(
+        self,
+        file: IO[bytes],
+        *,
+        sequence_id: int | None = None,
+        max_pending_spans: int = DEFAULT_MAX_PENDING_SPANS,
+    ) -> None:
+        rng = random.Random()
+        self._builder = StreamingTraceProtoBuilder(file)
+        self._seq = sequence_id if sequence_id is not None else rng.randrange(1, 2**31)
+        self._uuids = itertools.count(rng.getrandbits(62) | 1)
+        self._max_pending = max(1, max_pending_spans)
+        self._processes: dict[ProcessInfo, int] = {}
+        self._groups: dict[tuple[object, ...], _TrackGroup] = {}
+        self._counters: dict[tuple[int, str, str], int] = {}
+        self._names: dict[str, int] = {}
+        self._categories: dict[str, int] = {}
+        self._pending: OrderedDict[str, _HeldTrace] = OrderedDict()
+        self._pending_count = 0
+        self._recent: OrderedDict[str, _Placement] = OrderedDict()
+        self._serial = itertools.count()
+        self._dropped_logged = False
+        self.slice_count = 0
+        """Slices written so far."""
+        self._write_header()
+
+    # -- public --
+
+    def add(self, span: TraceSpan) -> None:
+        """Take one finished span; write it (with its held descendants) once its group is
+        complete.
+
+        A group is complete when a step span or a local root span arrives, or when a span
+        whose parent was already written arrives. Other spans are held.
+
+        Args:
+            span: The finished span.
+        """
+        closes_group = (
+            span.span_type == SPAN_TYPE_STEP
+            or span.parent_id is None
+            or span.parent_id in self._recent
+            or not span.span_id
+        )
+        if not closes_group:
+            held = self._pending.get(span.trace_id)
+            if held is None:
+                held = self._pending[span.trace_id] = _HeldTrace()
+            if span.span_id not in held.spans:
+                self._pending_count += 1
+                held.children.setdefault(span.parent_id or "", []).append(span.span_id)
+            held.spans[span.span_id] = span
+            if self._pending_count > self._max_pending:
+                _, orphans = self._pending.popitem(last=False)
+                self._pending_count -= len(orphans.spans)
+                self.write_group(list(orphans.spans.values()))
+            return
+        self.write_group([span, *self._take_descendants(span)])
+
+    def flush_pending(self) -> None:
+        """Write every held span now, without waiting for its step (used at shutdown)."""
+        while self._pending:
+            _, held = self._pending.popitem(last=False)
+            self._pending_count -= len(held.spans)
+            self.write_group(list(held.spans.values()))
+
+    def write_group(self, spans: Sequence[TraceSpan]) -> None:
+        """Write a complete group of spans now (typically one step and its descendants).
+
+        Args:
+            spans: The spans; a ``step`` span among them gets the busy / blocked / idle
+                counters of its ``component`` spans.
+        """
+        if not spans:
+            return
+        index = {s.span_id: i for i, s in enumerate(spans) if s.span_id}
+        parents = [index.get(s.parent_id) if s.parent_id else None for s in spans]
+        root = next(
+            (i for i, s in enumerate(spans) if s.span_type == SPAN_TYPE_STEP),
+            next((i for i, p in enumerate(parents) if p is None), 0),
+        )
+        depths = [_depth(i, parents) for i in range(len(spans))]
+        groups: dict[int, _TrackGroup] = {}
+        for i in range(len(spans)):
+            self._resolve_group(i, spans, parents, root, groups)
+
+        events: list[_Event] = []
+        summary_args: dict[str, object] = {}
+        step_span = spans[root] if spans[root].span_type == SPAN_TYPE_STEP else None
+        if step_span is not None:
+            summary_args = self._step_counters(step_span, spans, events)
+
+        lanes: dict[int, int] = {}
+        order = sorted(
+            range(len(spans)),
+            key=lambda i: (spans[i].start_ns, -spans[i].end_ns, depths[i]),
+        )
+        for i in order:
+            s = spans[i]
+            group = groups[i]
+            parent = parents[i]
+            preferred = (
+                lanes.get(parent) if parent is not None and groups[parent] is group else None
+            )
+            if preferred is None and s.parent_id in self._recent:
+                recent_group, recent_lane = self._recent[s.parent_id]
+                preferred = recent_lane if recent_group is group else None
+            start, end = _times(s)
+            placed = self._place(group, start, end, preferred)
+            if placed is None:
+                self._log_dropped(s)
+                continue
+            lane, depth = placed
+            lanes[i] = lane
+            extra = summary_args if i == root else None
+            self._slice_events(s, group.lanes[lane].uuid, depth, extra, events)
+            if s.span_id:
+                self._recent[s.span_id] = (group, lane)
+                self._recent.move_to_end(s.span_id)
+        while len(self._recent) > _MAX_RECENT_SPANS:
+            self._recent.popitem(last=False)
+
+        events.sort(key=lambda e: e[0])
+        for event in events:
+            self._write_event(event)
+
+    # -- grouping --
+
+    def _take_descendants(self, span: TraceSpan) -> list[TraceSpan]:
+        held = self._pending.get(span.trace_id)
+        if held is None or not span.span_id:
+            return []
+        taken: list[TraceSpan] = []
+        stack = [span.span_id]
+        while stack:
+            for sid in held.children.pop(stack.pop(), ()):
+                child = held.spans.pop(sid, None)
+                if child is not None:
+                    taken.append(child)
+                    stack.append(sid)
+        self._pending_count -= len(taken)
+        if not held.spans:
+            del self._pending[span.trace_id]
+        return taken
+
+    def _resolve_group(
+        self,
+        i: int,
+        spans: Sequence[TraceSpan],
+        parents: list[int | None],
+        root: int,
+        groups: dict[int, _TrackGroup],
+    ) -> _TrackGroup:
+        """Track group of span ``i``: its thread, else its parent's, else the step's.
+
+        A step span without thread info goes on its scope's ``<scope> steps`` track.
+        """
+        chain: list[int] = []
+        group: _TrackGroup | None = None
+        j: int | None = i
+        while j is not None and group is None:
+            if j in groups:
+                group = groups[j]
+                break
+            s = spans[j]
+            chain.append(j)
+            if s.thread_id is not None:
+                group = self._thread_group(s.process, s.thread_id, s.thread_name)
+                break
+            if s.span_type == SPAN_TYPE_STEP:  # steps of a scope share a track of their own
+                group = self._named_group(s)
+                break
+            nxt = parents[j]
+            if nxt is None and s.parent_id in self._recent:
+                group = self._recent[s.parent_id][0]
+                break
+            if nxt is None and j != root:
+                nxt = root
+            if nxt in chain:  # a cycle in bad data
+                nxt = None
+            if nxt is None:
+                group = self._named_group(s)
+            j = nxt
+        assert group is not None
+        for k in chain:
+            groups[k] = group
+        return group
+
+    # -- tracks --
+
+    def _uuid(self) -> int:
+        return next(self._uuids) & _INT64_MAX
+
+    def _process_uuid(self, process: ProcessInfo) -> int:
+        uuid = self._processes.get(process)
+        if uuid is None:
+            uuid = self._uuid()
+            self._processes[process] = uuid
+            desc = pb.TrackDescriptor(uuid=uuid)
+            desc.process.pid = _pid_of(process)
+            desc.process.process_name = process.label
+            if process.run_id:
+                desc.process.process_labels.append(f"run {process.run_id}")
+            self._write_descriptor(desc)
+        return uuid
+
+    def _thread_group(
+        self, process: ProcessInfo, thread_id: int, thread_name: str | None
+    ) -> _TrackGroup:
+        key: tuple[object, ...] = ("thread", process, thread_id)
+        group = self._groups.get(key)
+        if group is None:
+            proc_uuid = self._process_uuid(process)
+            pid, tid = _pid_of(process), _tid32(thread_id)
+            group = _TrackGroup(thread_name or f"thread {tid}", proc_uuid, (pid, tid))
+            self._groups[key] = group
+        return group
+
+    def _named_group(self, span: TraceSpan) -> _TrackGroup:
+        if span.span_type == SPAN_TYPE_STEP:
+            name = f"{span.scope or 'default'} steps"
+        elif span.span_type == SPAN_TYPE_COMPONENT:
+            name = f"{span.scope or 'default'} components"
+        else:
+            name = "other spans"
+        key: tuple[object, ...] = ("named", span.process, name)
+        group = self._groups.get(key)
+        if group is None:
+            group = _TrackGroup(name, self._process_uuid(span.process), None)
+            self._groups[key] = group
+        return group
+
+    def _place(
+        self, group: _TrackGroup, start: int, end: int, preferred: int | None
+    ) -> tuple[int, int] | None:
+        lanes = group.lanes
+        candidates: Iterable[int] = range(len(lanes))
+        if preferred is not None:
+            candidates = itertools.chain((preferred,), candidates)
+        for k in candidates:
+            depth = lanes[k].fit(start, end)
+            if depth is not None:
+                lanes[k].place(start, end, depth)
+                return k, depth
+        if len(lanes) >= _MAX_LANES:
+            return None
+        lane = _Lane(self._uuid())
+        lanes.append(lane)
+        desc = pb.TrackDescriptor(uuid=lane.uuid)
+        k = len(lanes) - 1
+        if k == 0:
+            desc.parent_uuid = group.parent_uuid
+            if group.thread is not None:
+                desc.thread.pid, desc.thread.tid = group.thread
+                desc.thread.thread_name = group.name
+            else:
+                desc.name = group.name
+        else:
+            desc.parent_uuid = lanes[0].uuid
+            desc.name = f"{group.name} #{k}"
+        self._write_descriptor(desc)
+        lane.place(start, end, 0)
+        return k, 0
+
+    def _counter_uuid(self, process: ProcessInfo, scope: str, field_name: str) -> int:
+        proc_uuid = self._process_uuid(process)
+        key = (proc_uuid, scope, field_name)
+        uuid = self._counters.get(key)
+        if uuid is None:
+            uuid = self._uuid()
+            self._counters[key] = uuid
+            desc = pb.TrackDescriptor(uuid=uuid, parent_uuid=proc_uuid)
+            desc.name = f"perf/{scope}/{field_name}"
+            desc.counter.unit_name = "s"
+            self._write_descriptor(desc)
+        return uuid
+
+    # -- packets --
+
+    def _write_header(self) -> None:
+        packet = pb.TracePacket()
+        packet.trusted_packet_sequence_id = self._seq
+        packet.first_packet_on_sequence = True
+        packet.sequence_flags = _STATE_CLEARED
+        snapshot = packet.clock_snapshot
+        snapshot.primary_trace_clock = _REALTIME
+        snapshot.clocks.add(clock_id=_REALTIME, timestamp=time.time_ns())
+        boot_clock = getattr(time, "CLOCK_BOOTTIME", None)
+        if boot_clock is not None:
+            snapshot.clocks.add(
+                clock_id=pb.BUILTIN_CLOCK_BOOTTIME, timestamp=time.clock_gettime_ns(boot_clock)
+            )
+        else:
+            snapshot.clocks.add(clock_id=pb.BUILTIN_CLOCK_MONOTONIC, timestamp=time.monotonic_ns())
+        self._builder.write_packet(packet)
+
+    def _write_descriptor(self, desc: pb.TrackDescriptor) -> None:
+        packet = pb.TracePacket(trusted_packet_sequence_id=self._seq)
+        packet.track_descriptor.CopyFrom(desc)
+        self._builder.write_packet(packet)
+
+    def _event_packet(self, ts: int, track_uuid: int, kind: int) -> pb.TracePacket:
+        packet = pb.TracePacket(
+            timestamp=ts,
+            timestamp_clock_id=_REALTIME,
+            trusted_packet_sequence_id=self._seq,
+            sequence_flags=_NEEDS_STATE,
+        )
+        packet.track_event.type = kind
+        packet.track_event.track_uuid = track_uuid
+        return packet
+
+    def _write_event(self, event: _Event) -> None:
+        """Name the event (interning in file order, as readers expect) and write it."""
+        _, packet, name, category = event
+        ev = packet.track_event
+        if name is not None:
+            iid = self._intern(self._names, name, packet.interned_data.event_names)
+            if iid is None:
+                ev.name = name
+            else:
+                ev.name_iid = iid
+        if category is not None:
+            iid = self._intern(self._categories, category, packet.interned_data.event_categories)
+            if iid is None:
+                ev.categories.append(category)
+            else:
+                ev.category_iids.append(iid)
+        self._builder.write_packet(packet)
+
+    @staticmethod
+    def _intern(table: dict[str, int], name: str, out: object) -> int | None:
+        iid = table.get(name)
+        if iid is None:
+            if len(table) >= _MAX_INTERNED_NAMES:
+                return None
+            iid = len(table) + 1
+            table[name] = iid
+            out.add(iid=iid, name=name)  # type: ignore[attr-defined]
+        return iid
+
+    def _slice_events(
+        self,
+        span: TraceSpan,
+        track_uuid: int,
+        depth: int,
+        extra_args: Mapping[str, object] | None,
+        out: list[_Event],
+    ) -> None:
+        start, end = _times(span)
+        serial = next(self._serial)
+        category = span.span_type or "span"
+        begin = self._event_packet(start, track_uuid, _BEGIN)
+        args = begin.track_event.debug_annotations
+        for key, value in span.attributes.items():
+            _annotate(args.add(), key, value)
+        for key, value in (extra_args or {}).items():
+            _annotate(args.add(), key, value)
+        for key, value in (
+            ("trace_id", span.trace_id),
+            ("span_id", span.span_id),
+            ("error", span.error),
+        ):
+            if value:
+                _annotate(args.add(), key, value)
+        finish = self._event_packet(end, track_uuid, _END)
+        # Order of events with equal timestamps on one track (the trace processor sorts by
+        # timestamp, then file order): ends (innermost first), begins (outermost first),
+        # zero-length slices, instants.
+        if end > start:
+            out.append(((start, 1, depth, serial, 0), begin, span.name, category))
+            out.append(((end, 0, -depth, serial, 0), finish, None, None))
+        else:
+            out.append(((start, 2, depth, serial, 0), begin, span.name, category))
+            out.append(((start, 2, depth, serial, 1), finish, None, None))
+        self.slice_count += 1
+        for event in span.events:
+            ts = max(0, min(event.timestamp_ns, _INT64_MAX))
+            packet = self._event_packet(ts, track_uuid, _INSTANT)
+            ev_args = packet.track_event.debug_annotations
+            for key, value in event.attributes.items():
+                _annotate(ev_args.add(), key, value)
+            out.append(((ts, 3, depth, serial, 0), packet, event.name, "event"))
+
+    def _step_counters(
+        self,
+        step: TraceSpan,
+        spans: Sequence[TraceSpan],
+        out: list[_Event],
+    ) -> dict[str, object]:
+        """Busy / blocked / idle of the step: counter events, and the step's extra args."""
+        infos = [
+            SpanInfo(
+                name=s.name,
+                kind=KIND_BLOCKED if s.time_kind == KIND_BLOCKED else KIND_BUSY,
+                start_ns=s.start_ns,
+                end_ns=s.end_ns,
+                thread=s.thread_name or "",
+                thread_id=s.thread_id or 0,
+                span_id=s.span_id,
+                parent=s.parent_id,
+            )
+            for s in spans
+            if s.span_type == SPAN_TYPE_COMPONENT
+        ]
+        scope = step.scope or "default"
+        start, end = _times(step)
+        summary = account_step(scope, step.step or 0, start, end, infos)
+        values = {f: float(getattr(summary, f)) for f in _COUNTER_FIELDS}
+        for field_name, value in values.items():
+            uuid = self._counter_uuid(step.process, scope, field_name)
+            packet = self._event_packet(start, uuid, _COUNTER)
+            packet.track_event.double_counter_value = value
+            out.append(((start, 4, 0, next(self._serial), 0), packet, None, None))
+        return {"step_time_sec": summary.step_time_sec, **values}
+
+    def _log_dropped(self, span: TraceSpan) -> None:
+        if not self._dropped_logged:
+            self._dropped_logged = True
+            logger.warning(
+                "Perfetto: span %r dropped: more than %d overlapping lanes on one track",
+                span.name,
+                _MAX_LANES,
+            )
+
+
+# --- the exporter ------------------------------------------------------------------------
+
+
+def default_directory() -> Path:
+    """Directory of the trace files when the constructor names none.
+
+    Returns:
+        ``$OTEL_TUNIX_PERFETTO_DIR``, else ``$OTEL_TUNIX_OUTPUT_DIR/perfetto`` (unless that
+        is ``none``), else ``./otel-tunix-runs/perfetto``.
+    """
+    explicit = os.environ.get(OTEL_TUNIX_PERFETTO_DIR, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    output = os.environ.get(OTEL_TUNIX_OUTPUT_DIR, "").strip()
+    if output and output.lower() != "none":
+        return Path(output).expanduser() / "perfetto"
+    return DEFAULT_DIRECTORY
+
+
+class PerfettoSpanExporter(SpanExporter):
+    """OTel span exporter that streams spans into a Perfetto ``.pftrace`` file.
+
+    One file per exporter, created on the first export as
+    ``trace-<host>-r<rank>-<pid>-<start unix ms>.pftrace`` (``-r<rank>`` only when the
+    Resource has ``tunix.rank``; a ``-<n>`` suffix if the name is taken). Each export call
+    appends its packets and hands them to the OS before returning.
+
+    Registered as the ``perfetto`` entry point of ``opentelemetry_traces_exporter``, so
+    ``OTEL_TRACES_EXPORTER=perfetto`` builds one with no arguments.
+
+    Args:
+        directory: Folder of the trace file; defaults to :func:`default_directory`.
+        max_pending_spans: Spans held while waiting for their step span.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        max_pending_spans: int = DEFAULT_MAX_PENDING_SPANS,
+    ) -> None:
+        self._directory = (
+            Path(directory).expanduser() if directory is not None else default_directory()
+        )
+        self._max_pending = max_pending_spans
+        self._lock = threading.Lock()
+        self._reset_file_state()
+        self._shutdown = False
+        self._error_logged = False
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._after_fork_in_child)
+            os.register_at_fork(after_in_child=_call_weak(ref))
+
+    @property
+    def directory(self) -> Path:
+        """Folder the trace file goes to."""
+        return self._directory
+
+    @property
+    def path(self) -> Path | None:
+        """Path of the trace file, or ``None`` before the first export created it."""
+        return self._path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Append the spans to the trace file; never raises.
+
+        Args:
+            spans: Finished spans.
+
+        Returns:
+            ``SUCCESS``, or ``FAILURE`` after shutdown or on any error (logged once).
+        """
+        if self._shutdown:
+            self._log_once("Perfetto exporter already shut down; spans dropped")
+            return SpanExportResult.FAILURE
+        try:
+            with self._lock:
+                if self._shutdown:
+                    return SpanExportResult.FAILURE
+                if not spans:
+                    return SpanExportResult.SUCCESS
+                writer = self._open(spans[0])
+                try:
+                    for span in spans:
+                        writer.add(TraceSpan.from_readable_span(span, self._process_of(span)))
+                finally:
+                    self._drain()  # whole packets only, even if a span failed
+        except Exception:
+            self._log_once("Perfetto exporter failed to write spans", exc_info=True)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Hand everything written so far to the OS.
+
+        Spans still waiting for their step span stay held (their step is not finished).
+
+        Args:
+            timeout_millis: Unused; writing is synchronous.
+
+        Returns:
+            ``True`` unless writing failed.
+        """
+        try:
+            with self._lock:
+                self._drain()
+        except Exception:
+            self._log_once("Perfetto exporter failed to flush", exc_info=True)
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Write the held spans and close the file. Idempotent."""
+        with self._lock:
+            if self._shutdown:
+                return
+            self._shutdown = True
+            try:
+                if self._writer is not None:
+                    self._writer.flush_pending()
+                self._drain()
+            except Exception:
+                self._log_once("Perfetto exporter failed at shutdown", exc_info=True)
+            finally:
+                if self._file is not None:
+                    with contextlib.suppress(OSError):
+                        self._file.close()
+                self._file = None
+                self._writer = None
+
+    # -- internals --
+
+    def _reset_file_state(self) -> None:
+        self._start_ms = time.time_ns() // 1_000_000
+        self._pid = os.getpid()
+        self._host = socket.gethostname()
+        self._file: IO[bytes] | None = None
+        self._size = 0  # bytes in the file: every batch written so far, whole
+        self._staging = io.BytesIO()
+        self._writer: PerfettoTraceWriter | None = None
+        self._path: Path | None = None
+        self._processes: dict[int, tuple[Resource, ProcessInfo]] = {}
+
+    def _after_fork_in_child(self) -> None:
+        # The child gets a file of its own; the inherited descriptor is the parent's.
+        # The file is unbuffered, so dropping it loses nothing and writes nothing twice.
+        self._lock = threading.Lock()
+        self._reset_file_state()
+
+    def _process_of(self, span: ReadableSpan) -> ProcessInfo:
+        resource = span.resource
+        cached = self._processes.get(id(resource))
+        if cached is not None and cached[0] is resource:
+            return cached[1]
+        info = ProcessInfo.from_resource(resource, default_pid=self._pid, default_host=self._host)
+        if len(self._processes) < 64:  # the entry keeps the Resource, so its id stays unique
+            self._processes[id(resource)] = (resource, info)
+        return info
+
+    def _open(self, first: ReadableSpan) -> PerfettoTraceWriter:
+        if self._writer is not None:
+            return self._writer
+        if self._file is None:
+            self._create_file(first)
+        # A new writer starts with a fresh header (clock, sequence, track descriptors): also
+        # after a failed write, when the old writer's state no longer matches the file.
+        self._writer = PerfettoTraceWriter(self._staging, max_pending_spans=self._max_pending)
+        return self._writer
+
+    def _create_file(self, first: ReadableSpan) -> None:
+        rank = _as_int(first.resource.attributes.get(RANK)) if first.resource else None
+        host = re.sub(r"[^A-Za-z0-9._-]+", "_", self._host)[:64] or "host"
+        stem = f"trace-{host}{'-r' + str(rank) if rank is not None else ''}"
+        stem = f"{stem}-{self._pid}-{self._start_ms}"
+        self._directory.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1000):
+            path = self._directory / f"{stem}{'-' + str(attempt) if attempt else ''}.pftrace"
+            try:
+                self._file = open(path, "xb", buffering=0)  # closed at shutdown
+            except FileExistsError:
+                continue
+            self._path = path
+            break
+        else:
+            raise FileExistsError(f"no free trace file name for {stem!r} in {self._directory}")
+        logger.info("Perfetto trace: %s", self._path)
+
+    def _drain(self) -> None:
+        """Move the staged packets of this batch to the file in one write.
+
+        A failed write is cut back to the last whole batch, so the file stays readable.
+        """
+        data = self._staging.getvalue()
+        self._staging.seek(0)
+        self._staging.truncate()
+        if self._file is None or not data:
+            return
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(view):
+                written += self._file.write(view[written:]) or 0
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._file.truncate(self._size)
+                self._file.seek(self._size)
+            self._writer = None  # what it wrote is gone: the next export starts afresh
+            raise
+        self._size += written
+
+    def _log_once(self, message: str, *, exc_info: bool = False) -> None:
+        if not self._error_logged:
+            self._error_logged = True
+            logger.error(message, exc_info=exc_info)
+
+
+# --- offline conversion ------------------------------------------------------------------
+
+
+def convert_jsonl_to_perfetto(
+    jsonl_path: str | os.PathLike[str], out_path: str | os.PathLike[str]
+) -> int:
+    """Convert a spans JSONL file (plain or ``.gz``) of a finished run to a Perfetto trace.
+
+    Every ``{"type": "step", ...}`` line becomes one step slice, its component slices on
+    their threads, and its busy / blocked / idle counters, through the same translation the
+    exporter uses. Other lines are skipped, as is a last line cut short by a crash. A line
+    with a ``resource`` object (``service.name``, ``host.name``, ``tunix.rank``,
+    ``process.pid``) names the process track of the steps after it.
+
+    Args:
+        jsonl_path: The spans JSONL file.
+        out_path: The ``.pftrace`` file to write (overwritten).
+
+    Returns:
+        The number of slices written.
+    """
+    src_path = Path(jsonl_path)
+    stem = src_path.name.removesuffix(".gz").removesuffix(".jsonl")
+    process = ProcessInfo(service_name=stem)
+    opener: Callable[..., IO[str]] = gzip.open if src_path.suffix == ".gz" else open
+    with opener(src_path, "rt", encoding="utf-8") as src, open(out_path, "wb") as dst:
+        writer = PerfettoTraceWriter(dst)
+        for line_no, line in enumerate(src, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("%s:%d: not JSON, skipped", src_path, line_no)
+                continue
+            if not isinstance(obj, dict):
+                continue
+            resource = obj.get("resource")
+            if isinstance(resource, dict):
+                process = _process_from_json(resource, stem)
+            if obj.get("type") == "step":
+                writer.write_group(_records_from_step_line(obj, process))
+        writer.flush_pending()
+    return writer.slice_count
+
+
+def _records_from_step_line(obj: Mapping[str, object], process: ProcessInfo) -> list[TraceSpan]:
+    scope = str(obj.get("scope") or "default")
+    step = _as_int(obj.get("step"), 0)
+    trace_id = str(obj.get("trace_id") or "")
+    step_id = str(obj.get("span_id") or "")
+    attrs = obj.get("attributes")
+    records = [
+        TraceSpan(
+            name=str(obj.get("name") or f"{scope}_step"),
+            start_ns=_as_int(obj.get("start_ns"), 0) or 0,
+            end_ns=_as_int(obj.get("end_ns"), 0) or 0,
+            trace_id=trace_id,
+            span_id=step_id,
+            span_type=SPAN_TYPE_STEP,
+            scope=scope,
+            step=step,
+            thread_id=_as_int(obj.get("thread_id")) or None,
+            thread_name=_as_str(obj.get("thread")) or None,
+            attributes=dict(attrs) if isinstance(attrs, dict) else {},
+            process=process,
+        )
+    ]
+    spans = obj.get("spans")
+    for item in spans if isinstance(spans, list) else ():
+        if not isinstance(item, dict):
+            continue
+        kind = _as_str(item.get("kind"))
+        component = kind in (KIND_BUSY, KIND_BLOCKED)
+        span_attrs = item.get("attributes")
+        records.append(
+            TraceSpan(
+                name=str(item.get("name") or "span"),
+                start_ns=_as_int(item.get("start_ns"), 0) or 0,
+                end_ns=_as_int(item.get("end_ns"), 0) or 0,
+                trace_id=trace_id,
+                span_id=str(item.get("span_id") or ""),
+                parent_id=_as_str(item.get("parent")) or step_id or None,
+                span_type=SPAN_TYPE_COMPONENT if component else None,
+                scope=scope,
+                step=step,
+                time_kind=kind if component else None,
+                thread_id=_as_int(item.get("thread_id")) or None,
+                thread_name=_as_str(item.get("thread")) or None,
+                attributes=dict(span_attrs) if isinstance(span_attrs, dict) else {},
+                process=process,
+                error=_as_str(item.get("error")),
+            )
+        )
+    return records
+
+
+def _process_from_json(resource: Mapping[str, object], default_name: str) -> ProcessInfo:
+    return ProcessInfo(
+        service_name=str(resource.get("service.name") or default_name),
+        host_name=str(resource.get("host.name") or ""),
+        rank=_as_int(resource.get(RANK)),
+        pid=_as_int(resource.get("process.pid")),
+        run_id=str(resource.get(RUN_ID) or ""),
+    )
+
+
+# --- small helpers -----------------------------------------------------------------------
+
+
+def _as_int(value: object, default: int | None = None) -> int | None:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+def _as_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _rank_text(rank: int | None) -> str:
+    return f"rank {rank}" if rank is not None else ""
+
+
+def _times(span: TraceSpan) -> tuple[int, int]:
+    start = max(0, min(span.start_ns, _INT64_MAX))
+    return start, max(start, min(span.end_ns, _INT64_MAX))
+
+
+def _depth(i: int, parents: list[int | None]) -> int:
+    depth = 0
+    j = parents[i]
+    while j is not None and depth < len(parents):
+        depth += 1
+        j = parents[j]
+    return depth
+
+
+def _pid_of(process: ProcessInfo) -> int:
+    if process.pid is not None and 0 < process.pid < 2**31:
+        return process.pid
+    key = f"{process.service_name}\0{process.host_name}\0{process.rank}\0{process.pid}"
+    return (zlib.crc32(key.encode()) & 0x3FFFFF) + 1
+
+
+def _tid32(thread_id: int) -> int:
+    """A positive 32-bit tid for ``thread.id`` (Python thread idents are 64-bit)."""
+    if 0 < thread_id < 2**31:
+        return thread_id
+    return (zlib.crc32((thread_id & (2**64 - 1)).to_bytes(8, "little")) & 0x7FFFFFFF) or 1
+
+
+def _annotate(ann: pb.DebugAnnotation, name: str | None, value: object) -> None:
+    if name is not None:
+        ann.name = name
+    if isinstance(value, bool):
+        ann.bool_value = value
+    elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
+        ann.int_value = value
+    elif isinstance(value, float):
+        ann.double_value = value
+    elif isinstance(value, str):
+        ann.string_value = value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _annotate(ann.array_values.add(), None, item)
+    else:
+        ann.string_value = str(value)
+
+
+def _call_weak(ref: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
+    def call() -> None:
+        method = ref()
+        if method is not None:
+            method()
+
+    return call
