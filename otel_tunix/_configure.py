@@ -44,7 +44,8 @@ _logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:
-    """What ``configure()`` set up: the run id, the local folder, the resource."""
+    """What ``configure()`` set up: the run id, the local folder and its files, the resource,
+    and the URLs of endpoints it serves (``endpoints["prometheus"]``)."""
 
     run_id: str
     output_dir: Path | None
@@ -52,6 +53,7 @@ class RunInfo:
     rank: RankInfo
     enabled: bool
     files: dict[str, Path] = field(default_factory=dict)
+    endpoints: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -175,6 +177,7 @@ def configure(
             else:
                 tp, owns_tp = _otel_setup.build_tracer_provider(resource, export_stats), True
         datadog = _datadog_client()
+        endpoints: dict[str, str] = {}
         mp, owns_mp = meter_provider, False
         if mp is None:
             glob_mp = metrics.get_meter_provider()
@@ -182,7 +185,8 @@ def configure(
                 mp = glob_mp
             else:
                 extra_readers = _datadog_readers(datadog)
-                mp, owns_mp = _otel_setup.build_meter_provider(resource, extra_readers), True
+                mp = _otel_setup.build_meter_provider(resource, extra_readers, endpoints)
+                owns_mp = True
         _otel_setup.install_global_providers(
             tp if owns_tp else None, mp if owns_mp else None, tuple(_installed)
         )
@@ -211,7 +215,15 @@ def configure(
         if out_dir is not None:
             files["summary"] = out_dir / f"summary{_rank_suffix(rank)}.json"
 
-        info = RunInfo(rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files)
+        info = RunInfo(
+            rid,
+            out_dir,
+            resource,
+            rank,
+            enabled=bool(cfg.enabled),
+            files=files,
+            endpoints=endpoints,
+        )
         state = _State(
             info,
             cfg,
@@ -243,6 +255,8 @@ def configure(
         _state = state
         _register_atexit()
         _logger.info("otel-tunix: run %s, local folder %s", rid, out_dir)
+        for kind, url in endpoints.items():
+            _logger.info("otel-tunix: %s endpoint at %s", kind, url)
         return info
 
 

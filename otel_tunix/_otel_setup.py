@@ -95,8 +95,11 @@ def trace_exporters() -> list[Any]:
     return out
 
 
-def metric_readers() -> list[MetricReader]:
-    """Metric readers for ``OTEL_METRICS_EXPORTER`` (a reader class is used as is)."""
+def metric_readers(urls: dict[str, str] | None = None) -> list[MetricReader]:
+    """Metric readers for ``OTEL_METRICS_EXPORTER`` (a reader class is used as is).
+
+    Endpoints that serve metrics (Prometheus) put their URL into ``urls``.
+    """
     out: list[MetricReader] = []
     for name in exporter_names(
         OTEL_METRICS_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
@@ -105,13 +108,16 @@ def metric_readers() -> list[MetricReader]:
             # Our endpoint rather than the stock one: a private registry, /healthz, loopback
             # by default, OTEL_TUNIX_PROMETHEUS_{HOST,PORT} (see exporters/prometheus.py).
             try:
-                from otel_tunix.exporters.prometheus import endpoint_reader
+                from otel_tunix.exporters.prometheus import PrometheusEndpoint
             except ImportError as exc:
                 raise ConfigurationError(
                     f"{OTEL_METRICS_EXPORTER}=prometheus needs pip install "
                     f"'otel-tunix[prometheus]' ({exc})"
                 ) from exc
-            out.append(endpoint_reader())
+            endpoint = PrometheusEndpoint()
+            if urls is not None:
+                urls["prometheus"] = endpoint.url
+            out.append(endpoint.reader)
             continue
         ep = (
             _otlp_entry_point(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRICS_EXPORTER)
@@ -132,9 +138,12 @@ def build_tracer_provider(resource: Resource, stats: ExportStats) -> TracerProvi
     return tp
 
 
-def build_meter_provider(resource: Resource, extra_readers: list[MetricReader]) -> MeterProvider:
+def build_meter_provider(
+    resource: Resource, extra_readers: list[MetricReader], urls: dict[str, str] | None = None
+) -> MeterProvider:
     """A new SDK MeterProvider with the configured readers."""
-    return MeterProvider(resource=resource, metric_readers=[*metric_readers(), *extra_readers])
+    readers = [*metric_readers(urls), *extra_readers]
+    return MeterProvider(resource=resource, metric_readers=readers)
 
 
 def install_global_providers(
