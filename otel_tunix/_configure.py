@@ -33,7 +33,7 @@ from otel_tunix.config import (
     env_bool,
     load_callable,
 )
-from otel_tunix.exporters.counting import ExportStats
+from otel_tunix.exporters.counting import CountingBatchSpanProcessor, ExportStats
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.processors import StepAccountingProcessor
@@ -70,7 +70,7 @@ class _State:
     owns_meter_provider: bool = False
     offset_ns: int = 0
     datadog: Any = None
-    export_stats: ExportStats = field(default_factory=ExportStats)
+    export_stats: dict[str, ExportStats] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
@@ -168,7 +168,7 @@ def configure(
             return info
 
         # --- providers -------------------------------------------------------------------
-        export_stats = ExportStats()
+        export_stats: dict[str, ExportStats] = {}
         tp, owns_tp = tracer_provider, False
         if tp is None:
             glob = trace.get_tracer_provider()
@@ -239,6 +239,14 @@ def configure(
             export_stats=export_stats,
         )
         tp.add_span_processor(processor)
+        perfetto_dir = _perfetto_dir(cfg, out_dir)
+        if perfetto_dir is not None:
+            from otel_tunix.exporters.perfetto import PerfettoSpanExporter
+
+            perfetto = PerfettoSpanExporter(directory=perfetto_dir)
+            stats = export_stats.setdefault("perfetto", ExportStats())
+            tp.add_span_processor(CountingBatchSpanProcessor(perfetto, stats))
+            files["perfetto_dir"] = perfetto_dir
         span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
         if cfg.enabled:
             runtime = _tracer.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline=None)
@@ -258,6 +266,35 @@ def configure(
         for kind, url in endpoints.items():
             _logger.info("otel-tunix: %s endpoint at %s", kind, url)
         return info
+
+
+def _perfetto_dir(cfg: PerformanceMetricsConfig, out_dir: Path | None) -> Path | None:
+    """Where the Perfetto trace goes: ``perfetto_trace_dir`` / ``OTEL_TUNIX_PERFETTO_DIR``
+    (``none`` turns it off), else the local run folder when the ``perfetto`` package is
+    installed. ``OTEL_TRACES_EXPORTER=perfetto`` builds its own exporter instead."""
+    names = {n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")}
+    if "perfetto" in names:
+        return None
+    raw = cfg.perfetto_trace_dir
+    if raw is not None:
+        text = os.fspath(raw)
+        if text.strip().lower() == "none":
+            return None
+        try:
+            import perfetto
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"perfetto_trace_dir / {env.OTEL_TUNIX_PERFETTO_DIR} needs pip install "
+                f"'otel-tunix[perfetto]' ({exc})"
+            ) from exc
+        return Path(text)
+    if out_dir is None:
+        return None
+    try:
+        import perfetto  # noqa: F401
+    except ImportError:
+        return None
+    return out_dir
 
 
 def _datadog_client() -> Any:
@@ -337,12 +374,14 @@ def _register_observables(meter: Any, state: _State) -> None:
         ]
 
     def spans(_: CallbackOptions) -> list[Observation]:
-        stats = state.export_stats
-        return [
-            Observation(stats.exported, {"result": "exported"}),
-            Observation(stats.failed, {"result": "failed"}),
-            Observation(stats.dropped, {"result": "dropped"}),
-        ]
+        out = []
+        for name, stats in list(state.export_stats.items()):
+            out += [
+                Observation(stats.exported, {"exporter": name, "result": "exported"}),
+                Observation(stats.failed, {"exporter": name, "result": "failed"}),
+                Observation(stats.dropped, {"exporter": name, "result": "dropped"}),
+            ]
+        return out
 
     meter.create_observable_counter(
         "tunix.steps", [steps], unit="{step}", description="Steps run (sampled or not)"
@@ -430,13 +469,15 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         summary_path = st.info.files.get("summary")
         if summary_path is not None and rt is not None:
             _write_summary(summary_path, st, sessions)
-        if st.export_stats.failed or st.export_stats.dropped:
-            _logger.warning(
-                "otel-tunix: %d spans failed to export and %d were dropped "
-                "(collector down or slow?); the local run folder has everything",
-                st.export_stats.failed,
-                st.export_stats.dropped,
-            )
+        for name, stats in st.export_stats.items():
+            if stats.failed or stats.dropped:
+                _logger.warning(
+                    "otel-tunix: exporter %s: %d spans failed and %d were dropped "
+                    "(collector down or slow?)",
+                    name,
+                    stats.failed,
+                    stats.dropped,
+                )
         return sessions
 
 
@@ -448,7 +489,7 @@ def _write_summary(path: Path, st: _State, sessions: list[ScopeSession]) -> None
         "sampling_rate": st.config.sampling_rate,
         "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
         "failed_steps": rt.pipeline.failed_steps if rt else 0,
-        "export": st.export_stats.to_json(),
+        "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
         "scopes": [s.to_json() for s in sessions],
     }
     tmp = path.with_suffix(".json.tmp")

@@ -80,8 +80,8 @@ def load_exporter_class(group: str, name: str, var: str) -> Any:
     return found[0].load()
 
 
-def trace_exporters() -> list[Any]:
-    """Span exporters named by ``OTEL_TRACES_EXPORTER``, constructed from the environment."""
+def trace_exporters() -> list[tuple[str, Any]]:
+    """``(name, exporter)`` for each name in ``OTEL_TRACES_EXPORTER``, built from the env."""
     out = []
     for name in exporter_names(
         OTEL_TRACES_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
@@ -91,7 +91,8 @@ def trace_exporters() -> list[Any]:
             if name == "otlp"
             else name
         )
-        out.append(load_exporter_class("opentelemetry_traces_exporter", ep, OTEL_TRACES_EXPORTER)())
+        cls = load_exporter_class("opentelemetry_traces_exporter", ep, OTEL_TRACES_EXPORTER)
+        out.append((name, cls()))
     return out
 
 
@@ -130,11 +131,14 @@ def metric_readers(urls: dict[str, str] | None = None) -> list[MetricReader]:
     return out
 
 
-def build_tracer_provider(resource: Resource, stats: ExportStats) -> TracerProvider:
-    """A new SDK TracerProvider with a counting batch processor per configured exporter."""
+def build_tracer_provider(resource: Resource, stats: dict[str, ExportStats]) -> TracerProvider:
+    """A new SDK TracerProvider with a counting batch processor per configured exporter
+    (``stats`` gets one :class:`ExportStats` per exporter name)."""
     tp = TracerProvider(resource=resource)
-    for exporter in trace_exporters():
-        tp.add_span_processor(CountingBatchSpanProcessor(exporter, stats))
+    for name, exporter in trace_exporters():
+        tp.add_span_processor(
+            CountingBatchSpanProcessor(exporter, stats.setdefault(name, ExportStats()))
+        )
     return tp
 
 

@@ -87,6 +87,8 @@ class SpanBuilder:
                 attr.SPAN_TYPE: attr.SPAN_TYPE_STEP,
                 attr.STEP: rec.number,
                 attr.SCOPE: rec.scope,
+                attr.THREAD_ID: rec.thread.native_id or rec.thread.ident or 0,
+                attr.THREAD_NAME: rec.thread.name,
             },
             events=events,
             kind=SpanKind.INTERNAL,
@@ -106,7 +108,7 @@ class SpanBuilder:
             attr.SCOPE: rec.scope,
             attr.COMPONENT: s.name,
             attr.TIME_KIND: attr.KIND_BLOCKED if s.blocked else attr.KIND_BUSY,
-            attr.THREAD_ID: s.thread.ident or 0,
+            attr.THREAD_ID: s.thread.native_id or s.thread.ident or 0,
             attr.THREAD_NAME: s.thread.name,
         }
         if s.end_ns != s.host_end_ns:

@@ -134,6 +134,7 @@ class StepRecord:
         "spans",
         "start_ns",
         "submitted_at",
+        "thread",
         "trace_id",
     )
 
@@ -147,6 +148,7 @@ class StepRecord:
         self.attributes: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.submitted_at = 0.0
+        self.thread = threading.current_thread()
         parent = get_current_span().get_span_context()
         if parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.

@@ -45,5 +45,5 @@ OTEL_TUNIX_LOG_ALL_RANKS: Final = "OTEL_TUNIX_LOG_ALL_RANKS"
 """``true``: every rank's MetricsLogger logs scalars. Default: ``false`` (rank 0 only)."""
 
 OTEL_TUNIX_PERFETTO_DIR: Final = "OTEL_TUNIX_PERFETTO_DIR"
-"""Directory for Perfetto trace files translated from the spans. Default: unset (no
-Perfetto file) unless ``OTEL_TRACES_EXPORTER`` names ``perfetto``."""
+"""Directory for Perfetto trace files translated from the spans; ``none`` turns them off.
+Default: the local run folder, when the ``perfetto`` package is installed."""

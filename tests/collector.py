@@ -16,6 +16,7 @@ import contextlib
 import gzip
 import http.server
 import importlib.util
+import math
 import os
 import re
 import signal
@@ -535,7 +536,10 @@ def _parse_typed(body: str) -> tuple[str, AttributeValue] | None:
 
 
 def _number(text: str) -> float:
-    return float(text.strip())
+    try:
+        return float(text.strip())
+    except ValueError:  # a line still being written by the collector
+        return math.nan
 
 
 def parse_debug_output(text: str) -> DebugOutput:

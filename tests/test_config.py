@@ -196,7 +196,9 @@ def test_installs_global_provider_so_foreign_spans_share_the_pipeline(monkeypatc
     from otel_tunix import _otel_setup
 
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
-    assert [type(e) for e in _otel_setup.trace_exporters()] == [ConsoleSpanExporter]
+    assert [(n, type(e)) for n, e in _otel_setup.trace_exporters()] == [
+        ("console", ConsoleSpanExporter)
+    ]
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     otel_tunix.configure(output_dir="none")
     installed = trace.get_tracer_provider()
@@ -224,10 +226,10 @@ def test_otlp_endpoint_env_selects_the_otlp_exporter(monkeypatch):
     assert _otel_setup.exporter_names("OTEL_TRACES_EXPORTER", ("OTEL_EXPORTER_OTLP_ENDPOINT",)) == [
         "otlp"
     ]
-    exporters = _otel_setup.trace_exporters()
+    exporters = [e for _, e in _otel_setup.trace_exporters()]
     assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-    exporters = _otel_setup.trace_exporters()
+    exporters = [e for _, e in _otel_setup.trace_exporters()]
     assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
     with pytest.raises(ConfigurationError, match="http/json"):

@@ -1,0 +1,472 @@
+"""Streaming readers for the JSONL files of a run folder (plain or gzip).
+
+Every reader goes through the file line by line (or in 1 MiB blocks), so a file of any size
+is read in memory bounded by what is *kept*: the selected metric columns (8 bytes per value)
+for :func:`read_jsonl`, one small record at a time for :func:`iter_records`. gzip is detected
+from the file's first bytes, not its name. A line cut short by a crash or by a writer that
+is still running is skipped (and counted), never an error.
+
+pandas is imported only by :func:`read_jsonl` / :meth:`MetricsTable.frame`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import re
+import zlib
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__all__ = [
+    "X_KEYS",
+    "AnalysisError",
+    "MetricsTable",
+    "flatten_record",
+    "iter_records",
+    "open_text",
+    "read_jsonl",
+    "resolve_metrics_file",
+    "resolve_spans_files",
+    "run_label",
+]
+
+X_KEYS: tuple[str, ...] = ("step", "time", "epoch")
+"""Top-level numeric keys that are positions (x-axis candidates), not metrics."""
+
+_SKIPPED_TYPES = frozenset({"meta", "session", "run"})
+_GZIP_MAGIC = b"\x1f\x8b"
+_BLOCK = 1 << 20
+_SEARCH_DEPTH = 2
+
+
+class AnalysisError(Exception):
+    """A problem with the input that the user can fix (missing file, unknown metric, ...).
+
+    The CLI prints the message and exits with status 2.
+    """
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == _GZIP_MAGIC
+
+
+def open_text(path: str | os.PathLike[str]) -> IO[str]:
+    """Open a JSONL file for reading as text; gzip is detected from the magic bytes."""
+    p = Path(path)
+    if _is_gzip(p):
+        return gzip.open(p, "rt", encoding="utf-8")  # type: ignore[return-value]
+    return open(p, encoding="utf-8")
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    if _is_gzip(path):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+@dataclass
+class ReadStats:
+    """What a read went through: lines seen, lines that were not a JSON object."""
+
+    lines: int = 0
+    bad_lines: int = 0
+    first_bad_line: int | None = None
+
+    def bad(self, line_no: int) -> None:
+        self.bad_lines += 1
+        if self.first_bad_line is None:
+            self.first_bad_line = line_no
+
+
+def _iter_lines(f: IO[bytes]) -> Iterator[bytes]:
+    """Complete and last lines of a binary stream; a gzip stream cut short just ends."""
+    try:
+        yield from f
+    except (EOFError, zlib.error):  # a .gz still being written, or cut by a crash
+        return
+    except gzip.BadGzipFile as exc:
+        raise AnalysisError(f"{getattr(f, 'name', 'file')}: not a valid gzip file ({exc})") from exc
+
+
+def iter_records(
+    path: str | os.PathLike[str], stats: ReadStats | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield every JSON object line of a JSONL file (plain or gzip), streaming.
+
+    Blank lines are skipped; a line that is not a JSON object (for example the last line of a
+    file that a crash cut short) is skipped and counted in ``stats``.
+
+    Raises:
+        AnalysisError: the file does not exist or is not readable.
+    """
+    p = _existing_file(path)
+    st = stats if stats is not None else ReadStats()
+    with _open_binary(p) as f:
+        for line in _iter_lines(f):
+            st.lines += 1
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                st.bad(st.lines)
+                continue
+            if isinstance(obj, dict):
+                yield obj
+            else:
+                st.bad(st.lines)
+
+
+def _existing_file(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise AnalysisError(f"{p}: no such file or directory")
+    if not p.is_file():
+        raise AnalysisError(f"{p}: not a file")
+    return p
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _flatten_into(obj: Mapping[str, Any], prefix: str, out: dict[str, float]) -> None:
+    for k, v in obj.items():
+        if _is_number(v):
+            out[prefix + str(k)] = float(v)
+        elif isinstance(v, Mapping):
+            _flatten_into(v, f"{prefix}{k}.", out)
+
+
+def flatten_record(obj: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric values of one JSONL record, as flat ``{name: value}``.
+
+    * ``{"step": 3, "metrics": {"loss": 1.2, "rewards/mean": 0.4}}`` (otel-tunix's
+      ``metrics.jsonl``) gives ``step``, ``loss`` and ``rewards/mean``: names are kept as
+      written, slashes included;
+    * nested dicts are joined with dots: ``{"metrics": {"train": {"loss": 1}}}`` and
+      ``{"train": {"loss": 1}}`` both give ``train.loss``;
+    * a string ``prefix`` field (``{"prefix": "val", "metrics": {"loss": 1}}``) prefixes the
+      names of its ``metrics`` (``val.loss``);
+    * strings, booleans, lists and ``null`` are not metrics and are left out.
+    """
+    out: dict[str, float] = {}
+    prefix = obj.get("prefix")
+    for k, v in obj.items():
+        if k == "metrics" and isinstance(v, Mapping):
+            _flatten_into(v, f"{prefix}." if isinstance(prefix, str) and prefix else "", out)
+        elif _is_number(v):
+            out[k] = float(v)
+        elif isinstance(v, Mapping) and k != "attributes":
+            _flatten_into(v, f"{k}.", out)
+    return out
+
+
+class _Columns:
+    """Column store: one ``array('d')`` per kept name, NaN where a record lacks it."""
+
+    def __init__(self, keep: Callable[[str], bool] | None) -> None:
+        self.keep = keep
+        self.rows = 0
+        self.cols: dict[str, array[float]] = {}
+        self.seen: dict[str, None] = {}  # every metric name met, kept or not (ordered set)
+
+    def add(self, flat: Mapping[str, float]) -> None:
+        n = self.rows
+        cols = self.cols
+        for name, value in flat.items():
+            if name not in self.seen:
+                self.seen[name] = None
+            if self.keep is not None and not self.keep(name):
+                continue
+            col = cols.get(name)
+            if col is None:
+                col = cols[name] = array("d", [math.nan]) * n
+            col.append(value)
+        self.rows = n = n + 1
+        for col in cols.values():
+            if len(col) < n:
+                col.append(math.nan)
+
+
+@dataclass
+class MetricsTable:
+    """A metrics JSONL file read into columns, incrementally (for ``--live``).
+
+    :meth:`poll` reads what was appended since the last call (a plain file resumes at the
+    byte where it stopped; a gzip file is read again from the start when it grew) and
+    :meth:`frame` gives a pandas DataFrame of the columns read so far.
+
+    Args:
+        path: The JSONL file.
+        keep: Which metric names to keep (``None``: all). Names of :data:`X_KEYS` are always
+            kept. The names of every metric met are in :attr:`names` either way.
+    """
+
+    path: Path
+    keep: Callable[[str], bool] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    stats: ReadStats = field(default_factory=ReadStats)
+    _columns: _Columns = field(init=False)
+    _offset: int = 0
+    _size: int = -1
+    _pending: bytes = b""
+
+    def __post_init__(self) -> None:
+        self.path = _existing_file(self.path)
+        self._reset()
+
+    def _reset(self) -> None:
+        keep = self.keep
+        self._columns = _Columns(None if keep is None else (lambda n: n in X_KEYS or keep(n)))
+        self._offset, self._pending, self.stats = 0, b"", ReadStats()
+
+    @property
+    def rows(self) -> int:
+        """Records read so far."""
+        return self._columns.rows
+
+    @property
+    def names(self) -> list[str]:
+        """Every metric name met so far (the position keys of :data:`X_KEYS` left out)."""
+        return [n for n in self._columns.seen if n not in X_KEYS]
+
+    def poll(self, *, final: bool = True) -> int:
+        """Read what is new in the file; return the number of new records.
+
+        Args:
+            final: Accept a last line without a newline if it parses (a finished file). With
+                ``final=False`` (a file still being written) it waits for the newline.
+        """
+        try:
+            size = self.path.stat().st_size
+        except OSError as exc:
+            raise AnalysisError(f"{self.path}: cannot read ({exc})") from exc
+        if size == self._size and not (final and self._pending):
+            return 0
+        before = self.rows
+        gz = _is_gzip(self.path) if size else False
+        if gz or size < self._offset:  # gzip: no resuming mid-stream; plain: truncated
+            self._reset()
+        self._size = size
+        if gz:
+            with gzip.open(self.path, "rb") as f:
+                self._consume_stream(_iter_blocks(f), final=final)
+        else:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                self._consume_stream(_iter_blocks(f), final=final, advance=True)
+        return self.rows - before
+
+    def _consume_stream(self, blocks: Iterable[bytes], *, final: bool, advance: bool = False) -> None:
+        pending = self._pending
+        for block in blocks:
+            if advance:
+                self._offset += len(block)
+            data = pending + block
+            lines = data.split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                self._line(line)
+        if final and pending.strip():
+            self._line(pending)
+            pending = b""
+        self._pending = pending
+
+    def _line(self, line: bytes) -> None:
+        st = self.stats
+        st.lines += 1
+        if not line.strip():
+            return
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            st.bad(st.lines)
+            return
+        if not isinstance(obj, dict):
+            st.bad(st.lines)
+            return
+        kind = obj.get("type")
+        if kind in _SKIPPED_TYPES:
+            if kind == "meta" and not self.meta:
+                self.meta = obj
+            return
+        flat = flatten_record(obj)
+        if flat:
+            self._columns.add(flat)
+
+    def frame(self) -> pd.DataFrame:
+        """The columns read so far as a DataFrame (``attrs``: ``path``, ``run``, ``meta``)."""
+        import numpy as np
+        import pandas as pd
+
+        cols = self._columns.cols
+        df = pd.DataFrame({k: np.frombuffer(v, dtype=np.float64).copy() for k, v in cols.items()})
+        if "step" in df.columns and not df["step"].isna().any():
+            df["step"] = df["step"].astype("int64")
+        df.attrs["path"] = str(self.path)
+        df.attrs["run"] = run_label(self.path, self.meta)
+        df.attrs["meta"] = dict(self.meta)
+        df.attrs["names"] = self.names
+        return df
+
+
+def _iter_blocks(f: IO[bytes]) -> Iterator[bytes]:
+    try:
+        while block := f.read(_BLOCK):
+            yield block
+    except (EOFError, zlib.error):  # a .gz still being written, or cut by a crash
+        return
+    except gzip.BadGzipFile as exc:
+        raise AnalysisError(f"{getattr(f, 'name', 'file')}: not a valid gzip file ({exc})") from exc
+
+
+def read_jsonl(
+    path: str | os.PathLike[str], metrics: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Read a metrics JSONL file (plain or gzip; a run folder or directory picks the file).
+
+    Each record becomes one row; nested ``metrics`` dicts are flattened (see
+    :func:`flatten_record`), ``type: meta`` / ``session`` lines are skipped (the meta header
+    names the run). Memory holds only the kept columns: with ``metrics`` given, only those
+    names (exact, or as a prefix: ``"perf/train/"``) and the position keys
+    (``step``, ``time``, ``epoch``).
+
+    Returns:
+        A DataFrame with one column per metric; ``df.attrs`` holds ``path``, ``run`` (the
+        run's name, for legends), ``meta`` and ``names`` (every metric name in the file).
+    """
+    file = resolve_metrics_file(path)
+    keep = None if metrics is None else name_matcher(metrics)
+    table = MetricsTable(file, keep=keep)
+    table.poll(final=True)
+    return table.frame()
+
+
+def name_matcher(metrics: Sequence[str]) -> Callable[[str], bool]:
+    """A predicate: the name is one of ``metrics`` or starts with one followed by ``.``/``/``."""
+    exact = set(metrics)
+    prefixes = tuple(
+        m if m.endswith((".", "/")) else s for m in metrics for s in (m + ".", m + "/")
+    )
+
+    def keep(name: str) -> bool:
+        return name in exact or name.startswith(prefixes)
+
+    return keep
+
+
+def run_label(path: str | os.PathLike[str], meta: Mapping[str, Any] | None = None) -> str:
+    """A run's display name: the ``run`` of the file's meta header, else the run folder's
+    name for a generically named file (``metrics.jsonl``), else the file name without
+    ``.jsonl`` / ``.gz``."""
+    if meta:
+        name = meta.get("run") or meta.get("run_id")
+        if isinstance(name, str) and name:
+            return name
+    p = Path(path)
+    stem = p.name.removesuffix(".gz").removesuffix(".jsonl")
+    if stem.startswith(("metrics", "spans")) and p.parent.name:
+        return p.parent.name
+    return stem
+
+
+def _jsonl_files(directory: Path, depth: int) -> Iterator[Path]:
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for e in entries:
+        if e.is_file() and (e.name.endswith(".jsonl") or e.name.endswith(".jsonl.gz")):
+            yield Path(e.path)
+        elif e.is_dir() and depth > 0 and not e.name.startswith("."):
+            yield from _jsonl_files(Path(e.path), depth - 1)
+
+
+def _newest(paths: Iterable[Path]) -> Path | None:
+    best: tuple[float, str] | None = None
+    out = None
+    for p in paths:
+        try:
+            key = (p.stat().st_mtime, str(p))
+        except OSError:
+            continue
+        if best is None or key > best:
+            best, out = key, p
+    return out
+
+
+def resolve_metrics_file(path: str | os.PathLike[str]) -> Path:
+    """The metrics file that ``path`` names.
+
+    A file is itself. A directory (a run folder, or a folder of runs) gives the newest
+    ``metrics*.jsonl[.gz]`` in it or up to two levels below; if there is none, the newest
+    other ``*.jsonl[.gz]`` that is not a spans file.
+
+    Raises:
+        AnalysisError: nothing suitable exists.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise AnalysisError(f"{p}: no such file or directory")
+    if p.is_file():
+        return p
+    files = [f for f in _jsonl_files(p, _SEARCH_DEPTH) if not f.name.startswith("spans")]
+    named = [f for f in files if f.name.startswith("metrics")]
+    found = _newest(named) or _newest(files)
+    if found is None:
+        raise AnalysisError(
+            f"{p}: no metrics JSONL file here (looked for metrics*.jsonl[.gz] and other "
+            f"*.jsonl[.gz] up to {_SEARCH_DEPTH} levels down)"
+        )
+    return found
+
+
+_SPANS_RE = re.compile(r"^spans(?:-rank(\d+))?\.jsonl(?:\.gz)?$")
+
+
+def spans_rank(path: Path) -> int | None:
+    """The rank in a ``spans-rank<N>.jsonl`` file name, else ``None``."""
+    m = _SPANS_RE.match(path.name)
+    return int(m.group(1)) if m and m.group(1) is not None else None
+
+
+def resolve_spans_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The spans files that ``path`` names, one per rank.
+
+    A file is itself. A run folder gives its ``spans.jsonl`` / ``spans-rank<N>.jsonl``
+    (plain or ``.gz``), sorted by rank. A folder of runs gives those of the run folder whose
+    spans file is newest (up to two levels below).
+
+    Raises:
+        AnalysisError: nothing suitable exists.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise AnalysisError(f"{p}: no such file or directory")
+    if p.is_file():
+        return [p]
+    files = [f for f in _jsonl_files(p, _SEARCH_DEPTH) if _SPANS_RE.match(f.name)]
+    newest = _newest(files)
+    if newest is None:
+        raise AnalysisError(
+            f"{p}: no spans file here (looked for spans.jsonl and spans-rank<N>.jsonl, "
+            f"plain or .gz, up to {_SEARCH_DEPTH} levels down)"
+        )
+    run_dir = newest.parent
+    mine = [f for f in files if f.parent == run_dir]
+    # one file per rank: prefer the plain file when both forms exist
+    by_rank: dict[int | None, Path] = {}
+    for f in sorted(mine, key=lambda f: f.name.endswith(".gz")):
+        by_rank.setdefault(spans_rank(f), f)
+    return sorted(by_rank.values(), key=lambda f: (spans_rank(f) or -1, f.name))

@@ -1,0 +1,426 @@
+"""The metric catalog: one table of every metric otel-tunix knows, with its name on each side.
+
+Each :class:`MetricSpec` row ties together
+
+* the **MetricsLogger name** in the seeds' slash style (``loss``, ``rewards/mean``,
+  ``pg_clipfrac``) that trainers log and that TensorBoard, W&B and the JSONL file show, and
+* the **OTel instrument**: a dotted name with a real unit, the instrument kind, constant
+  attributes and, for histograms, bucket boundaries in the unit.
+
+Rows whose instrument is defined by the OpenTelemetry semantic conventions (``hw.gpu.*``,
+``gen_ai.*``, ``process.*``, ``system.*``) say so (``semconv=True``) and use the
+convention's name, kind and unit. Everything else lives under ``tunix.*``. Variable parts of
+a logger name (``rewards/<reward_fn>``) become attributes, never part of an instrument name,
+so no two metrics collapse into one and cardinality stays in attributes.
+
+``docs/metrics.md`` renders this table; :func:`lookup` finds the row of a logged name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from otel_tunix.sinks import SECONDS_BUCKETS
+
+__all__ = [
+    "CATALOG",
+    "E2E_LATENCY_BUCKETS",
+    "INTER_TOKEN_LATENCY_BUCKETS",
+    "SECONDS_BUCKETS",
+    "TIME_TO_FIRST_TOKEN_BUCKETS",
+    "TOKEN_COUNT_BUCKETS",
+    "Instrument",
+    "Match",
+    "MetricSpec",
+    "by_otel_name",
+    "guess_unit",
+    "lookup",
+    "rows",
+]
+
+
+class Instrument(StrEnum):
+    """OTel instrument kinds used by the catalog."""
+
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    UP_DOWN_COUNTER = "updowncounter"
+    HISTOGRAM = "histogram"
+
+
+TIME_TO_FIRST_TOKEN_BUCKETS: Final[tuple[float, ...]] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+"""vLLM's ``vllm:time_to_first_token_seconds`` boundaries."""
+
+INTER_TOKEN_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+"""vLLM's ``vllm:inter_token_latency_seconds`` boundaries (time per output token)."""
+
+E2E_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+"""vLLM's request-latency boundaries (end-to-end, prefill and decode time)."""
+
+TOKEN_COUNT_BUCKETS: Final[tuple[float, ...]] = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+"""The GenAI semantic conventions' advice for ``gen_ai.client.token.usage``."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One row of the catalog.
+
+    Attributes:
+        otel_name: OTel instrument name (dotted).
+        instrument: Instrument kind.
+        unit: UCUM-style unit (``s``, ``By``, ``W``, ``Cel``, ``Hz``, ``1``, ``{token}``).
+        description: What the number is.
+        group: ``training``, ``rl``, ``generation``, ``gpu``, ``system`` or ``alerts``.
+        logger_name: The MetricsLogger (slash-style) name, or ``None`` for instruments that
+            are only recorded directly. ``{name}`` placeholders match one path segment and
+            become the attribute ``name``.
+        attributes: Constant attributes of the series.
+        scale: The OTel value is the logged value times this (``tflops_per_step`` is logged
+            in TFLOP and recorded in ``{flop}``).
+        buckets: Histogram boundaries, in the unit.
+        semconv: The name, kind and unit come from the OTel semantic conventions.
+    """
+
+    otel_name: str
+    instrument: Instrument
+    unit: str
+    description: str
+    group: str
+    logger_name: str | None = None
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    scale: float = 1.0
+    buckets: tuple[float, ...] | None = None
+    semconv: bool = False
+
+
+G, C, U, H = (
+    Instrument.GAUGE,
+    Instrument.COUNTER,
+    Instrument.UP_DOWN_COUNTER,
+    Instrument.HISTOGRAM,
+)
+
+
+def _stats(
+    group: str,
+    logger_prefix: str,
+    otel_prefix: str,
+    what: str,
+    stats: tuple[str, ...] = ("mean", "std", "max", "min"),
+    unit: str = "1",
+) -> list[MetricSpec]:
+    words = {"mean": "Mean", "std": "Standard deviation", "max": "Maximum", "min": "Minimum",
+             "sum": "Sum"}  # fmt: skip
+    return [
+        MetricSpec(
+            f"{otel_prefix}.{s}", G, unit, f"{words[s]} of {what} over the batch", group,
+            f"{logger_prefix}/{s}",
+        )  # fmt: skip
+        for s in stats
+    ]
+
+
+_ROWS: list[MetricSpec] = [
+    # --- training -----------------------------------------------------------------------
+    MetricSpec("tunix.train.loss", G, "1", "Training loss of the step", "training", "loss"),
+    MetricSpec(
+        "tunix.train.perplexity", G, "1",
+        "exp(loss), overflow-safe (inf when loss > ~709)", "training", "perplexity",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.learning_rate", G, "1", "Learning rate of the step", "training",
+        "learning_rate",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.grad_norm", G, "1", "Global L2 norm of the gradients", "training",
+        "grad_norm",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.step_time", G, "s",
+        "Step wall time as the trainer measured it (the span-derived histogram is "
+        "tunix.step.duration)", "training", "step_time_sec",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.steps_per_second", G, "{step}/s", "Training steps per second",
+        "training", "steps_per_sec",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.samples_per_second", G, "{sample}/s",
+        "Training samples (sequences) per second, all devices", "training", "samples_per_sec",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.tokens_per_second", G, "{token}/s",
+        "Training tokens per second, all devices", "training", "tokens_per_sec",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.flops_per_step", G, "{flop}",
+        "Model FLOPs of one step, all devices (logged in TFLOP)", "training",
+        "tflops_per_step", scale=1e12,
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.flops_per_second", G, "{flop}/s",
+        "Achieved model FLOP/s per device (logged in TFLOP/s)", "training", "tflops_per_sec",
+        scale=1e12,
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.train.mfu", G, "1",
+        "Model FLOPs utilization: achieved FLOP/s per device / the device's dense peak for "
+        "the dtype (0..1)", "training", "mfu",
+    ),  # fmt: skip
+    # --- RL -----------------------------------------------------------------------------
+    *_stats("rl", "rewards", "tunix.rl.reward", "the sequence rewards",
+            ("sum", "mean", "std", "max", "min")),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.reward.function", G, "1", "Mean reward of one reward function", "rl",
+        "rewards/{reward_fn}",
+    ),  # fmt: skip
+    *_stats("rl", "score", "tunix.rl.score", "the raw reward-model scores (before KL)",
+            ("mean", "max", "min")),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.reward.kl_penalty", G, "1", "Mean KL penalty subtracted from the rewards",
+        "rl", "reward_kl_penalty",
+    ),  # fmt: skip
+    *_stats("rl", "advantages", "tunix.rl.advantage", "the advantages (masked tokens only)"),
+    *_stats("rl", "returns", "tunix.rl.return", "the returns (masked tokens only)"),
+    *_stats("rl", "values", "tunix.rl.critic.value", "the value estimates (masked tokens only)"),
+    MetricSpec(
+        "tunix.rl.policy.clip_fraction", G, "1",
+        "Fraction of tokens whose policy ratio was clipped", "rl", "pg_clipfrac",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.critic.clip_fraction", G, "1",
+        "Fraction of tokens whose value update was clipped", "rl", "vf_clipfrac",
+    ),  # fmt: skip
+    MetricSpec("tunix.rl.policy.entropy", G, "1", "Mean policy entropy", "rl", "loss/entropy"),
+    MetricSpec("tunix.rl.policy.loss", G, "1", "Policy-gradient loss", "rl", "policy_loss"),
+    MetricSpec("tunix.rl.critic.loss", G, "1", "Value-function loss", "rl", "value_loss"),
+    MetricSpec(
+        "tunix.rl.policy.kl", G, "1", "KL divergence of the policy from the reference", "rl",
+        "kl",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.critic.explained_variance", G, "1",
+        "1 - Var(returns - values) / Var(returns)", "rl", "explained_variance",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.completion.length.mean", G, "{token}", "Mean completion length", "rl",
+        "completions/mean_length",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.completion.length.max", G, "{token}", "Longest completion", "rl",
+        "completions/max_length",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.completion.length.min", G, "{token}", "Shortest completion", "rl",
+        "completions/min_length",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.completion.clipped_ratio", G, "1",
+        "Fraction of completions that hit the length limit", "rl", "completions/clipped_ratio",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.rl.actor.dequeue_time", H, "s",
+        "Time the actor waited for rollouts from its queue", "rl", "actor_dequeue_time",
+        buckets=SECONDS_BUCKETS,
+    ),  # fmt: skip
+    # --- generation ---------------------------------------------------------------------
+    MetricSpec(
+        "gen_ai.server.time_to_first_token", H, "s",
+        "Time from request start to its first output token", "generation",
+        buckets=TIME_TO_FIRST_TOKEN_BUCKETS, semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "gen_ai.server.time_per_output_token", H, "s",
+        "Decode time per output token after the first", "generation",
+        buckets=INTER_TOKEN_LATENCY_BUCKETS, semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "gen_ai.server.request.duration", H, "s",
+        "End-to-end time of a request (start to its last token)", "generation",
+        buckets=E2E_LATENCY_BUCKETS, semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "gen_ai.client.token.usage", H, "{token}",
+        "Tokens per request; gen_ai.token.type = input (prompt) or output", "generation",
+        buckets=TOKEN_COUNT_BUCKETS, semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.generation.requests", C, "{request}",
+        "Finished requests, by finish_reason (stop, length, ...)", "generation",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.generation.requests.active", U, "{request}", "Requests being generated now",
+        "generation",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.generation.prompt_tokens", C, "{token}", "Prompt tokens processed",
+        "generation",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.generation.output_tokens", C, "{token}", "Output tokens generated",
+        "generation",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.generation.prefill.duration", H, "s",
+        "Prefill time: request start to first token", "generation",
+        buckets=E2E_LATENCY_BUCKETS,
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.generation.decode.duration", H, "s",
+        "Decode time: first to last token of a request", "generation",
+        buckets=E2E_LATENCY_BUCKETS,
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.generation.tokens_per_second", G, "{token}/s",
+        "Output tokens per second of the latest generate call (all its requests)",
+        "generation",
+    ),  # fmt: skip
+    # --- GPU (NVML) ---------------------------------------------------------------------
+    MetricSpec(
+        "hw.gpu.utilization", G, "1", "Fraction of time the GPU ran a kernel", "gpu",
+        attributes={"hw.gpu.task": "general"}, semconv=True,
+    ),  # fmt: skip
+    MetricSpec("hw.gpu.memory.usage", U, "By", "GPU memory used", "gpu", semconv=True),
+    MetricSpec("hw.gpu.memory.limit", U, "By", "Size of the GPU memory", "gpu", semconv=True),
+    MetricSpec(
+        "hw.gpu.memory.utilization", G, "1", "Fraction of GPU memory used", "gpu",
+        semconv=True,
+    ),  # fmt: skip
+    MetricSpec("hw.power", G, "W", "Power drawn by the GPU", "gpu", semconv=True),
+    MetricSpec(
+        "hw.energy", C, "J", "Energy used by the GPU since the driver loaded", "gpu",
+        semconv=True,
+    ),  # fmt: skip
+    MetricSpec("hw.temperature", G, "Cel", "GPU core temperature", "gpu", semconv=True),
+    MetricSpec(
+        "hw.gpu.clock.sm", G, "Hz", "SM clock (no semantic convention yet)", "gpu",
+    ),  # fmt: skip
+    # --- process, host, framework, queues ---------------------------------------------
+    MetricSpec(
+        "process.cpu.utilization", G, "1",
+        "Process CPU time per wall time per available CPU since the last sample", "system",
+        semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "process.cpu.time", C, "s", "Process CPU time, by cpu.mode (user, system)", "system",
+        semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "process.memory.usage", U, "By", "Resident set size of the process", "system",
+        semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "system.memory.usage", U, "By", "Host memory in use", "system",
+        attributes={"system.memory.state": "used"}, semconv=True,
+    ),  # fmt: skip
+    MetricSpec("system.memory.limit", U, "By", "Host memory", "system", semconv=True),
+    MetricSpec(
+        "system.memory.utilization", G, "1", "Fraction of host memory in use", "system",
+        attributes={"system.memory.state": "used"}, semconv=True,
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.device.memory.allocated", U, "By",
+        "Device memory held by tensors (torch allocated, JAX bytes_in_use)", "system",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.device.memory.reserved", U, "By",
+        "Device memory reserved by the framework's allocator", "system",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.device.memory.peak", G, "By", "Peak device memory held by tensors", "system",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.device.memory.limit", U, "By", "Device memory the framework may use",
+        "system",
+    ),  # fmt: skip
+    MetricSpec(
+        "tunix.queue.depth", G, "{item}", "Items waiting in an instrumented queue", "system",
+    ),  # fmt: skip
+    # --- alerts -------------------------------------------------------------------------
+    MetricSpec(
+        "tunix.alert.firings", C, "{alert}",
+        "Alert episodes started or escalated, by rule and severity", "alerts",
+    ),  # fmt: skip
+]
+
+CATALOG: Final[tuple[MetricSpec, ...]] = tuple(_ROWS)
+"""Every metric otel-tunix defines, in documentation order."""
+
+_BY_LOGGER: Final = MappingProxyType(
+    {s.logger_name: s for s in CATALOG if s.logger_name and "{" not in s.logger_name}
+)
+_BY_OTEL: Final = MappingProxyType({s.otel_name: s for s in CATALOG})
+_PATTERNS: Final = tuple(
+    (re.compile("^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(s.logger_name)) + "$"),
+     s)
+    for s in CATALOG
+    if s.logger_name and "{" in s.logger_name
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A logged name resolved against the catalog: its row and the series' attributes."""
+
+    spec: MetricSpec
+    attributes: Mapping[str, str]
+
+
+def lookup(logger_name: str) -> Match | None:
+    """The catalog row of a MetricsLogger name, or ``None`` if it is not catalogued.
+
+    Exact names win over patterns: ``rewards/mean`` is the batch mean, ``rewards/format``
+    is reward function ``format``.
+    """
+    spec = _BY_LOGGER.get(logger_name)
+    if spec is not None:
+        return Match(spec, spec.attributes)
+    for pattern, spec in _PATTERNS:
+        m = pattern.match(logger_name)
+        if m is not None:
+            return Match(spec, {**spec.attributes, **m.groupdict()})
+    return None
+
+
+def by_otel_name(otel_name: str) -> MetricSpec:
+    """The catalog row of an OTel instrument name.
+
+    Raises:
+        KeyError: the name is not in the catalog.
+    """
+    return _BY_OTEL[otel_name]
+
+
+def rows(group: str | None = None) -> Iterator[MetricSpec]:
+    """Catalog rows, optionally of one group."""
+    return (s for s in CATALOG if group is None or s.group == group)
+
+
+def guess_unit(logger_name: str) -> str:
+    """The unit of a name that is not in the catalog, from its suffix (else ``1``)."""
+    last = logger_name.rsplit("/", 1)[-1]
+    if last.endswith(("_per_sec", "_per_second", "/s")):
+        return "1/s"
+    if last.endswith(("_sec", "_seconds", "_time", "_latency", "_duration")):
+        return "s"
+    if last.endswith(("_bytes", "_memory")):
+        return "By"
+    if last.endswith(("tokens", "_length", "_len")):
+        return "{token}"
+    return "1"
