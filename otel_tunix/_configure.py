@@ -70,6 +70,7 @@ class _State:
     owns_meter_provider: bool = False
     offset_ns: int = 0
     datadog: Any = None
+    perfetto: Any = None
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
 
 
@@ -246,7 +247,7 @@ def configure(
             perfetto = PerfettoSpanExporter(directory=perfetto_dir)
             stats = export_stats.setdefault("perfetto", ExportStats())
             tp.add_span_processor(CountingBatchSpanProcessor(perfetto, stats))
-            files["perfetto_dir"] = perfetto_dir
+            state.perfetto = perfetto
         span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
         if cfg.enabled:
             runtime = _tracer.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline=None)
@@ -466,6 +467,8 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                 _logger.exception("otel-tunix: shutting down %s failed", type(provider).__name__)
         if st.datadog is not None:
             st.datadog.close()
+        if st.perfetto is not None and st.perfetto.path is not None:
+            st.info.files["perfetto"] = st.perfetto.path
         summary_path = st.info.files.get("summary")
         if summary_path is not None and rt is not None:
             _write_summary(summary_path, st, sessions)
