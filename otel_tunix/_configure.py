@@ -256,7 +256,8 @@ def configure(
                     span_sink,
                     span_resource,
                     InstrumentationScope(cfg.otel_scope or "tunix", __version__),
-                )
+                ),
+                after_batch=processor.flush_sinks,
             )
             state.runtime = runtime
             _register_observables(mp.get_meter(cfg.otel_scope, __version__), state)

@@ -43,10 +43,12 @@ class Pipeline:
         self,
         process: Callable[[StepRecord], None],
         *,
+        after_batch: Callable[[], None] | None = None,
         max_queued_steps: int = 4096,
         stall_sec: float = _STALL_SEC,
     ) -> None:
         self._process = process
+        self._after_batch = after_batch
         self._queue: collections.deque[StepRecord] = collections.deque()
         self._max = max_queued_steps
         self._stall = stall_sec
@@ -113,14 +115,27 @@ class Pipeline:
                     self._idle.notify_all()
 
     def _drain(self, force: bool) -> None:
+        done = 0
+        try:
+            done = self._drain_ready(force)
+        finally:
+            if done and self._after_batch is not None:
+                try:
+                    self._after_batch()
+                except Exception:
+                    _logger.exception("otel-tunix: flushing after a batch of steps failed")
+
+    def _drain_ready(self, force: bool) -> int:
+        done = 0
         while self._queue:
             head = self._queue[0]
             if not _ready(head):
                 stalled = time.monotonic() - head.submitted_at > self._stall
                 if not (force or stalled):
-                    return
+                    return done
                 _close_open_spans(head)
             self._queue.popleft()
+            done += 1
             try:
                 self._process(head)
                 self.processed_steps += 1
@@ -128,6 +143,7 @@ class Pipeline:
                 self.failed_steps += 1
                 if self.failed_steps == 1:
                     _logger.exception("otel-tunix: processing a step failed (reported once)")
+        return done
 
     # --- lifecycle ------------------------------------------------------------------------
     def flush(self, timeout: float = 10.0) -> bool:

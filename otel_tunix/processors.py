@@ -162,6 +162,18 @@ class StepAccountingProcessor(SpanProcessor):
                     method,
                 )
 
+    def flush_sinks(self) -> None:
+        """Call ``flush()`` on every sink that has one (after a batch of steps)."""
+        for sink in self._sinks:
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                try:
+                    flush()
+                except Exception:
+                    if id(sink) not in self._failed:
+                        self._failed.add(id(sink))
+                        _logger.exception("otel-tunix: flushing %s failed", type(sink).__name__)
+
     def sessions(
         self, step_counts: Mapping[str, tuple[int, int, int]] | None = None
     ) -> list[ScopeSession]:
