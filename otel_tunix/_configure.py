@@ -170,24 +170,22 @@ def configure(
 
         # --- providers -------------------------------------------------------------------
         export_stats: dict[str, ExportStats] = {}
-        tp, owns_tp = tracer_provider, False
-        if tp is None:
-            glob = trace.get_tracer_provider()
-            if isinstance(glob, TracerProvider) and glob not in _installed:
-                tp = glob
-            else:
-                tp, owns_tp = _otel_setup.build_tracer_provider(resource, export_stats), True
         datadog = _datadog_client()
         endpoints: dict[str, str] = {}
-        mp, owns_mp = meter_provider, False
-        if mp is None:
-            glob_mp = metrics.get_meter_provider()
-            if isinstance(glob_mp, MeterProvider) and glob_mp not in _installed:
-                mp = glob_mp
-            else:
-                extra_readers = _datadog_readers(datadog)
-                mp = _otel_setup.build_meter_provider(resource, extra_readers, endpoints)
-                owns_mp = True
+        tp, owns_tp = _provider(
+            tracer_provider,
+            trace.get_tracer_provider(),
+            TracerProvider,
+            lambda: _otel_setup.build_tracer_provider(resource, export_stats),
+        )
+        mp, owns_mp = _provider(
+            meter_provider,
+            metrics.get_meter_provider(),
+            MeterProvider,
+            lambda: _otel_setup.build_meter_provider(
+                resource, _datadog_readers(datadog), endpoints
+            ),
+        )
         _otel_setup.install_global_providers(
             tp if owns_tp else None, mp if owns_mp else None, tuple(_installed)
         )
@@ -268,6 +266,16 @@ def configure(
         for kind, url in endpoints.items():
             _logger.info("otel-tunix: %s endpoint at %s", kind, url)
         return info
+
+
+def _provider(given: Any, global_: Any, sdk_type: type, build: Any) -> tuple[Any, bool]:
+    """The provider to use and whether otel-tunix owns it: the one given, else the
+    application's global SDK provider (joined), else a new one (built from ``OTEL_*``)."""
+    if given is not None:
+        return given, False
+    if isinstance(global_, sdk_type) and global_ not in _installed:
+        return global_, False
+    return build(), True
 
 
 def _perfetto_dir(cfg: PerformanceMetricsConfig, out_dir: Path | None) -> Path | None:
