@@ -248,3 +248,38 @@ def test_configure_twice_is_idempotent_and_shutdown_twice_is_safe(tmp_path):
     assert (tmp_path / "a" / "summary.json").exists()
     lines = (tmp_path / "b" / "spans.jsonl").read_text().splitlines()
     assert [json.loads(x)["type"] for x in lines] == ["step", "session"]
+
+
+def test_env_perfetto_dir_and_none(monkeypatch, tmp_path):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+
+    monkeypatch.setenv("OTEL_TUNIX_PERFETTO_DIR", str(tmp_path / "traces"))
+    info = otel_tunix.configure(output_dir=tmp_path / "run")
+    with otel_tunix.step(0), otel_tunix.component("x"):
+        pass
+    otel_tunix.shutdown()
+    files = list((tmp_path / "traces").glob("trace-*.pftrace"))
+    assert len(files) == 1 and info.files["perfetto"] == files[0]
+    trace_ = Trace()
+    trace_.ParseFromString(files[0].read_bytes())
+    interned = {e.iid: e.name for p in trace_.packet for e in p.interned_data.event_names}
+    names = {
+        p.track_event.name or interned.get(p.track_event.name_iid)
+        for p in trace_.packet
+        if p.HasField("track_event")
+    }
+    assert {"x", "train_step"} <= names
+    assert not list((tmp_path / "run").glob("*.pftrace"))
+    monkeypatch.setenv("OTEL_TUNIX_PERFETTO_DIR", "none")
+    info = otel_tunix.configure(output_dir=tmp_path / "run2")
+    with otel_tunix.step(0):
+        pass
+    otel_tunix.shutdown()
+    assert "perfetto" not in info.files
+    assert not list((tmp_path / "run2").glob("*.pftrace"))
+    monkeypatch.delenv("OTEL_TUNIX_PERFETTO_DIR")
+    info = otel_tunix.configure(output_dir=tmp_path / "run3")  # default: in the run folder
+    with otel_tunix.step(0):
+        pass
+    otel_tunix.shutdown()
+    assert info.files["perfetto"].parent == tmp_path / "run3"
