@@ -1,0 +1,432 @@
+"""Tunix integration on real google-tunix PeftTrainer runs (a two-layer flax nnx MLP, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+np = pytest.importorskip("numpy")
+optax = pytest.importorskip("optax")
+nnx = pytest.importorskip("flax.nnx")
+peft_trainer = pytest.importorskip("tunix.sft.peft_trainer")
+tunix_metrics_logger = pytest.importorskip("tunix.sft.metrics_logger")
+
+from otel_tunix import attributes as attr  # noqa: E402
+from otel_tunix.instrumentation.jax import JaxInstrumentor  # noqa: E402
+from otel_tunix.instrumentation.tunix import (  # noqa: E402
+    OTelLoggingBackend,
+    OTelPerfTracer,
+    TunixInstrumentor,
+    parse_event,
+)
+from otel_tunix.testing import capture  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing tunix alone takes a few seconds
+
+STEPS = 20
+EVAL_EVERY = 10
+EVAL_BATCHES = 2
+
+SFT_SCRIPT = """
+import jax.numpy as jnp, numpy as np, optax
+from flax import nnx
+from tunix.sft import peft_trainer
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(8, 16, rngs=rngs)
+        self.l2 = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(nnx.relu(self.l1(x)))
+
+
+def loss_fn(model, x, y):
+    return jnp.mean((model(x) - y) ** 2)
+
+
+def batches(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        {"x": rng.normal(size=(4, 8)).astype(np.float32),
+         "y": rng.normal(size=(4, 1)).astype(np.float32)}
+        for _ in range(n)
+    ]
+
+
+def make_trainer(steps, **config):
+    cfg = peft_trainer.TrainingConfig(eval_every_n_steps=10, max_steps=steps, **config)
+    opt = optax.inject_hyperparams(optax.sgd)(learning_rate=1e-2)
+    return peft_trainer.PeftTrainer(MLP(nnx.Rngs(0)), opt, cfg).with_loss_fn(loss_fn)
+"""
+
+_ns: dict[str, Any] = {}
+exec(compile(SFT_SCRIPT, "<sft>", "exec"), _ns)  # the same model code the subprocess runs
+make_trainer, batches = _ns["make_trainer"], _ns["batches"]
+
+
+@dataclass
+class Run:
+    spans: list[Any]
+    metrics: dict[str, list[Any]]
+    units: dict[str, str]
+    summaries: list[Any]
+    losses: list[float]
+    eval_losses: list[float]
+    run_dir: Path
+
+
+def _parent_name(spans: list[Any], span: Any) -> str | None:
+    by_id = {s.context.span_id: s.name for s in spans}
+    return by_id.get(span.parent.span_id) if span.parent else None
+
+
+def _values(run: Run, name: str) -> dict[tuple[tuple[str, Any], ...], Any]:
+    return {
+        tuple(sorted(dict(p.attributes).items())): getattr(p, "value", None) or p.sum
+        for p in run.metrics.get(name, [])
+    }
+
+
+@pytest.fixture(scope="module")
+def instrumented_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One unmodified PeftTrainer run under TunixInstrumentor + JaxInstrumentor."""
+    import orbax.checkpoint as ocp
+
+    tmp = tmp_path_factory.mktemp("tunix")
+    run_dir = tmp / "run"
+    with capture(output_dir=run_dir) as cap:
+        tunix_inst, jax_inst = TunixInstrumentor(), JaxInstrumentor()
+        tunix_inst.instrument()
+        jax_inst.instrument()
+        try:
+            trainer = make_trainer(
+                STEPS,
+                checkpoint_root_directory=str(tmp / "ckpt"),
+                checkpointing_options=ocp.CheckpointManagerOptions(
+                    save_interval_steps=EVAL_EVERY, max_to_keep=1
+                ),
+            )
+            data = batches(STEPS + 5)
+            trainer.train(data, eval_ds=data[:EVAL_BATCHES])
+            history = trainer.metrics_logger.get_metric_history
+            losses = [float(v) for v in history("", "loss", "train")]
+            eval_losses = [float(v) for v in history("", "loss", "eval")]
+        finally:
+            tunix_inst.uninstrument()
+            jax_inst.uninstrument()
+        spans = cap.spans()
+        metrics = cap.metrics()
+        units = cap.metric_units()
+        summaries = list(cap.summaries)
+    return Run(spans, metrics, units, summaries, losses, eval_losses, run_dir)
+
+
+def test_one_train_step_per_iteration_with_its_components(instrumented_run: Run) -> None:
+    spans = instrumented_run.spans
+    steps = [s for s in spans if s.name == "train_step"]
+    assert sorted(s.attributes[attr.STEP] for s in steps) == list(range(STEPS))
+    assert all(s.attributes[attr.SCOPE] == "train" for s in steps)
+    per_step = Counter(
+        (s.name, s.attributes[attr.STEP]) for s in spans if s.attributes.get(attr.SCOPE) == "train"
+    )
+    for n in range(STEPS):
+        assert per_step[("train_data_load", n)] == 1
+        assert per_step[("peft_train_step", n)] == 1  # v1 and v2 spans merged into one
+    for s in spans:
+        if s.name in ("train_data_load", "peft_train_step", "checkpoint_save"):
+            assert _parent_name(spans, s) == "train_step"
+
+
+def test_train_step_ends_on_device_and_compiles_once(instrumented_run: Run) -> None:
+    spans = instrumented_run.spans
+    train = [s for s in spans if s.name == "peft_train_step"]
+    for s in train:
+        assert s.attributes[attr.DEVICE_END] is True
+        assert s.end_time >= s.start_time + int(s.attributes[attr.HOST_DURATION] * 1e9)
+    compiles = [
+        s for s in spans if s.name == "jax_compile" and _parent_name(spans, s) == "peft_train_step"
+    ]
+    assert [s.attributes[attr.STEP] for s in compiles] == [0]  # first step only
+
+
+def test_inflight_wait_is_blocked_and_checkpoints_are_components(instrumented_run: Run) -> None:
+    spans = instrumented_run.spans
+    waits = [s for s in spans if s.name == "train_inflight_wait"]
+    assert waits and all(s.attributes[attr.TIME_KIND] == attr.KIND_BLOCKED for s in waits)
+    # max_inflight_computations=2: from the third step on the throttler waits every step
+    assert {s.attributes[attr.STEP] for s in waits} == set(range(2, STEPS))
+    saves = [s.attributes[attr.STEP] for s in spans if s.name == "checkpoint_save"]
+    assert saves and EVAL_EVERY - 1 in saves and STEPS - 1 in saves
+    assert len(saves) < STEPS  # only the steps that saved
+
+
+def test_evaluation_runs_as_eval_steps(instrumented_run: Run) -> None:
+    spans = instrumented_run.spans
+    eval_steps = [s for s in spans if s.name == "eval_step"]
+    runs = 1 + STEPS // EVAL_EVERY  # before training, then every EVAL_EVERY steps
+    assert len(eval_steps) == runs * EVAL_BATCHES
+    compute = [s for s in spans if s.name == "eval_step_compute"]
+    assert len(compute) == runs * EVAL_BATCHES
+    assert all(s.attributes[attr.SCOPE] == "eval" for s in compute)
+    assert all(s.attributes.get(attr.DEVICE_END) for s in compute)
+    assert not any(
+        s.name.startswith("eval_") and s.attributes[attr.SCOPE] == "train" for s in spans
+    )
+
+
+def test_step_accounting_and_counters(instrumented_run: Run) -> None:
+    run = instrumented_run
+    assert _values(run, "tunix.steps") == {
+        (("scope", "eval"),): (1 + STEPS // EVAL_EVERY) * EVAL_BATCHES,
+        (("scope", "train"),): STEPS,
+    }
+    busy = _values(run, "tunix.component.busy_time")
+    assert busy[(("component", "peft_train_step"), ("scope", "train"))] > 0
+    blocked = _values(run, "tunix.component.blocked_time")
+    assert blocked[(("component", "train_inflight_wait"), ("scope", "train"))] >= 0
+    train = [s for s in run.summaries if s.scope == "train"]
+    assert len(train) == STEPS
+    for summary in train:
+        assert summary.busy_time_sec + summary.blocked_time_sec + summary.idle_time_sec == (
+            pytest.approx(summary.step_time_sec)
+        )
+        assert "peft_train_step" in summary.components
+    assert run.units["tunix.component.busy_time"] == "s"
+
+
+def test_tunix_metrics_become_instruments_with_units(instrumented_run: Run) -> None:
+    run = instrumented_run
+    loss = _values(run, "tunix.loss")
+    # gauges keep the last value; Tunix logs each step one step late and flushes at close()
+    assert loss[(("scope", "train"),)] == pytest.approx(run.losses[-1])
+    assert loss[(("scope", "eval"),)] == pytest.approx(run.eval_losses[-1])
+    perplexity = _values(run, "tunix.perplexity")[(("scope", "train"),)]
+    assert perplexity == pytest.approx(np.exp(run.losses[-1]), rel=1e-5)
+    assert _values(run, "tunix.learning_rate")[(("scope", "train"),)] == pytest.approx(1e-2)
+    assert _values(run, "tunix.grad_norm")[(("scope", "train"),)] > 0
+    for name in ("tunix.loss", "tunix.perplexity", "tunix.learning_rate", "tunix.grad_norm"):
+        assert run.units[name] == "1"
+    assert not any(name.startswith(("/", "jax", "tunix./")) for name in run.metrics)
+    assert "loss" not in run.metrics  # not published a second time by the logger's backend
+
+
+def test_tunix_metrics_land_in_metrics_jsonl(instrumented_run: Run) -> None:
+    lines = (instrumented_run.run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines[1:]]
+    losses = {r["step"]: r["metrics"]["loss"] for r in records if "loss" in r["metrics"]}
+    assert sorted(losses) == list(range(1, STEPS + 1))  # Tunix logs train step n as n + 1
+    assert [losses[s] for s in sorted(losses)] == pytest.approx(instrumented_run.losses)
+    assert any("eval/loss" in r["metrics"] for r in records)
+    assert any("perf/train/peft_train_step/busy_time_sec" in r["metrics"] for r in records)
+
+
+def test_uninstrument_restores_tunix() -> None:
+    inst = TunixInstrumentor()
+    inst.instrument()
+    assert hasattr(peft_trainer.PeftTrainer.train, "__wrapped__")
+    inst.uninstrument()
+    assert not hasattr(peft_trainer.PeftTrainer.train, "__wrapped__")
+    trainer = make_trainer(2)
+    assert type(trainer._perf_tracer).__name__ == "NoopTracer"
+
+
+def test_drop_in_tracer_and_backend_without_instrumentor(tmp_path: Path) -> None:
+    """``perf_tracer=`` and ``custom_backend`` alone: each train step is a step of its own."""
+    tracer = OTelPerfTracer()
+    options = tunix_metrics_logger.MetricsLoggerOptions(
+        log_dir=str(tmp_path / "tb"), backend_kwargs={"custom_backend": [OTelLoggingBackend]}
+    )
+    with capture() as cap:
+        cfg = peft_trainer.TrainingConfig(
+            eval_every_n_steps=100, max_steps=5, metrics_logging_options=options
+        )
+        opt = optax.sgd(1e-2)
+        trainer = peft_trainer.PeftTrainer(
+            _ns["MLP"](nnx.Rngs(0)), opt, cfg, perf_tracer=tracer, perf_tracer_v2=tracer.v2
+        ).with_loss_fn(_ns["loss_fn"])
+        trainer.train(batches(8))
+        spans = cap.spans()
+        metrics = cap.metrics()
+    steps = [s for s in spans if s.name == "train_step"]
+    assert len(steps) == 5
+    train = [s for s in spans if s.name == "peft_train_step"]
+    assert len(train) == 5 and all(s.attributes[attr.DEVICE_END] for s in train)
+    assert {dict(p.attributes)["scope"] for p in metrics["tunix.loss"]} == {"train"}
+    assert "tunix.learning_rate" not in metrics  # plain optax.sgd: Tunix logs no learning rate
+
+
+def test_tracer_protocol_groups_tags_and_v1_v2_merge() -> None:
+    tracer = OTelPerfTracer(devices=jax.devices())
+    x = jnp.ones((32, 32))
+    with capture() as cap:
+        for _ in range(2):
+            with tracer.span_group("global_step"):  # an RL global step: a rl/learner step
+                with tracer.span_group("mini_batch_step"):
+                    with (
+                        tracer.span("rollout", jax.devices()) as span,
+                        tracer.v2.span(
+                            "rollout", jax.devices(), tags={"role": "rollout"}
+                        ) as span_v2,
+                    ):
+                        out = x @ x
+                        span.device_end([out])
+                        span_v2.async_end([out])
+                with tracer.span("weight_sync", tracer.all_devices):
+                    pass
+        with tracer.v2.span("peft_train", tags={"step": 41}) as s:  # no step open: a step
+            s.async_end(jnp.ones(3) * 2)
+        spans = cap.spans()
+    names = Counter((s.name, s.attributes[attr.SCOPE]) for s in spans)
+    assert names == {
+        ("rl/learner_step", "rl/learner"): 2,
+        ("mini_batch_step", "rl/learner"): 2,
+        ("rollout", "rl/learner"): 2,
+        ("weight_sync", "rl/learner"): 2,
+        ("train_step", "train"): 1,
+        ("peft_train", "train"): 1,
+    }
+    rollout = [s for s in spans if s.name == "rollout"]
+    assert all(_parent_name(spans, s) == "mini_batch_step" for s in rollout)
+    assert all(s.attributes[attr.DEVICE_END] for s in rollout)
+    assert [s.attributes[attr.STEP] for s in spans if s.name == "train_step"] == [41]
+    assert tracer.export() == {} and tracer.all_devices == ["cpu0"]
+
+
+def test_tracer_records_exceptions_and_reraises() -> None:
+    tracer = OTelPerfTracer()
+    with capture() as cap:
+        with pytest.raises(ValueError, match="boom"):
+            with tracer.span("rollout"):
+                raise ValueError("boom")
+        spans = cap.spans()
+    rollout = next(s for s in spans if s.name == "rollout")
+    assert rollout.status.status_code.name == "ERROR"
+
+
+@pytest.mark.parametrize(
+    ("event", "name", "mode", "role", "unit", "instrument"),
+    [
+        ("/train/loss", "loss", "train", None, "1", "tunix.loss"),
+        ("/eval/perplexity", "perplexity", "eval", None, "1", "tunix.perplexity"),
+        ("actor/train/kl", "kl", "train", "actor", "1", "tunix.kl"),
+        ("global/train/kl", "kl", "train", None, "1", "tunix.kl"),
+        ("rewards/train/mean", "rewards/mean", "train", None, "1", "tunix.rewards.mean"),
+        ("advantages/train/mean", "advantages/mean", "train", None, "1", "tunix.advantages.mean"),
+        ("completions/train/mean_length", "completions/mean_length", "train", None, "{token}",
+         "tunix.completions.mean_length"),
+        ("perf/train/global_step_time", "perf/global_step_time", "train", None, "s",
+         "tunix.perf.global_step_time"),
+        ("actor/train/actor_dequeue_time", "actor_dequeue_time", "train", "actor", "s",
+         "tunix.actor_dequeue_time"),
+        ("my_metric", "my_metric", None, None, "1", "tunix.my_metric"),
+    ],
+)  # fmt: skip
+def test_parse_event(
+    event: str, name: str, mode: str | None, role: str | None, unit: str, instrument: str
+) -> None:
+    m = parse_event(event)
+    assert (m.name, m.mode, m.role, m.unit, m.instrument_name) == (
+        name, mode, role, unit, instrument,
+    )  # fmt: skip
+
+
+def test_backend_publishes_once_and_ignores_jax_events() -> None:
+    with capture() as cap:
+        first, second = OTelLoggingBackend(), OTelLoggingBackend()
+        jax.monitoring.register_scalar_listener(first.log_scalar)
+        jax.monitoring.register_scalar_listener(second.log_scalar)
+        try:
+            for step, (reward, adv) in enumerate([(1.0, -0.5), (3.0, 0.5)]):
+                jax.monitoring.record_scalar("rewards/train/mean", reward, step=step)
+                jax.monitoring.record_scalar("advantages/train/mean", adv, step=step)
+                jax.monitoring.record_scalar("perf/train/global_step_time", 0.25, step=step)
+                jax.monitoring.record_scalar("/jax/core/compile/backend_compile_duration", 1e9)
+                jax.monitoring.record_scalar("actor/train/kl", np.float32(0.1), step=step)
+                jax.monitoring.record_scalar("actor/train/kl_array", np.ones(3), step=step)
+        finally:
+            jax.monitoring.clear_event_listeners()
+            first.close()
+            second.close()
+        second.log_scalar("/train/loss", 1.0, step=9)  # closed: ignored
+        metrics = cap.metrics()
+        units = cap.metric_units()
+    assert [p.value for p in metrics["tunix.rewards.mean"]] == [3.0]
+    assert [p.value for p in metrics["tunix.advantages.mean"]] == [0.5]
+    step_time = metrics["tunix.perf.global_step_time"]
+    assert units["tunix.perf.global_step_time"] == "s"
+    assert [(p.count, p.sum) for p in step_time] == [(2, 0.5)]  # counted once, not twice
+    (kl,) = metrics["tunix.kl"]
+    assert dict(kl.attributes) == {"scope": "train", "role": "actor"}
+    assert kl.value == pytest.approx(0.1)
+    assert "tunix.kl_array" not in metrics and "tunix.loss" not in metrics
+    assert not any("jax" in name for name in metrics)
+
+
+def _has_entry_point(group: str, name: str) -> bool:
+    return any(ep.name == name for ep in entry_points(group=group))
+
+
+@pytest.mark.skipif(
+    not (
+        _has_entry_point("opentelemetry_instrumentor", "otel_tunix_tunix")
+        and _has_entry_point("opentelemetry_distro", "otel_tunix")
+    ),
+    reason="otel-tunix's entry points are not installed (pip install -e .)",
+)
+@pytest.mark.parametrize("disabled", [False, True])
+def test_zero_code_unmodified_tunix_script(tmp_path: Path, disabled: bool) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        SFT_SCRIPT
+        + textwrap.dedent(
+            """
+            trainer = make_trainer(6)
+            data = batches(8)
+            trainer.train(data)
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DD_", "DATADOG_"))}
+    env.update(
+        OTEL_TUNIX_OUTPUT_DIR=str(tmp_path / "run"),
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="otel_tunix_torch,otel_tunix_transformers"
+        + (",otel_tunix_tunix" if disabled else ""),
+    )
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.run(
+        [str(bin_dir / "opentelemetry-instrument"), sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if disabled:  # nothing starts a training step, so nothing configures a run
+        assert not (tmp_path / "run" / "spans.jsonl").exists()
+        return
+    records = [
+        json.loads(line) for line in (tmp_path / "run" / "spans.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in records if r.get("type") == "step" and r["scope"] == "train"]
+    assert [r["step"] for r in steps] == list(range(6))
+    assert all("peft_train_step" in r["components"] for r in steps)
+    assert "jax_compile" in steps[0]["components"]
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert '"loss"' in metrics
