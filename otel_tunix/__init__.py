@@ -21,11 +21,19 @@ from otel_tunix._configure import (
     configure,
     current_run,
     force_flush,
+    get_meter,
     get_metrics_logger,
     last_step_summary,
     shutdown,
 )
-from otel_tunix._tracer import component, step
+from otel_tunix._tracer import (
+    StepView,
+    component,
+    current_step,
+    in_step,
+    record_component,
+    step,
+)
 from otel_tunix._version import __version__
 from otel_tunix.accounting import ComponentTime, ScopeSession, SpanInfo, StepSummary
 from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
@@ -41,13 +49,18 @@ __all__ = [
     "ScopeSession",
     "SpanInfo",
     "StepSummary",
+    "StepView",
     "__version__",
     "component",
     "configure",
     "current_run",
+    "current_step",
     "force_flush",
+    "get_meter",
     "get_metrics_logger",
+    "in_step",
     "last_step_summary",
+    "record_component",
     "shutdown",
     "step",
 ]

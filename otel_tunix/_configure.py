@@ -517,6 +517,20 @@ def get_metrics_logger() -> MetricsLogger:
     return MetricsLogger(MetricsLoggerOptions(default_backends=False), rank=0)
 
 
+def get_meter(name: str | None = None) -> Any:
+    """A Meter of the current run's MeterProvider (the global one before ``configure()``).
+
+    Integrations use it so their instruments go wherever otel-tunix's go.
+    """
+    st = _state
+    provider = st.meter_provider if st is not None and st.meter_provider is not None else None
+    if provider is None:
+        provider = metrics.get_meter_provider()
+    return provider.get_meter(
+        name or (st.config.otel_scope if st else None) or "tunix", __version__
+    )
+
+
 def current_run() -> RunInfo | None:
     """The :class:`RunInfo` of the current run, or ``None``."""
     st = _state

@@ -116,6 +116,8 @@ class SpanBuilder:
             attrs[attr.HOST_DURATION] = (s.host_end_ns - s.start_ns) * 1e-9
         if s.incomplete:
             attrs[attr.INCOMPLETE] = True
+        if s.attributes:
+            attrs = {**s.attributes, **attrs}
         status, events = _error(s.error, s.host_end_ns + off) if s.error else (_UNSET, ())
         return ReadableSpan(
             name=s.name,

@@ -78,6 +78,7 @@ class SpanRecord:
 
     __slots__ = (
         "_ctx",
+        "attributes",
         "blocked",
         "device_end",
         "end_ns",
@@ -107,6 +108,7 @@ class SpanRecord:
         self.error: BaseException | None = None
         self.device_end: Any = None
         self.incomplete = False
+        self.attributes: dict[str, Any] | None = None
         self.start_ns = _clock()
 
     def span_context(self) -> SpanContext:
@@ -242,13 +244,25 @@ class step:
     Args:
         n: The step number (an ``int``; other values are counted as the scope's next step).
         scope: ``"train"``, ``"eval"``, ``"rl/actor"``, ``"rl/learner"`` or any string.
+        start_ns: When the step started (``time.perf_counter_ns()``), for integrations that
+            open the step after the fact; default: now.
     """
 
-    __slots__ = ("_comp_token", "_n", "_otel_token", "_record", "_scope", "_stats", "_token")
+    __slots__ = (
+        "_comp_token",
+        "_n",
+        "_otel_token",
+        "_record",
+        "_scope",
+        "_start_ns",
+        "_stats",
+        "_token",
+    )
 
-    def __init__(self, n: int, scope: str = "train") -> None:
+    def __init__(self, n: int, scope: str = "train", *, start_ns: int | None = None) -> None:
         self._n = n
         self._scope = scope
+        self._start_ns = start_ns
         self._record: StepRecord | None = None
         self._stats: _ScopeStats | None = None
         self._token: contextvars.Token[Any] | None = None
@@ -276,7 +290,7 @@ class step:
                 )
             return self
         try:
-            start = _clock()
+            start = self._start_ns or _clock()
             stats = rt.scopes.get(self._scope)
             if stats is None:
                 stats = rt.scopes.setdefault(self._scope, _ScopeStats())
@@ -347,14 +361,24 @@ class component:
         device_end: Optional :data:`DeviceEnd` resolver; the span then ends at device
             completion instead of host exit. It can also be given inside the block with
             :meth:`end_on_device` once the outputs exist.
+        start_ns: When the component started (``time.perf_counter_ns()``), for integrations
+            that learn of it after the fact; default: now.
     """
 
-    __slots__ = ("_blocked", "_ctoken", "_device_end", "_name", "_record", "_token")
+    __slots__ = ("_blocked", "_ctoken", "_device_end", "_name", "_record", "_start_ns", "_token")
 
-    def __init__(self, name: str, blocked: bool = False, device_end: Any = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        blocked: bool = False,
+        device_end: Any = None,
+        *,
+        start_ns: int | None = None,
+    ) -> None:
         self._name = name
         self._blocked = blocked
         self._device_end = device_end
+        self._start_ns = start_ns
         self._record: SpanRecord | None = None
         self._token: object = None
         self._ctoken: contextvars.Token[SpanRecord | None] | None = None
@@ -363,6 +387,14 @@ class component:
     def recording(self) -> bool:
         """True when this component is being recorded."""
         return self._record is not None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Add an attribute to the component's span (ignored when it is not recorded)."""
+        rec = self._record
+        if rec is not None:
+            if rec.attributes is None:
+                rec.attributes = {}
+            rec.attributes[key] = value
 
     def end_on_device(self, resolver: Any) -> None:
         """End the span at device completion, as resolved later by ``resolver``.
@@ -400,6 +432,8 @@ class component:
                 attach_proxy = True
             rec = SpanRecord(name, self._blocked, trace_id, getrandbits(64) or 1, parent)
             rec.device_end = self._device_end
+            if self._start_ns is not None:
+                rec.start_ns = self._start_ns
             st.spans.append(rec)
             self._record = rec
             self._ctoken = _current_component.set(rec)
@@ -449,6 +483,64 @@ class component:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def record_component(
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    *,
+    blocked: bool = False,
+    attributes: dict[str, Any] | None = None,
+) -> None:
+    """Record a component that already happened, over ``[start_ns, end_ns]``
+    (``time.perf_counter_ns()``), in the step open in the calling context.
+
+    For integrations that learn of a phase after the fact (a compile event, a callback pair).
+    It nests under the component open in the calling context; outside a sampled step, or
+    when ``name`` is filtered out, it records nothing. Never raises.
+    """
+    c = component(name, blocked, start_ns=start_ns)
+    c.__enter__()
+    rec = c._record
+    if rec is None:
+        return
+    if attributes:
+        rec.attributes = dict(attributes)
+    c.__exit__(None, None, None)
+    rec.end_ns = rec.host_end_ns = max(end_ns, start_ns)
+
+
+class StepView:
+    """What integrations may know about the sampled step open in the calling context."""
+
+    __slots__ = ("_rec",)
+
+    def __init__(self, rec: StepRecord) -> None:
+        self._rec = rec
+
+    @property
+    def scope(self) -> str:
+        return self._rec.scope
+
+    @property
+    def number(self) -> int:
+        return self._rec.number
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Add an attribute to the step span."""
+        self._rec.attributes[key] = value
+
+
+def current_step() -> StepView | None:
+    """The sampled step open in the calling context, or ``None`` (no step, or not sampled)."""
+    st = _current_step.get()
+    return StepView(st) if isinstance(st, StepRecord) else None
+
+
+def in_step() -> bool:
+    """True when a step (sampled or not) is open in the calling context."""
+    return _current_step.get() is not _NOT_SET
 
 
 def current_span_context() -> SpanContext:

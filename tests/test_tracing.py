@@ -313,3 +313,40 @@ def test_otel_sdk_disabled_keeps_api_working_and_exports_nothing(monkeypatch, tm
     otel_tunix.get_metrics_logger().log("loss", 1.0, step=0)
     assert otel_tunix.shutdown() == []
     assert not (tmp_path / "run").exists()
+
+
+def test_integration_api_record_component_start_ns_attributes_and_current_step():
+    with capture() as cap:
+        assert otel_tunix.current_step() is None and not otel_tunix.in_step()
+        t0 = time.perf_counter_ns()
+        time.sleep(0.002)
+        with otel_tunix.step(0, start_ns=t0) as s:
+            assert s.sampled and otel_tunix.in_step()
+            view = otel_tunix.current_step()
+            assert view is not None and (view.scope, view.number) == ("train", 0)
+            view.set_attribute("tunix.tokens", 128)
+            with otel_tunix.component("outer") as c:
+                c.set_attribute("tunix.micro_batch", 3)
+                a = time.perf_counter_ns()
+                otel_tunix.record_component("compile", a - 1_000_000, a, attributes={"fn": "f"})
+        with otel_tunix.step(1, start_ns=t0):
+            pass
+        by = _by_name(cap.spans())
+        meter = otel_tunix.get_meter()
+        assert meter is not None
+    step0 = by["train_step"][0]
+    assert step0.start_time <= by["compile"][0].start_time
+    assert (step0.end_time - step0.start_time) / 1e9 >= 0.002  # started at t0
+    assert step0.attributes["tunix.tokens"] == 128
+    assert by["outer"][0].attributes["tunix.micro_batch"] == 3
+    comp = by["compile"][0]
+    assert comp.parent.span_id == by["outer"][0].context.span_id
+    assert comp.attributes["fn"] == "f"
+    assert comp.end_time - comp.start_time == 1_000_000
+
+
+def test_in_step_true_for_unsampled_steps():
+    with capture(perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=2)):
+        with otel_tunix.step(1):
+            assert otel_tunix.in_step() and otel_tunix.current_step() is None
+        assert not otel_tunix.in_step()
