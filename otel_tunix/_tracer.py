@@ -138,6 +138,7 @@ class StepRecord:
         "submitted_at",
         "thread",
         "trace_id",
+        "view",
     )
 
     def __init__(self, runtime: Runtime, scope: str, number: int, start_ns: int) -> None:
@@ -151,6 +152,7 @@ class StepRecord:
         self.error: BaseException | None = None
         self.submitted_at = 0.0
         self.thread = threading.current_thread()
+        self.view: StepView | None = None
         parent = get_current_span().get_span_context()
         if parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.
@@ -512,7 +514,11 @@ def record_component(
 
 
 class StepView:
-    """What integrations may know about the sampled step open in the calling context."""
+    """What integrations may know about the sampled step open in the calling context.
+
+    One view per step: ``current_step()`` returns the same object for the whole step, so it
+    can be compared by identity ("is this still the step I saw?").
+    """
 
     __slots__ = ("_rec",)
 
@@ -527,6 +533,11 @@ class StepView:
     def number(self) -> int:
         return self._rec.number
 
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The step span's extra attributes (a live dict: adding to it adds to the span)."""
+        return self._rec.attributes
+
     def set_attribute(self, key: str, value: Any) -> None:
         """Add an attribute to the step span."""
         self._rec.attributes[key] = value
@@ -535,7 +546,12 @@ class StepView:
 def current_step() -> StepView | None:
     """The sampled step open in the calling context, or ``None`` (no step, or not sampled)."""
     st = _current_step.get()
-    return StepView(st) if isinstance(st, StepRecord) else None
+    if not isinstance(st, StepRecord):
+        return None
+    view = st.view
+    if view is None:
+        view = st.view = StepView(st)
+    return view
 
 
 def in_step() -> bool:

@@ -48,7 +48,6 @@ from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
-from otel_tunix import _configure, _tracer
 from otel_tunix.instrumentation import _base
 
 __all__ = [
@@ -87,47 +86,28 @@ def import_jax() -> Any:
     return _base.require("jax", "jax", "otel-tunix's JAX instrumentation")
 
 
-# --- small shims over otel-tunix's hot-path records ---------------------------------------
-# The public API opens spans "now". JAX reports compile phases after the fact, and the Tunix
-# integration measures a data fetch before it knows the step goes on, so these helpers
-# record an interval with given start/end times into the open step. They touch
-# ``otel_tunix._tracer`` records directly and are kept here, in one place.
+# --- helpers shared with the Tunix integration ---------------------------------------------
+# JAX reports compile phases after the fact, and the Tunix integration measures a data fetch
+# before it knows the step goes on: both record intervals with given start/end times.
 
 
 def record_interval(name: str, start_ns: int, end_ns: int, blocked: bool = False) -> None:
     """Record the component ``name`` over ``[start_ns, end_ns]`` (``perf_counter_ns``).
 
-    It nests under the component open in the calling context, like ``component()``; outside
-    a sampled step (or when ``name`` is filtered out) it records nothing. Never raises.
+    See :func:`otel_tunix.record_component`; never raises.
     """
     try:
-        c = otel_tunix.component(name, blocked)
-        c.__enter__()
-        rec = c._record
-        if rec is None:
-            return
-        rec.start_ns = start_ns
-        c.__exit__(None, None, None)
-        rec.end_ns = rec.host_end_ns = max(end_ns, start_ns)
+        otel_tunix.record_component(name, start_ns, end_ns, blocked=blocked)
     except Exception:
         _logger.debug("otel-tunix: recording %r failed", name, exc_info=True)
 
 
-def current_step_record() -> Any:
-    """The sampled step open in the calling context (``None`` if none or not sampled)."""
-    st = _tracer._current_step.get()
-    return st if isinstance(st, _tracer.StepRecord) else None
+current_step_record = otel_tunix.current_step
 
 
 def run_meter(name: str = _INSTRUMENTATION_SCOPE) -> Any:
     """A Meter of the configured otel-tunix run's MeterProvider (else the global one)."""
-    from opentelemetry import metrics
-
-    state = _configure._state
-    provider = getattr(state, "meter_provider", None) if state is not None else None
-    if provider is None:
-        provider = metrics.get_meter_provider()
-    return provider.get_meter(name, otel_tunix.__version__)
+    return otel_tunix.get_meter(name)
 
 
 # --- process attributes --------------------------------------------------------------------
@@ -278,8 +258,7 @@ class _CompileTracker:
             self._listener_list = jm._event_time_span_listeners
 
     def _metrics(self) -> tuple[Any, Any]:
-        state = _configure._state
-        provider = getattr(state, "meter_provider", None)
+        provider = otel_tunix.current_run()
         inst = self._instruments
         if inst is None or inst[0] is not provider:
             from otel_tunix.sinks import SECONDS_BUCKETS

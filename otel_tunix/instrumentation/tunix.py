@@ -449,10 +449,7 @@ class OTelLoggingBackend:
                     "otel_tunix.instrumentation.tunix", otel_tunix.__version__
                 )
             return self._meter
-        from otel_tunix import _configure
-
-        state = _configure._state
-        source = getattr(state, "meter_provider", None)
+        source = otel_tunix.current_run()
         if self._meter is None or source is not self._meter_from:
             self._meter = run_meter("otel_tunix.instrumentation.tunix")
             self._meter_from = source
@@ -509,13 +506,8 @@ class OTelLoggingBackend:
 
 def _open_step_at(n: int, scope: str, start_ns: int) -> Any:
     """Enter ``otel_tunix.step(n, scope)`` as if it had been entered at ``start_ns``."""
-    s = otel_tunix.step(n, scope=scope)
+    s = otel_tunix.step(n, scope=scope, start_ns=start_ns)
     s.__enter__()
-    rec, stats = getattr(s, "_record", None), getattr(s, "_stats", None)
-    if rec is not None:
-        rec.start_ns = start_ns
-    if stats is not None and stats.count == 1:
-        stats.first_start_ns = start_ns
     return s
 
 
