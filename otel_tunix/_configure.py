@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,14 +198,20 @@ def configure(
         if out_dir is not None and logger.backends:
             files["metrics"] = out_dir / "metrics.jsonl"
         processor = StepAccountingProcessor()
+        header = {
+            "run_id": rid,
+            "start_ns": time.time_ns(),
+            "sampling_rate": cfg.sampling_rate,
+            "resource": dict(span_resource.attributes),
+        }
         instruments = InstrumentSink(mp.get_meter(cfg.otel_scope, __version__))
         processor.add_sink(instruments)
         processor.add_sink(MetricsLoggerSink(logger))
         if out_dir is not None:
             files["spans"] = out_dir / f"spans{_rank_suffix(rank)}.jsonl"
-            processor.add_sink(StepJsonlWriter(files["spans"]))
+            processor.add_sink(StepJsonlWriter(files["spans"], header))
         if cfg.export_jsonl_path:
-            processor.add_sink(StepJsonlWriter(cfg.export_jsonl_path))
+            processor.add_sink(StepJsonlWriter(cfg.export_jsonl_path, header))
         if export_fn is not None:
             processor.add_sink(ExportFnSink(export_fn, instruments=instruments, logger=logger))
         if datadog is not None:

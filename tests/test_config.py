@@ -107,7 +107,7 @@ def test_env_export_fn_and_jsonl_path(monkeypatch, tmp_path):
     import gzip
 
     lines = gzip.open(tmp_path / "extra" / "spans.jsonl.gz", "rt").read().splitlines()
-    assert [json.loads(x)["type"] for x in lines] == ["step", "session"]
+    assert [json.loads(x)["type"] for x in lines] == ["run", "step", "session"]
 
 
 def test_env_output_dir_run_id_and_none(monkeypatch, tmp_path):
@@ -247,7 +247,7 @@ def test_configure_twice_is_idempotent_and_shutdown_twice_is_safe(tmp_path):
     assert otel_tunix.shutdown() == []
     assert (tmp_path / "a" / "summary.json").exists()
     lines = (tmp_path / "b" / "spans.jsonl").read_text().splitlines()
-    assert [json.loads(x)["type"] for x in lines] == ["step", "session"]
+    assert [json.loads(x)["type"] for x in lines] == ["run", "step", "session"]
 
 
 def test_env_perfetto_dir_and_none(monkeypatch, tmp_path):

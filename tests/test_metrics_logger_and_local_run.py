@@ -169,11 +169,14 @@ def test_local_run_folder_spans_jsonl_format_session_line_and_summary(tmp_path):
             otel_tunix.force_flush()
             # written and flushed as the step ends: readable while the run goes on
             first = (out / "spans.jsonl").read_text().splitlines()
-            assert len(first) == 1 and json.loads(first[0])["step"] == 0
+            assert len(first) == 2 and json.loads(first[1])["step"] == 0
     otel_tunix.get_metrics_logger().log("loss", 1.25, step=3)
     sessions = otel_tunix.shutdown()
     lines = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
-    steps, session = lines[:-1], lines[-1]
+    run, steps, session = lines[0], lines[1:-1], lines[-1]
+    assert run["type"] == "run" and run["sampling_rate"] == 2
+    assert run["resource"]["tunix.run.id"] == run["run_id"]
+    assert run["start_ns"] <= steps[0]["start_ns"]
     assert [x["step"] for x in steps] == [0, 2]
     for x in steps:
         assert x["type"] == "step" and x["scope"] == "train"

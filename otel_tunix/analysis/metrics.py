@@ -92,6 +92,8 @@ def filter_metrics(
     Raises:
         AnalysisError: unknown metric (listing those that exist) or unknown ``x_key``.
     """
+    if isinstance(metrics, str):
+        metrics = [metrics]
     where = df.attrs.get("path", "the frame")
     present = [c for c in df.columns if c not in X_KEYS]
     if missing == "raise":
@@ -108,8 +110,9 @@ def filter_metrics(
         )
     out = df[[x_key, *[c for c in cols if c != x_key]]]
     if cols:
-        out = out[out[cols].notna().any(axis=1)]
-    out = out.reset_index(drop=True)
+        rows = out[cols].notna().any(axis=1)
+        if not rows.all():
+            out = out[rows].reset_index(drop=True)
     out.attrs = dict(df.attrs)
     return out
 
@@ -129,14 +132,20 @@ def moving_average(
     """
     if window < 0:
         raise AnalysisError(f"the smoothing window must be 0 or more, got {window}")
-    out = df.copy()
+    out = df.copy(deep=False)  # new columns replace the old ones; df is left as it was
     if window <= 1:
         return out
     cols = [c for c in (columns if columns is not None else df.columns) if c not in X_KEYS]
     for c in cols:
-        s = df[c].dropna()
-        if len(s):
-            out.loc[s.index, c] = s.rolling(window, min_periods=1).mean()
+        s = df[c]
+        valid = s.notna()
+        if valid.all():
+            out[c] = s.rolling(window, min_periods=1).mean()
+        elif valid.any():  # smooth the values only; the gaps stay gaps
+            values = s.to_numpy(dtype=float, copy=True)
+            mask = valid.to_numpy()
+            values[mask] = s[mask].rolling(window, min_periods=1).mean().to_numpy()
+            out[c] = values
     return out
 
 
@@ -162,6 +171,6 @@ def default_metrics(names: Iterable[str]) -> list[str]:
         if family == "reward":
             hits = [n for n in hits if "reward" in n]
         # the training series first: names that say train, or that have no prefix at all
-        hits.sort(key=lambda n: (0 if "train" in n or not _LEAF.search(n) else 1))
+        hits.sort(key=lambda n: 0 if "train" in n or not _LEAF.search(n) else 1)
         out.extend(hits[:cap])
     return out

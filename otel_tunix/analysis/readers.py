@@ -42,6 +42,7 @@ __all__ = [
 X_KEYS: tuple[str, ...] = ("step", "time", "epoch")
 """Top-level numeric keys that are positions (x-axis candidates), not metrics."""
 
+_X_KEYS = frozenset(X_KEYS)
 _SKIPPED_TYPES = frozenset({"meta", "session", "run"})
 _GZIP_MAGIC = b"\x1f\x8b"
 _BLOCK = 1 << 20
@@ -136,15 +137,12 @@ def _existing_file(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def _is_number(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
 def _flatten_into(obj: Mapping[str, Any], prefix: str, out: dict[str, float]) -> None:
-    for k, v in obj.items():
-        if _is_number(v):
-            out[prefix + str(k)] = float(v)
-        elif isinstance(v, Mapping):
+    for k, v in obj.items():  # exact type checks: bool is no number, and they are fast
+        t = type(v)
+        if t is float or t is int:
+            out[prefix + k] = float(v)
+        elif t is dict:
             _flatten_into(v, f"{prefix}{k}.", out)
 
 
@@ -163,40 +161,53 @@ def flatten_record(obj: Mapping[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     prefix = obj.get("prefix")
     for k, v in obj.items():
-        if k == "metrics" and isinstance(v, Mapping):
-            _flatten_into(v, f"{prefix}." if isinstance(prefix, str) and prefix else "", out)
-        elif _is_number(v):
+        t = type(v)
+        if t is float or t is int:
             out[k] = float(v)
-        elif isinstance(v, Mapping) and k != "attributes":
-            _flatten_into(v, f"{k}.", out)
+        elif t is dict:
+            if k == "metrics":
+                _flatten_into(v, f"{prefix}." if isinstance(prefix, str) and prefix else "", out)
+            elif k != "attributes":
+                _flatten_into(v, f"{k}.", out)
     return out
 
 
 class _Columns:
-    """Column store: one ``array('d')`` per kept name, NaN where a record lacks it."""
+    """Column store: one ``array('d')`` per kept name, NaN where a record lacks it.
+
+    A record none of whose kept names is a metric (only position keys) is not stored.
+    """
 
     def __init__(self, keep: Callable[[str], bool] | None) -> None:
         self.keep = keep
         self.rows = 0
         self.cols: dict[str, array[float]] = {}
-        self.seen: dict[str, None] = {}  # every metric name met, kept or not (ordered set)
+        self.seen: dict[str, bool] = {}  # every name met -> kept (insertion ordered)
 
     def add(self, flat: Mapping[str, float]) -> None:
-        n = self.rows
-        cols = self.cols
+        seen, keep = self.seen, self.keep
+        row: list[tuple[str, float]] = []
+        useful = False
         for name, value in flat.items():
-            if name not in self.seen:
-                self.seen[name] = None
-            if self.keep is not None and not self.keep(name):
-                continue
+            kept = seen.get(name)
+            if kept is None:
+                kept = seen[name] = keep is None or keep(name)
+            if kept:
+                row.append((name, value))
+                useful = useful or name not in _X_KEYS
+        if not useful:
+            return
+        n, cols = self.rows, self.cols
+        for name, value in row:
             col = cols.get(name)
             if col is None:
                 col = cols[name] = array("d", [math.nan]) * n
             col.append(value)
         self.rows = n = n + 1
-        for col in cols.values():
-            if len(col) < n:
-                col.append(math.nan)
+        if len(row) != len(cols):
+            for col in cols.values():
+                if len(col) < n:
+                    col.append(math.nan)
 
 
 @dataclass
@@ -209,8 +220,9 @@ class MetricsTable:
 
     Args:
         path: The JSONL file.
-        keep: Which metric names to keep (``None``: all). Names of :data:`X_KEYS` are always
-            kept. The names of every metric met are in :attr:`names` either way.
+        keep: Which names to keep in memory (``None``: all), position keys (``step``, ...)
+            included: a predicate that drops ``step`` has no ``step`` column. The names of
+            every metric met are in :attr:`names` either way.
     """
 
     path: Path
@@ -227,9 +239,8 @@ class MetricsTable:
         self._reset()
 
     def _reset(self) -> None:
-        keep = self.keep
-        self._columns = _Columns(None if keep is None else (lambda n: n in X_KEYS or keep(n)))
-        self._offset, self._pending, self.stats = 0, b"", ReadStats()
+        self._columns = _Columns(self.keep)
+        self._offset, self._size, self._pending, self.stats = 0, -1, b"", ReadStats()
 
     @property
     def rows(self) -> int:
@@ -239,10 +250,16 @@ class MetricsTable:
     @property
     def names(self) -> list[str]:
         """Every metric name met so far (the position keys of :data:`X_KEYS` left out)."""
-        return [n for n in self._columns.seen if n not in X_KEYS]
+        return [n for n in self._columns.seen if n not in _X_KEYS]
+
+    @property
+    def all_names(self) -> list[str]:
+        """Every numeric field met so far, position keys included."""
+        return list(self._columns.seen)
 
     def poll(self, *, final: bool = True) -> int:
-        """Read what is new in the file; return the number of new records.
+        """Read what is new in the file; return the number of new records (all of them when
+        the file had to be read again: a gzip file, or one that was truncated).
 
         Args:
             final: Accept a last line without a newline if it parses (a finished file). With
@@ -254,10 +271,10 @@ class MetricsTable:
             raise AnalysisError(f"{self.path}: cannot read ({exc})") from exc
         if size == self._size and not (final and self._pending):
             return 0
-        before = self.rows
         gz = _is_gzip(self.path) if size else False
         if gz or size < self._offset:  # gzip: no resuming mid-stream; plain: truncated
             self._reset()
+        before = self.rows
         self._size = size
         if gz:
             with gzip.open(self.path, "rb") as f:
@@ -268,7 +285,9 @@ class MetricsTable:
                 self._consume_stream(_iter_blocks(f), final=final, advance=True)
         return self.rows - before
 
-    def _consume_stream(self, blocks: Iterable[bytes], *, final: bool, advance: bool = False) -> None:
+    def _consume_stream(
+        self, blocks: Iterable[bytes], *, final: bool, advance: bool = False
+    ) -> None:
         pending = self._pending
         for block in blocks:
             if advance:
@@ -305,19 +324,33 @@ class MetricsTable:
         if flat:
             self._columns.add(flat)
 
-    def frame(self) -> pd.DataFrame:
-        """The columns read so far as a DataFrame (``attrs``: ``path``, ``run``, ``meta``)."""
+    def frame(self, *, release: bool = False) -> pd.DataFrame:
+        """The columns read so far as a DataFrame.
+
+        ``df.attrs`` holds ``path``, ``run`` (the run's name), ``meta`` (the header) and
+        ``names`` (every metric name met).
+
+        Args:
+            release: Hand the columns over to the frame instead of copying them (half the
+                peak memory for a one-shot read); the table then starts over, as if new.
+        """
         import numpy as np
         import pandas as pd
 
         cols = self._columns.cols
-        df = pd.DataFrame({k: np.frombuffer(v, dtype=np.float64).copy() for k, v in cols.items()})
-        if "step" in df.columns and not df["step"].isna().any():
+        if release:
+            data = {k: np.frombuffer(v, dtype=np.float64) for k, v in cols.items()}
+        else:  # the arrays keep growing: the frame gets its own copy
+            data = {k: np.array(v, dtype=np.float64) for k, v in cols.items()}
+        df = pd.DataFrame(data, copy=False)
+        if "step" in df.columns and len(df) and not df["step"].isna().any():
             df["step"] = df["step"].astype("int64")
         df.attrs["path"] = str(self.path)
         df.attrs["run"] = run_label(self.path, self.meta)
         df.attrs["meta"] = dict(self.meta)
         df.attrs["names"] = self.names
+        if release:
+            self._reset()
         return df
 
 
@@ -331,9 +364,7 @@ def _iter_blocks(f: IO[bytes]) -> Iterator[bytes]:
         raise AnalysisError(f"{getattr(f, 'name', 'file')}: not a valid gzip file ({exc})") from exc
 
 
-def read_jsonl(
-    path: str | os.PathLike[str], metrics: Sequence[str] | None = None
-) -> pd.DataFrame:
+def read_jsonl(path: str | os.PathLike[str], metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Read a metrics JSONL file (plain or gzip; a run folder or directory picks the file).
 
     Each record becomes one row; nested ``metrics`` dicts are flattened (see
@@ -347,10 +378,16 @@ def read_jsonl(
         run's name, for legends), ``meta`` and ``names`` (every metric name in the file).
     """
     file = resolve_metrics_file(path)
-    keep = None if metrics is None else name_matcher(metrics)
+    keep = None
+    if metrics is not None:
+        wanted = name_matcher(metrics)
+
+        def keep(name: str) -> bool:
+            return name in _X_KEYS or wanted(name)
+
     table = MetricsTable(file, keep=keep)
     table.poll(final=True)
-    return table.frame()
+    return table.frame(release=True)
 
 
 def name_matcher(metrics: Sequence[str]) -> Callable[[str], bool]:

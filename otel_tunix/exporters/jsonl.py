@@ -1,6 +1,8 @@
 """The spans JSONL file: one line per sampled step, flushed as the step ends.
 
-Each ``type: "step"`` line is :meth:`otel_tunix.accounting.StepSummary.to_json`: scope,
+The first line, ``type: "run"``, names the run: ``run_id``, ``start_ns`` (when
+``configure()`` ran, Unix ns), ``sampling_rate`` and the ``resource`` attributes (rank
+included). Each ``type: "step"`` line is :meth:`otel_tunix.accounting.StepSummary.to_json`: scope,
 step, start/end (Unix ns), the busy / blocked / idle counters, per-component times and every
 component span (name, kind, start/end, thread, span id, parent). At shutdown one
 ``type: "session"`` line per scope carries the totals. A ``.gz`` path writes gzip. The file
@@ -15,6 +17,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from otel_tunix.accounting import ScopeSession, StepSummary
@@ -26,10 +29,14 @@ _logger = logging.getLogger(__name__)
 class StepJsonlWriter:
     """A step sink (see :class:`otel_tunix.processors.StepSink`) that writes the spans JSONL."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], header: Mapping[str, object] | None = None
+    ) -> None:
         self.path = Path(path)
         self._file = open_text(self.path, "a")
         self._lock = threading.Lock()
+        if header is not None:
+            self._write({"type": "run", **header})
 
     def on_step(self, summary: StepSummary) -> None:
         self._write(summary.to_json())

@@ -1,0 +1,328 @@
+"""Metric plots from one or several runs' metrics JSONL files (matplotlib).
+
+The CLI (``otel-tunix plot``) and ``notebooks/metrics_viewer.ipynb`` use the same
+functions: :func:`~otel_tunix.analysis.readers.read_jsonl` →
+:func:`~otel_tunix.analysis.metrics.filter_metrics` →
+:func:`~otel_tunix.analysis.metrics.moving_average` → :func:`plot_metrics` →
+:func:`save_plot`. :func:`load_runs`, :func:`render` and :func:`watch` string them together
+for the CLI, ``--live`` included.
+
+matplotlib is imported inside the functions; figures are plain
+:class:`matplotlib.figure.Figure` objects (no pyplot state) unless the caller passes one in.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from otel_tunix.analysis.metrics import (
+    _FAMILIES,
+    _LEAF,
+    default_metrics,
+    filter_metrics,
+    moving_average,
+    resolve_metrics,
+)
+from otel_tunix.analysis.readers import AnalysisError, MetricsTable, resolve_metrics_file
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "DEFAULT_MAX_POINTS",
+    "PlotSpec",
+    "load_runs",
+    "plot_metrics",
+    "render",
+    "save_plot",
+    "watch",
+]
+
+DEFAULT_MAX_POINTS = 5000
+"""Points drawn per line at most; longer series are thinned to every k-th point (the last
+point always kept) after smoothing, which keeps plotting fast for multi-GB files."""
+
+_TIME_KEY = "time"
+
+
+def _labels(frames: Sequence[pd.DataFrame], labels: Sequence[str] | None) -> list[str]:
+    if labels is not None:
+        if len(labels) != len(frames):
+            raise AnalysisError(f"{len(labels)} labels for {len(frames)} runs")
+        names = [str(x) for x in labels]
+    else:
+        names = [str(df.attrs.get("run") or f"run {i + 1}") for i, df in enumerate(frames)]
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:  # two runs of the same name still get two legend entries
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name} ({seen[name]})")
+    return out
+
+
+def _thin(x: Any, y: Any, max_points: int | None) -> tuple[Any, Any]:
+    n = len(x)
+    if not max_points or n <= max_points:
+        return x, y
+    k = math.ceil(n / max_points)
+    idx = list(range(0, n, k))
+    if idx[-1] != n - 1:
+        idx.append(n - 1)
+    return x[idx], y[idx]
+
+
+def plot_metrics(
+    frames: pd.DataFrame | Sequence[pd.DataFrame],
+    metrics: Sequence[str],
+    *,
+    x_key: str = "step",
+    labels: Sequence[str] | None = None,
+    fig: Figure | None = None,
+    max_points: int | None = DEFAULT_MAX_POINTS,
+    title: str | None = None,
+) -> Figure:
+    """One panel per metric, one line per run (legend: the run names), shared x axis.
+
+    Args:
+        frames: One frame per run (from :func:`read_jsonl`, usually filtered and smoothed).
+        metrics: Column names to draw, one panel each. A run that lacks a metric has no line
+            in that panel.
+        x_key: The x column; ``time`` (Unix seconds) is drawn as seconds since each run's
+            first record, so runs started at different times line up.
+        labels: Legend names (default: each frame's ``attrs["run"]``).
+        fig: Draw into this figure (cleared first), e.g. a pyplot figure for ``--show``;
+            default a new :class:`~matplotlib.figure.Figure`.
+        max_points: Thin longer lines to about this many points (``None``: draw all).
+        title: Figure title.
+
+    Returns:
+        The figure. ``fig.axes[i].lines[j].get_xydata()`` is exactly what was drawn.
+
+    Raises:
+        AnalysisError: no metrics, or a metric that no frame has.
+    """
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    runs = [frames] if not isinstance(frames, Sequence) else list(frames)
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+    names = _labels(runs, labels)
+    if not metrics:
+        raise AnalysisError("no metrics to plot")
+    missing = [m for m in metrics if not any(m in df.columns for df in runs)]
+    if missing:
+        have = sorted({c for df in runs for c in df.columns if c != x_key})
+        raise AnalysisError(
+            f"no run has {', '.join(map(repr, missing))}; columns that exist: "
+            f"{', '.join(have) or 'none'}"
+        )
+    if fig is None:
+        fig = Figure(figsize=(9.0, 0.8 + 2.6 * len(metrics)), layout="constrained")
+    else:
+        fig.clear()
+    axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, metric in zip(axes, metrics, strict=True):
+        for df, name in zip(runs, names, strict=True):
+            if metric not in df.columns or x_key not in df.columns:
+                continue
+            x = df[x_key].to_numpy(dtype=float)
+            y = df[metric].to_numpy(dtype=float)
+            ok = np.isfinite(x) & np.isfinite(y)  # NaN / Inf are gaps
+            if not ok.any():
+                continue
+            x, y = x[ok], y[ok]
+            if x_key == _TIME_KEY:
+                x = x - x[0]
+            xs, ys = _thin(x, y, max_points)
+            ax.plot(xs, ys, label=name, linewidth=1.2)
+        ax.set_title(metric, fontsize=10, loc="left")
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="best")
+    axes[-1].set_xlabel("seconds since the first record" if x_key == _TIME_KEY else x_key)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def save_plot(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 110) -> Path:
+    """Write the figure (format from the suffix, PNG by default) and return the path.
+
+    The file is replaced atomically, so a viewer of a ``--live`` plot never reads half a PNG.
+    Parent folders are created.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fmt = p.suffix.lstrip(".").lower() or "png"
+    tmp = p.with_name(f".{p.name}.tmp")
+    fig.savefig(tmp, format=fmt, dpi=dpi)
+    os.replace(tmp, p)
+    return p
+
+
+_DEFAULT_LEAVES = frozenset().union(*(leaves for _, _, leaves in _FAMILIES))
+
+
+def _default_candidate(name: str) -> bool:
+    return _LEAF.split(name)[-1] in _DEFAULT_LEAVES
+
+
+@dataclass
+class PlotSpec:
+    """What ``otel-tunix plot`` draws (see :func:`render`)."""
+
+    metrics: Sequence[str] | None = None
+    x_key: str = "step"
+    smooth: int = 0
+    max_points: int | None = DEFAULT_MAX_POINTS
+    title: str | None = None
+
+
+def load_runs(
+    inputs: Sequence[str | os.PathLike[str]], spec: PlotSpec | None = None
+) -> list[MetricsTable]:
+    """Open one :class:`MetricsTable` per input (file, run folder or folder of runs).
+
+    Only the columns the plot needs are kept in memory: ``spec.metrics`` (or, without them,
+    the candidates of :func:`default_metrics`) and ``spec.x_key``. Nothing is read yet:
+    call ``poll()`` on each table.
+    """
+    from otel_tunix.analysis.readers import name_matcher
+
+    spec = spec or PlotSpec()
+    if not inputs:
+        raise AnalysisError("no input: give one or more metrics files or run folders")
+    wanted = name_matcher(spec.metrics) if spec.metrics else _default_candidate
+    x_key = spec.x_key
+
+    def keep(name: str) -> bool:
+        return name == x_key or wanted(name)
+
+    return [MetricsTable(resolve_metrics_file(p), keep=keep) for p in inputs]
+
+
+def _chosen_metrics(tables: Sequence[MetricsTable], spec: PlotSpec) -> list[str]:
+    for t in tables:
+        if not t.names:
+            st = t.stats
+            bad = f", {st.bad_lines} not JSON" if st.bad_lines else ""
+            others = sorted({n for o in tables for n in o.names})
+            also = f"; the other inputs hold: {', '.join(others)}" if others else ""
+            raise AnalysisError(
+                f"{t.path}: no metric records ({st.lines} lines read{bad}): the file is empty "
+                f"or holds only headers{also}"
+            )
+    union = list(dict.fromkeys(n for t in tables for n in t.names))
+    where = ", ".join(str(t.path) for t in tables)
+    if spec.metrics:
+        return resolve_metrics(spec.metrics, union, where=where)
+    chosen = default_metrics(union)
+    if not chosen:
+        raise AnalysisError(
+            f"none of the common metrics (loss, learning rate, step time, reward) is in "
+            f"{where}; pick some with --metrics: {', '.join(sorted(union))}"
+        )
+    return chosen
+
+
+@dataclass
+class Rendered:
+    """A drawn figure and the data behind it."""
+
+    figure: Figure
+    metrics: list[str]
+    frames: list[pd.DataFrame]
+    """Per run: the x column and the plotted metrics, after smoothing (before thinning)."""
+
+
+def render(
+    tables: Sequence[MetricsTable],
+    spec: PlotSpec,
+    fig: Figure | None = None,
+    *,
+    release: bool = False,
+) -> Rendered:
+    """Filter, smooth and plot what the tables have read so far.
+
+    ``release=True`` hands the tables' columns to the frames instead of copying them (a
+    one-shot plot of a large file; see :meth:`MetricsTable.frame`).
+    """
+    metrics = _chosen_metrics(tables, spec)
+    frames = []
+    for t in tables:
+        if spec.x_key not in t.all_names:
+            raise AnalysisError(
+                f"{t.path}: no {spec.x_key!r} field for the x axis (--x-key); numeric fields "
+                f"that exist: {', '.join(sorted(t.all_names)) or 'none'}"
+            )
+    for t in tables:
+        df = t.frame(release=release)
+        df = filter_metrics(df, metrics, x_key=spec.x_key, missing="ignore")
+        frames.append(moving_average(df, spec.smooth))
+    figure = plot_metrics(
+        frames,
+        metrics,
+        x_key=spec.x_key,
+        fig=fig,
+        max_points=spec.max_points,
+        title=spec.title or (f"moving average over {spec.smooth}" if spec.smooth > 1 else None),
+    )
+    return Rendered(figure, metrics, frames)
+
+
+def watch(
+    tables: Sequence[MetricsTable],
+    spec: PlotSpec,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    interval: float = 2.0,
+    fig: Figure | None = None,
+    stop: Callable[[], bool] | None = None,
+    on_update: Callable[[Rendered], None] | None = None,
+    on_error: Callable[[AnalysisError], None] | None = None,
+    pause: Callable[[float], None] = time.sleep,
+) -> Rendered | None:
+    """Re-render whenever a file grows, until ``stop()`` is true (or Ctrl-C).
+
+    Each round polls every table (only the new bytes of a plain file are read), and when
+    one of them has new records redraws into ``fig`` and writes ``out`` (if given). Files
+    with no metric records yet are waited for.
+
+    Args:
+        on_error: Called with the error when the data read so far cannot be plotted yet (a
+            metric not logged yet); the watch goes on. Default: the error is raised.
+        pause: How to wait between rounds: ``time.sleep`` for a file, ``plt.pause`` to keep
+            a pyplot window responsive.
+
+    Returns:
+        The last rendering (``None`` if there never was anything to plot).
+    """
+    last: Rendered | None = None
+    try:
+        while True:
+            new = sum(t.poll(final=False) for t in tables)
+            if new and all(t.names for t in tables):
+                try:
+                    last = render(tables, spec, fig=fig)
+                except AnalysisError as exc:
+                    if on_error is None:
+                        raise
+                    on_error(exc)
+                else:
+                    if out is not None:
+                        save_plot(last.figure, out)
+                    if on_update is not None:
+                        on_update(last)
+            if stop is not None and stop():
+                break
+            pause(interval)
+    except KeyboardInterrupt:
+        pass
+    return last

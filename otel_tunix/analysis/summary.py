@@ -1,0 +1,792 @@
+"""``otel-tunix summary``: the step-time breakdown, goodput, anomalous steps and ranks of a run.
+
+:func:`summarize` streams a run's spans JSONL files (``spans.jsonl`` or one
+``spans-rank<N>.jsonl`` per rank, plain or gzip) once. Per sampled step it keeps a handful of
+floats (step, busy, blocked, idle and each component's time: 8 bytes each), never the
+lines or the spans, so memory grows with the number of steps, not with the file's size.
+
+The counters are those the SDK wrote (computed by :func:`otel_tunix.accounting.account_step`);
+the goodput categories are derived from the component spans by
+:func:`otel_tunix.analysis.goodput.categorize_step`. The rules are in
+``docs/local-analysis.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from otel_tunix.analysis import goodput as gp
+from otel_tunix.analysis.readers import (
+    AnalysisError,
+    ReadStats,
+    iter_records,
+    resolve_spans_files,
+    spans_rank,
+)
+
+__all__ = [
+    "Anomaly",
+    "ComponentStats",
+    "Dist",
+    "Goodput",
+    "RankStats",
+    "RunSummary",
+    "ScopeStats",
+    "render_summary",
+    "summarize",
+]
+
+_NS = 1e-9
+MAD_FACTOR = 3.0
+"""A step is anomalous when slower than ``median + MAD_FACTOR * MAD`` of its scope."""
+MAD_FLOOR = 1e-3
+"""MAD is taken as at least this fraction of the median, so that identical step times do
+not flag nanosecond jitter."""
+STRAGGLER_MIN = 0.05
+"""A rank is a straggler when its mean step time is above the ranks' median + 3·MAD and at
+least this fraction above the median (a few ranks rarely give a meaningful MAD)."""
+MAX_LISTED_ANOMALIES = 100
+"""Anomalous steps kept in the summary (the slowest first); ``count`` has them all."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    """Mean, median and 95th percentile in seconds, and the mean's share of the mean step."""
+
+    mean: float
+    p50: float
+    p95: float
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentStats:
+    """One component's time of one kind (busy or blocked) in a scope.
+
+    ``mean_sec`` and ``share`` are per sampled step of the scope (a component that runs in
+    one step out of a hundred has a small mean); ``p50_sec`` / ``p95_sec`` are over the
+    ``steps`` in which it ran.
+    """
+
+    name: str
+    kind: str
+    mean_sec: float
+    p50_sec: float
+    p95_sec: float
+    share: float
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeStats:
+    """The breakdown of one scope (pooled over ranks)."""
+
+    scope: str
+    steps: int
+    sampled_steps: int
+    wall_time_sec: float
+    steps_per_sec: float
+    step: Dist
+    busy: Dist
+    blocked: Dist
+    idle: Dist
+    components: list[ComponentStats]
+
+
+@dataclass(slots=True)
+class Goodput:
+    """Productive step time over wall time, and the badput by category (seconds).
+
+    ``wall_time_sec`` runs from the run's start (the ``time`` of ``metrics.jsonl``'s header,
+    else the first step) to the end of its last step. When scopes ran concurrently their
+    categories add up to more than the wall time; the fractions are then taken of that sum
+    (see ``notes``).
+    """
+
+    wall_time_sec: float = 0.0
+    productive_sec: float = 0.0
+    badput_sec: dict[str, float] = field(default_factory=lambda: dict.fromkeys(gp.BADPUT, 0.0))
+    denominator_sec: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float:
+        """``productive_sec`` over the wall time (0 for an empty run)."""
+        return self.productive_sec / self.denominator_sec if self.denominator_sec > 0 else 0.0
+
+    def share(self, category: str) -> float:
+        """A badput category's fraction of the wall time."""
+        d = self.denominator_sec
+        return self.badput_sec.get(category, 0.0) / d if d > 0 else 0.0
+
+    def add(self, other: Goodput) -> None:
+        """Pool another rank's figures into these."""
+        self.wall_time_sec += other.wall_time_sec
+        self.productive_sec += other.productive_sec
+        self.denominator_sec += other.denominator_sec
+        for k, v in other.badput_sec.items():
+            self.badput_sec[k] = self.badput_sec.get(k, 0.0) + v
+        self.notes.extend(n for n in other.notes if n not in self.notes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "wall_time_sec": self.wall_time_sec,
+            "productive_sec": self.productive_sec,
+            "goodput": self.goodput,
+            "badput_sec": dict(self.badput_sec),
+            "badput_share": {k: self.share(k) for k in self.badput_sec},
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """A step slower than its scope's median + 3·MAD, and the component that grew most."""
+
+    scope: str
+    step: int
+    rank: int | None
+    step_time_sec: float
+    threshold_sec: float
+    excess_sec: float
+    component: str | None
+    component_excess_sec: float
+    first_step: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RankStats:
+    """One rank's main training scope (the non-evaluation scope with the most step time)."""
+
+    rank: int | None
+    path: str
+    scope: str
+    sampled_steps: int
+    mean_step_sec: float
+    p50_step_sec: float
+    p95_step_sec: float
+    steps_per_sec: float
+    goodput: float
+    slowdown: float
+    """Mean step time over the median of the ranks' mean step times, minus 1."""
+    straggler: bool
+    """Mean step time above the ranks' median + 3·MAD and 5% above the median (3+ ranks)."""
+
+
+@dataclass
+class RunSummary:
+    """Everything ``otel-tunix summary`` shows; :meth:`to_json` is ``--json``."""
+
+    source: str
+    files: list[str]
+    scopes: list[ScopeStats]
+    goodput: Goodput
+    anomalies: list[Anomaly]
+    anomaly_count: int
+    ranks: list[RankStats]
+    slowest_ranks: list[int | None]
+    notes: list[str]
+    bad_lines: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "files": self.files,
+            "scopes": [asdict(s) for s in self.scopes],
+            "goodput": self.goodput.to_json(),
+            "anomalies": {
+                "rule": f"step_time > median + {MAD_FACTOR:g} * MAD (per scope and rank)",
+                "count": self.anomaly_count,
+                "steps": [asdict(a) for a in self.anomalies],
+            },
+            "ranks": [asdict(r) for r in self.ranks],
+            "slowest_ranks": self.slowest_ranks,
+            "notes": self.notes,
+            "bad_lines": self.bad_lines,
+        }
+
+
+# --- streaming accumulation -----------------------------------------------------------------
+
+
+def _f(v: object) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+def _i(v: object) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+
+class _ScopeAcc:
+    """The per-step numbers of one scope in one file."""
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        self.step_no: array[int] = array("q")
+        self.t: array[float] = array("d")
+        self.busy: array[float] = array("d")
+        self.blocked: array[float] = array("d")
+        self.idle: array[float] = array("d")
+        self.comp: dict[tuple[str, str], array[float]] = {}
+        self.cats: dict[str, float] = {}
+        self.first: tuple[int, int, dict[str, float]] | None = None  # start_ns, index, cats
+        self.min_start: int | None = None
+        self.max_end: int | None = None
+        self.session: Mapping[str, Any] | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.t)
+
+    def add(self, obj: Mapping[str, Any]) -> None:
+        start, end = _i(obj.get("start_ns")), _i(obj.get("end_ns"))
+        idx = self.n
+        self.step_no.append(_i(obj.get("step")))
+        self.t.append(_f(obj.get("step_time_sec")))
+        self.busy.append(_f(obj.get("busy_time_sec")))
+        self.blocked.append(_f(obj.get("blocked_time_sec")))
+        self.idle.append(_f(obj.get("idle_time_sec")))
+        comps = obj.get("components")
+        if isinstance(comps, Mapping):
+            for name, ct in comps.items():
+                if not isinstance(ct, Mapping):
+                    continue
+                busy, blocked = _f(ct.get("busy_time_sec")), _f(ct.get("blocked_time_sec"))
+                if busy or not blocked:
+                    self._comp(name, "busy", idx).append(busy)
+                if blocked:
+                    self._comp(name, "blocked", idx).append(blocked)
+        for col in self.comp.values():
+            if len(col) <= idx:
+                col.append(math.nan)
+        spans = obj.get("spans")
+        cats = gp.categorize_step(
+            self.scope,
+            start,
+            end,
+            [s for s in spans if isinstance(s, Mapping)] if isinstance(spans, list) else (),
+        )
+        for k, v in cats.items():
+            self.cats[k] = self.cats.get(k, 0.0) + v
+        if self.first is None or start < self.first[0]:
+            self.first = (start, idx, cats)
+        self.min_start = start if self.min_start is None else min(self.min_start, start)
+        self.max_end = end if self.max_end is None else max(self.max_end, end)
+
+    def _comp(self, name: str, kind: str, idx: int) -> array[float]:
+        col = self.comp.get((name, kind))
+        if col is None:
+            col = self.comp[(name, kind)] = array("d", [math.nan]) * idx
+        return col
+
+    # --- derived -------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        s = self.session
+        return max(_i(s.get("steps")), self.n) if s else self.n
+
+    @property
+    def first_start_ns(self) -> int:
+        s = self.session
+        cands = [v for v in (self.min_start, _i(s.get("first_start_ns")) if s else 0) if v]
+        return min(cands) if cands else 0
+
+    @property
+    def last_end_ns(self) -> int:
+        s = self.session
+        return max(self.max_end or 0, _i(s.get("last_end_ns")) if s else 0)
+
+    @property
+    def wall_sec(self) -> float:
+        return max(0, self.last_end_ns - self.first_start_ns) * _NS
+
+    @property
+    def steps_per_sec(self) -> float:
+        s = self.session
+        if s and isinstance(s.get("steps_per_sec"), int | float):
+            return float(s["steps_per_sec"])
+        wall = self.wall_sec
+        return self.steps / wall if wall > 0 else 0.0
+
+    def times(self) -> np.ndarray:
+        return np.frombuffer(self.t, dtype=np.float64)
+
+
+@dataclass
+class _FileAcc:
+    path: Path
+    rank: int | None
+    scopes: dict[str, _ScopeAcc] = field(default_factory=dict)
+    start_ns: int | None = None
+    start_source: str = ""
+    stats: ReadStats = field(default_factory=ReadStats)
+
+    def read(self) -> None:
+        for obj in iter_records(self.path, self.stats):
+            kind = obj.get("type")
+            if kind == "step":
+                scope = str(obj.get("scope") or "default")
+                acc = self.scopes.get(scope)
+                if acc is None:
+                    acc = self.scopes[scope] = _ScopeAcc(scope)
+                acc.add(obj)
+            elif kind == "session":
+                scope = str(obj.get("scope") or "default")
+                acc = self.scopes.get(scope)
+                if acc is None:
+                    acc = self.scopes[scope] = _ScopeAcc(scope)
+                acc.session = obj
+            elif kind in ("run", "meta"):
+                self._run_line(obj)
+
+    def _run_line(self, obj: Mapping[str, Any]) -> None:
+        if isinstance(obj.get("start_ns"), int):
+            self.start_ns, self.start_source = int(obj["start_ns"]), "spans file header"
+        elif isinstance(obj.get("time"), int | float):
+            self.start_ns, self.start_source = int(obj["time"] * 1e9), "spans file header"
+        resource = obj.get("resource")
+        if self.rank is None and isinstance(resource, Mapping):
+            r = resource.get("tunix.rank")
+            self.rank = r if isinstance(r, int) else None
+
+    @property
+    def n(self) -> int:
+        return sum(a.n for a in self.scopes.values())
+
+
+def _metrics_start(folder: Path, rank: int | None) -> int | None:
+    """The ``time`` of the ``metrics.jsonl`` header in the folder (the run's configure
+    time), if that header is this rank's."""
+    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
+        p = folder / name
+        if not p.is_file():
+            continue
+        try:
+            for obj in iter_records(p):
+                if obj.get("type") != "meta" or not isinstance(obj.get("time"), int | float):
+                    return None
+                meta_rank = obj.get("rank")
+                if rank is not None and isinstance(meta_rank, int) and meta_rank != rank:
+                    return None
+                return int(obj["time"] * 1e9)
+        except AnalysisError:
+            return None
+    return None
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else 0.0
+
+
+def _dist(x: np.ndarray, mean_step: float) -> Dist:
+    if not len(x):
+        return Dist(0.0, 0.0, 0.0, 0.0)
+    m = float(x.mean())
+    return Dist(m, _pct(x, 50), _pct(x, 95), m / mean_step if mean_step > 0 else 0.0)
+
+
+def _threshold(x: np.ndarray) -> float:
+    med = float(np.median(x))
+    mad = float(np.median(np.abs(x - med)))
+    return med + MAD_FACTOR * max(mad, MAD_FLOOR * med)
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    """One array from per-rank parts (no copy for a single rank)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _scope_stats(accs: Sequence[_ScopeAcc]) -> ScopeStats:
+    scope = accs[0].scope
+
+    def cat(get: Any) -> np.ndarray:
+        return _concat([np.frombuffer(get(a), dtype=np.float64) for a in accs])
+
+    t = cat(lambda a: a.t)
+    mean_step = float(t.mean()) if len(t) else 0.0
+    keys: dict[tuple[str, str], None] = {}
+    for a in accs:
+        keys.update(dict.fromkeys(a.comp))
+    comps = []
+    n = len(t)
+    for key in keys:
+        col = _concat(
+            [
+                np.frombuffer(a.comp[key], dtype=np.float64)
+                if key in a.comp
+                else np.full(a.n, math.nan)
+                for a in accs
+            ]
+        )
+        ran = col[~np.isnan(col)]
+        mean = float(ran.sum()) / n if n else 0.0
+        comps.append(
+            ComponentStats(
+                name=key[0],
+                kind=key[1],
+                mean_sec=mean,
+                p50_sec=_pct(ran, 50),
+                p95_sec=_pct(ran, 95),
+                share=mean / mean_step if mean_step > 0 else 0.0,
+                steps=len(ran),
+            )
+        )
+    comps.sort(key=lambda c: -c.mean_sec)
+    return ScopeStats(
+        scope=scope,
+        steps=sum(a.steps for a in accs),
+        sampled_steps=n,
+        wall_time_sec=max(a.wall_sec for a in accs),
+        steps_per_sec=float(np.mean([a.steps_per_sec for a in accs])),
+        step=_dist(t, mean_step),
+        busy=_dist(cat(lambda a: a.busy), mean_step),
+        blocked=_dist(cat(lambda a: a.blocked), mean_step),
+        idle=_dist(cat(lambda a: a.idle), mean_step),
+        components=comps,
+    )
+
+
+def _is_first_step(acc: _ScopeAcc) -> bool:
+    """Whether the earliest recorded step is the scope's first step (it was sampled)."""
+    if acc.first is None:
+        return False
+    s = acc.session
+    if not s or not _i(s.get("first_start_ns")):
+        return True
+    first_start, idx, _ = acc.first
+    return first_start - _i(s["first_start_ns"]) <= acc.t[idx] * 1e9
+
+
+def _file_goodput(f: _FileAcc) -> Goodput:
+    g = Goodput()
+    accs = [a for a in f.scopes.values() if a.n or a.session]
+    if not accs:
+        return g
+    first = min((a.first_start_ns for a in accs if a.first_start_ns), default=0)
+    end = max(a.last_end_ns for a in accs)
+    start = first
+    if f.start_ns is not None and 0 < f.start_ns <= first:
+        start = f.start_ns
+        g.badput_sec[gp.STARTUP] = (first - start) * _NS
+    else:
+        g.notes.append(
+            "start-up unknown (no metrics.jsonl header for this rank, or one later than its "
+            "first step): wall time starts at the first step"
+        )
+    g.wall_time_sec = max(0, end - start) * _NS
+    totals = dict.fromkeys(gp.CATEGORIES, 0.0)
+    for a in accs:
+        if not a.n:
+            continue
+        cats = dict(a.cats)
+        if a.steps > a.n:  # sampling: scale the recorded steps up to all steps
+            assert a.first is not None
+            first_cats = a.first[2]
+            if a.n > 1:  # the first step stands for itself, the others for the rest
+                scale = (a.steps - 1) / (a.n - 1)
+                cats = {
+                    k: first_cats.get(k, 0.0) + scale * (v - first_cats.get(k, 0.0))
+                    for k, v in cats.items()
+                }
+            else:
+                cats = {k: v * a.steps for k, v in cats.items()}
+            note = "sampled steps scaled up to every step of their scope (sampling_rate > 1)"
+            if note not in g.notes:
+                g.notes.append(note)
+        if not gp.is_eval_scope(a.scope) and a.n >= 2 and _is_first_step(a):
+            assert a.first is not None
+            _, idx, first_cats = a.first
+            excess = a.t[idx] - float(np.median(a.times()))
+            moved = min(max(0.0, excess), first_cats.get(gp.PRODUCTIVE, 0.0))
+            cats[gp.PRODUCTIVE] = cats.get(gp.PRODUCTIVE, 0.0) - moved
+            cats[gp.COMPILATION] = cats.get(gp.COMPILATION, 0.0) + moved
+        for k, v in cats.items():
+            totals[k] = totals.get(k, 0.0) + v
+    measured = sum(totals.values()) + g.badput_sec[gp.STARTUP]
+    gap = g.wall_time_sec - measured
+    if gap >= 0:
+        totals[gp.IDLE] += gap
+        g.denominator_sec = g.wall_time_sec
+    else:
+        g.denominator_sec = measured
+        g.notes.append(
+            f"scopes overlap in time ({-gap:.3f} s counted more than once): shares are of "
+            "the summed step time, not of the wall time"
+        )
+    g.productive_sec = totals.pop(gp.PRODUCTIVE)
+    for k, v in totals.items():
+        g.badput_sec[k] = g.badput_sec.get(k, 0.0) + v
+    return g
+
+
+def _anomalies(f: _FileAcc) -> tuple[list[Anomaly], int]:
+    out: list[Anomaly] = []
+    count = 0
+    for a in f.scopes.values():
+        if a.n < 3:
+            continue
+        t = a.times()
+        thr = _threshold(t)
+        slow = np.nonzero(t > thr)[0]
+        count += len(slow)
+        if not len(slow):
+            continue
+        order = slow[np.argsort(-(t[slow]))][:MAX_LISTED_ANOMALIES]
+        cols = {
+            k: np.nan_to_num(np.frombuffer(v, dtype=np.float64), nan=0.0) for k, v in a.comp.items()
+        }
+        medians = {k: float(np.median(v)) for k, v in cols.items()}
+        first_idx = a.first[1] if a.first is not None and _is_first_step(a) else -1
+        for i in order:
+            best, best_excess = None, 0.0
+            for k, v in cols.items():
+                d = float(v[i]) - medians[k]
+                if d > best_excess:
+                    best, best_excess = k, d
+            out.append(
+                Anomaly(
+                    scope=a.scope,
+                    step=int(a.step_no[i]),
+                    rank=f.rank,
+                    step_time_sec=float(t[i]),
+                    threshold_sec=thr,
+                    excess_sec=float(t[i]) - thr,
+                    component=f"{best[0]} ({best[1]})" if best else None,
+                    component_excess_sec=best_excess,
+                    first_step=int(i) == first_idx,
+                )
+            )
+    return out, count
+
+
+def _main_scope(f: _FileAcc) -> _ScopeAcc | None:
+    cands = [a for a in f.scopes.values() if a.n and not gp.is_eval_scope(a.scope)]
+    cands = cands or [a for a in f.scopes.values() if a.n]
+    return max(cands, key=lambda a: float(a.times().sum()), default=None)
+
+
+def _rank_table(files: Sequence[_FileAcc], goodputs: Sequence[Goodput]) -> list[RankStats]:
+    rows = []
+    for f, g in zip(files, goodputs, strict=True):
+        a = _main_scope(f)
+        if a is None:
+            continue
+        t = a.times()
+        rows.append((f, a, float(t.mean()), _pct(t, 50), _pct(t, 95), g.goodput))
+    if not rows:
+        return []
+    means = np.array([r[2] for r in rows])
+    med = float(np.median(means))
+    thr = _threshold(means)
+    out = [
+        RankStats(
+            rank=f.rank,
+            path=str(f.path),
+            scope=a.scope,
+            sampled_steps=a.n,
+            mean_step_sec=mean,
+            p50_step_sec=p50,
+            p95_step_sec=p95,
+            steps_per_sec=a.steps_per_sec,
+            goodput=good,
+            slowdown=mean / med - 1 if med > 0 else 0.0,
+            straggler=len(rows) >= 3 and mean > thr and mean > med * (1 + STRAGGLER_MIN),
+        )
+        for f, a, mean, p50, p95, good in rows
+    ]
+    out.sort(key=lambda r: -r.mean_step_sec)
+    return out
+
+
+def summarize(path: str | os.PathLike[str]) -> RunSummary:
+    """Summarise a run folder, a folder of runs (the newest run) or one spans JSONL file.
+
+    With several ``spans-rank<N>.jsonl`` files, the breakdown and the goodput pool every
+    rank, anomalies are found per rank, and :attr:`RunSummary.ranks` compares the ranks.
+
+    Raises:
+        AnalysisError: no spans file, or no step in it.
+    """
+    paths = resolve_spans_files(path)
+    files: list[_FileAcc] = []
+    notes: list[str] = []
+    for p in paths:
+        f = _FileAcc(p, spans_rank(p))
+        f.read()
+        if f.start_ns is None:
+            start = _metrics_start(p.parent, f.rank)
+            if start is not None:
+                f.start_ns, f.start_source = start, "metrics.jsonl header"
+        files.append(f)
+    bad = sum(f.stats.bad_lines for f in files)
+    if bad:
+        notes.append(f"{bad} line(s) were not JSON and were skipped (a crash cut them short?)")
+    if not any(f.n for f in files):
+        lines = sum(f.stats.lines for f in files)
+        raise AnalysisError(
+            f"{', '.join(map(str, paths))}: no step records ({lines} lines read): was the run "
+            "sampled (OTEL_TUNIX_SAMPLING_RATE) and did it reach its first step?"
+        )
+    for f in files:
+        if any(a.n and a.session is None for a in f.scopes.values()):
+            notes.append(
+                f"{f.path.name}: no session line (the run did not shut down cleanly?): step "
+                "counts and steps/s come from the recorded steps only"
+            )
+    by_scope: dict[str, list[_ScopeAcc]] = {}
+    for f in files:
+        for a in f.scopes.values():
+            if a.n:
+                by_scope.setdefault(a.scope, []).append(a)
+    scopes = [_scope_stats(accs) for accs in by_scope.values()]
+    goodputs = [_file_goodput(f) for f in files]
+    pooled = Goodput()
+    for g in goodputs:
+        pooled.add(g)
+    anomalies: list[Anomaly] = []
+    count = 0
+    for f in files:
+        found, n = _anomalies(f)
+        anomalies.extend(found)
+        count += n
+    anomalies.sort(key=lambda a: -a.excess_sec)
+    ranks = _rank_table(files, goodputs) if len(files) > 1 else []
+    slowest = [r.rank for r in ranks[: min(3, len(ranks))]] if ranks else []
+    return RunSummary(
+        source=str(path),
+        files=[str(p) for p in paths],
+        scopes=scopes,
+        goodput=pooled,
+        anomalies=anomalies[:MAX_LISTED_ANOMALIES],
+        anomaly_count=count,
+        ranks=ranks,
+        slowest_ranks=slowest,
+        notes=notes,
+        bad_lines=bad,
+    )
+
+
+# --- terminal rendering ------------------------------------------------------------------------
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f}"
+
+
+def _pc(x: float) -> str:
+    return f"{x * 100:.1f}"
+
+
+def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: int = 10) -> None:
+    """Print the summary as ``rich`` tables (the ``cli`` extra); fits 80 columns."""
+    try:
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise AnalysisError("the summary tables need rich: pip install 'otel-tunix[cli]'") from exc
+    con = console or Console()
+
+    left = {"kind", "scope", "grew most (ms)"}
+
+    def table(title: str, *cols: str) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
+        for i, col in enumerate(cols):
+            t.add_column(col, justify="left" if i == 0 or col in left else "right", no_wrap=i == 0)
+        return t
+
+    con.print(f"[bold]run[/]: {summary.source}")
+    if len(summary.files) > 1 or summary.files[0] != summary.source:
+        for f in summary.files:
+            con.print(f"  {f}")
+
+    for s in summary.scopes:
+        t = table(
+            f"{s.scope}: {s.steps} steps, {s.steps_per_sec:.2f} steps/s, "
+            f"{s.sampled_steps} sampled (times in ms per sampled step)",
+            "component", "kind", "mean", "p50", "p95", "% step", "steps",
+        )  # fmt: skip
+        for c in s.components:
+            t.add_row(
+                c.name, c.kind, _ms(c.mean_sec), _ms(c.p50_sec), _ms(c.p95_sec),
+                _pc(c.share), str(c.steps),
+            )  # fmt: skip
+        t.add_section()
+        for kind, d, style in (
+            ("busy", s.busy, None),
+            ("blocked", s.blocked, "magenta"),
+            ("idle", s.idle, "yellow"),
+        ):
+            t.add_row(
+                f"total {kind}", kind, _ms(d.mean), _ms(d.p50), _ms(d.p95), _pc(d.share), "",
+                style=style,
+            )  # fmt: skip
+        t.add_row(
+            "step", "", _ms(s.step.mean), _ms(s.step.p50), _ms(s.step.p95), "100.0",
+            str(s.sampled_steps), style="bold",
+        )  # fmt: skip
+        con.print(t)
+
+    g = summary.goodput
+    gt = table(
+        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time",
+        "where the time went", "seconds", "% of wall",
+    )  # fmt: skip
+    d = g.denominator_sec
+    gt.add_row("productive", f"{g.productive_sec:.3f}", _pc(g.goodput), style="green")
+    for k in gp.BADPUT:
+        v = g.badput_sec.get(k, 0.0)
+        gt.add_row(gp.LABELS[k], f"{v:.3f}", _pc(v / d if d > 0 else 0.0))
+    con.print(gt)
+
+    if summary.anomaly_count and max_anomalies:
+        shown = min(max_anomalies, len(summary.anomalies))
+        ranked = any(a.rank is not None for a in summary.anomalies)
+        at = table(
+            f"Anomalous steps: {summary.anomaly_count} slower than median + {MAD_FACTOR:g}·MAD "
+            f"(slowest {shown})",
+            "scope", *(("rank",) if ranked else ()), "step", "ms", "limit ms", "grew most (ms)",
+        )  # fmt: skip
+        for a in summary.anomalies[:shown]:
+            grew = ""
+            if a.component:
+                grew = f"{a.component.removesuffix(' (busy)')} +{a.component_excess_sec * 1e3:.1f}"
+            if a.first_step:
+                grew += " (first step)"
+            rank = (str(a.rank) if a.rank is not None else "",) if ranked else ()
+            at.add_row(
+                a.scope, *rank, str(a.step), f"{a.step_time_sec * 1e3:.1f}",
+                f"{a.threshold_sec * 1e3:.1f}", grew.strip(),
+            )  # fmt: skip
+        con.print(at)
+    elif not summary.anomaly_count:
+        con.print(f"No anomalous steps (none slower than median + {MAD_FACTOR:g}·MAD).\n")
+
+    if summary.ranks:
+        rt = table(
+            "Ranks, slowest first (mean step time of the main scope, ms): slowest "
+            + ", ".join(map(str, summary.slowest_ranks)),
+            "rank", "scope", "steps", "mean", "p50", "p95", "vs median", "goodput %",
+        )  # fmt: skip
+        for r in summary.ranks:
+            rt.add_row(
+                "" if r.rank is None else str(r.rank), r.scope, str(r.sampled_steps),
+                _ms(r.mean_step_sec), _ms(r.p50_step_sec), _ms(r.p95_step_sec),
+                f"{r.slowdown * 100:+.1f}%", _pc(r.goodput),
+                style="bold red" if r.straggler else None,
+            )  # fmt: skip
+        con.print(rt)
+    for n in [*summary.notes, *g.notes]:
+        con.print(f"[dim]note: {n}[/]")

@@ -1,0 +1,107 @@
+"""Helpers of the analysis tests: run folders made by the real SDK (``otel_tunix.configure``
++ ``step`` / ``component`` + ``time.sleep``) and hand-written JSONL files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import otel_tunix
+from otel_tunix.testing import reset
+
+
+@dataclass(frozen=True)
+class Sleeps:
+    """The sleeps of :func:`make_run`, in seconds."""
+
+    startup: float = 0.050  # configure() -> first step
+    data: float = 0.010  # train_data_load (blocked), every step
+    compute: float = 0.020  # train_step_compute (busy), every step
+    first_extra: float = 0.060  # more compute in step 0 ("compilation")
+    slow_extra: float = 0.080  # more compute in the slow step
+    checkpoint: float = 0.030  # checkpoint_save, in the checkpoint step
+    eval: float = 0.015  # eval_step_compute, per eval step
+    gap: float = 0.040  # outside any step, after step `gap_after`
+
+
+SLEEPS = Sleeps()
+STEPS = 12
+SLOW_STEP = 5
+CHECKPOINT_STEP = 9
+GAP_AFTER = 6
+EVAL_STEPS = 2
+
+
+def loss_at(n: int) -> float:
+    """The loss that :func:`make_run` logs at step ``n``."""
+    return 10.0 / (n + 1)
+
+
+def make_run(
+    out_dir: Path,
+    *,
+    run_id: str = "known-sleeps",
+    sleeps: Sleeps = SLEEPS,
+    steps: int = STEPS,
+    slow: float | None = None,
+    sampling_rate: int | None = None,
+) -> Path:
+    """A real run with known sleeps; returns the run folder.
+
+    Train steps 0..steps-1: ``train_data_load`` (blocked, ``data``) then
+    ``train_step_compute`` (busy, ``compute``; plus ``first_extra`` in step 0 and
+    ``slow_extra`` in step ``SLOW_STEP``); ``checkpoint_save`` in step ``CHECKPOINT_STEP``;
+    a ``gap`` outside any step after step ``GAP_AFTER``; then ``EVAL_STEPS`` eval steps of
+    ``eval_step_compute``. ``slow`` adds that much to every compute (a slow rank).
+    Logs ``loss`` (:func:`loss_at`) and ``learning_rate`` every step.
+    """
+    otel_tunix.configure(
+        service_name="analysis-test",
+        output_dir=out_dir,
+        run_id=run_id,
+        perf=otel_tunix.PerformanceMetricsConfig(
+            sampling_rate=sampling_rate, perfetto_trace_dir="none"
+        ),
+    )
+    logger = otel_tunix.get_metrics_logger()
+    time.sleep(sleeps.startup)
+    for n in range(steps):
+        with otel_tunix.step(n, scope="train"):
+            with otel_tunix.component("train_data_load", blocked=True):
+                time.sleep(sleeps.data)
+            with otel_tunix.component("train_step_compute"):
+                extra = sleeps.first_extra if n == 0 else 0.0
+                extra += sleeps.slow_extra if n == SLOW_STEP else 0.0
+                time.sleep(sleeps.compute + extra + (slow or 0.0))
+            if n == CHECKPOINT_STEP:
+                with otel_tunix.component("checkpoint_save"):
+                    time.sleep(sleeps.checkpoint)
+        logger.log_dict({"loss": loss_at(n), "learning_rate": 1e-3 * (1 - n / steps)}, step=n)
+        if n == GAP_AFTER:
+            time.sleep(sleeps.gap)
+    for i in range(EVAL_STEPS):
+        with otel_tunix.step(i, scope="eval"):
+            with otel_tunix.component("eval_step_compute"):
+                time.sleep(sleeps.eval)
+    logger.log("eval/loss", 0.5, step=steps - 1)
+    otel_tunix.shutdown()
+    reset()
+    return out_dir
+
+
+def write_jsonl(
+    path: Path, records: Iterable[Mapping[str, object] | str], *, newline_at_end: bool = True
+) -> Path:
+    """Write records (dicts, or raw text lines) as JSONL; a ``.gz`` path writes gzip."""
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    text = "\n".join(lines) + ("\n" if newline_at_end and lines else "")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path

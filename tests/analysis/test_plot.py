@@ -1,0 +1,288 @@
+"""``otel-tunix plot``: the data drawn, the PNG written, the error messages."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+Image = pytest.importorskip("PIL.Image")
+
+from analysis_runs import STEPS, loss_at  # noqa: E402
+
+from otel_tunix.analysis import plotting  # noqa: E402
+from otel_tunix.analysis.plotting import PlotSpec, load_runs, watch  # noqa: E402
+from otel_tunix.cli import main  # noqa: E402
+
+
+def drawn(fig: Any) -> dict[tuple[str, str], np.ndarray]:
+    """``{(panel title, legend label): xy}`` of every line in the figure."""
+    out = {}
+    for ax in fig.axes:
+        for line in ax.lines:
+            out[(ax.get_title(loc="left"), line.get_label())] = line.get_xydata()
+    return out
+
+
+def assert_real_png(path: Path, min_colors: int = 3) -> None:
+    """The file decodes as a PNG with a sensible size and is not one flat colour."""
+    with Image.open(path) as img:
+        assert img.format == "PNG"
+        w, h = img.size
+        assert w >= 300 and h >= 200
+        pixels = np.asarray(img.convert("RGB"))
+    assert pixels.std() > 5
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) >= min_colors
+    # something other than white and black: the coloured lines
+    rgb = pixels.reshape(-1, 3).astype(int)
+    assert ((rgb.max(axis=1) - rgb.min(axis=1)) > 60).sum() > 50
+
+
+@pytest.fixture
+def spy_figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Figures that ``save_plot`` writes, for checking what the CLI drew."""
+    saved: list[Any] = []
+    real = plotting.save_plot
+
+    def spy(fig: Any, path: Any, **kwargs: Any) -> Path:
+        saved.append(fig)
+        return real(fig, path, **kwargs)
+
+    monkeypatch.setattr(plotting, "save_plot", spy)
+    return saved
+
+
+def rolling(values: list[float], window: int) -> list[float]:
+    return [float(np.mean(values[max(0, i - window + 1) : i + 1])) for i in range(len(values))]
+
+
+def test_two_runs_nested_gzip_smoothed(
+    tmp_path: Path, jsonl_writer: Callable[..., Path], spy_figures: list[Any], capsys: Any
+) -> None:
+    a_loss = [5.0, 4.0, 6.0, 2.0, 1.0, 3.0]
+    b_loss = [9.0, 7.0, 5.0, 3.0]
+    jsonl_writer(  # the seed's layout: nested dicts, a val record now and then
+        tmp_path / "expA" / "metrics.jsonl",
+        [{"step": n, "metrics": {"train": {"loss": v}}} for n, v in enumerate(a_loss)]
+        + [{"step": 5, "_type": "epoch_end", "metrics": {"val": {"loss": 2.5}}}],
+    )
+    jsonl_writer(  # otel-tunix's layout, gzip, a meta header that names the run
+        tmp_path / "expB" / "metrics.jsonl.gz",
+        [{"type": "meta", "time": 0.0, "run": "baseline"}]
+        + [{"step": 10 * n, "metrics": {"train.loss": v}} for n, v in enumerate(b_loss)],
+    )
+    out = tmp_path / "plots" / "loss.png"
+    rc = main(
+        ["plot", "--input", str(tmp_path / "expA" / "metrics.jsonl"), str(tmp_path / "expB"),
+         "--metrics", "train.loss", "val.loss", "--smooth", "3", "--out", str(out)]
+    )  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert "wrote" in capsys.readouterr().out
+    (fig,) = spy_figures
+    lines = drawn(fig)
+    assert set(lines) == {("train.loss", "expA"), ("train.loss", "baseline"), ("val.loss", "expA")}
+    np.testing.assert_allclose(lines[("train.loss", "expA")][:, 0], range(6))
+    np.testing.assert_allclose(lines[("train.loss", "expA")][:, 1], rolling(a_loss, 3))
+    np.testing.assert_allclose(lines[("train.loss", "baseline")][:, 0], [0, 10, 20, 30])
+    np.testing.assert_allclose(lines[("train.loss", "baseline")][:, 1], rolling(b_loss, 3))
+    np.testing.assert_allclose(lines[("val.loss", "expA")], [[5, 2.5]])
+    assert fig.axes[0].get_legend() is not None
+    assert_real_png(out)
+
+
+def test_default_metrics_from_a_real_run(known_run: Path, spy_figures: list[Any]) -> None:
+    assert main(["plot", str(known_run)]) == 0
+    (fig,) = spy_figures
+    lines = drawn(fig)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert titles == ["loss", "eval/loss", "learning_rate", "perf/train/step_time_sec"]
+    xy = lines[("loss", "known-sleeps")]
+    np.testing.assert_allclose(xy[:, 0], range(STEPS))
+    np.testing.assert_allclose(xy[:, 1], [loss_at(n) for n in range(STEPS)])
+    step_times = lines[("perf/train/step_time_sec", "known-sleeps")][:, 1]
+    assert len(step_times) == STEPS and (step_times >= 0.029).all()  # data + compute sleeps
+    assert_real_png(known_run / "metrics.png")
+
+
+def test_slash_names_x_key_time_and_thinning(
+    tmp_path: Path, jsonl_writer: Callable[..., Path]
+) -> None:
+    path = jsonl_writer(
+        tmp_path / "r" / "metrics.jsonl",
+        [
+            {"step": n, "time": 100.0 + n / 2, "metrics": {"rewards/mean": float(n)}}
+            for n in range(1000)
+        ],
+    )
+    spec = PlotSpec(metrics=["rewards/mean"], x_key="time", max_points=100)
+    (table,) = load_runs([path], spec)
+    table.poll()
+    rendered = plotting.render([table], spec)
+    xy = drawn(rendered.figure)[("rewards/mean", "r")]
+    assert xy[0].tolist() == [0.0, 0.0]  # seconds since the first record
+    assert xy[-1].tolist() == [499.5, 999.0]  # the last point is always kept
+    assert 100 <= len(xy) <= 101
+    np.testing.assert_allclose(np.diff(xy[:-1, 1]), 10.0)  # every 10th point
+    assert rendered.figure.axes[-1].get_xlabel() == "seconds since the first record"
+
+
+def test_live_redraws_as_the_file_grows(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"type": "meta", "time": 0, "run": "live"}\n')
+    out = tmp_path / "live.png"
+    spec = PlotSpec(metrics=["loss"])
+    tables = load_runs([path], spec)
+    updates: list[int] = []
+
+    def writer() -> None:
+        for n in range(6):
+            with path.open("a") as f:
+                f.write(f'{{"step": {n}, "metrics": {{"loss": {n * n}}}}}\n')
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    deadline = time.monotonic() + 20
+    last = watch(
+        tables,
+        spec,
+        out=out,
+        interval=0.02,
+        on_update=lambda r: updates.append(len(r.frames[0])),
+        stop=lambda: tables[0].rows >= 6 or time.monotonic() > deadline,
+    )
+    thread.join()
+    assert last is not None and updates and updates[-1] == 6
+    assert len(updates) >= 2  # drawn more than once, as the rows came in
+    np.testing.assert_allclose(drawn(last.figure)[("loss", "live")], [[n, n * n] for n in range(6)])
+    assert_real_png(out)
+
+
+def test_cli_live_waits_for_records_then_writes(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("")
+    spec = PlotSpec()
+    tables = load_runs([path], spec)
+    errors: list[str] = []
+    result = watch(tables, spec, interval=0.01, stop=lambda: True, on_error=errors.append)
+    assert result is None and not errors  # an empty file is waited for, not an error
+
+
+def test_unknown_metric_lists_what_exists(
+    tmp_path: Path, jsonl_writer: Callable[..., Path], capsys: Any
+) -> None:
+    path = jsonl_writer(
+        tmp_path / "metrics.jsonl", [{"step": 0, "metrics": {"loss": 1, "rewards/mean": 2}}]
+    )
+    assert main(["plot", str(path), "--metrics", "val.loss", "--out", "x.png"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("otel-tunix plot: error: unknown metric 'val.loss'")
+    assert "metrics that exist: loss, rewards/mean" in err
+    assert not Path("x.png").exists()
+
+
+def test_empty_file_and_no_common_metric(
+    tmp_path: Path, jsonl_writer: Callable[..., Path], capsys: Any
+) -> None:
+    empty = jsonl_writer(tmp_path / "a" / "metrics.jsonl", [{"type": "meta", "time": 0}])
+    assert main(["plot", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "no metric records (1 lines read)" in err and str(empty) in err
+    other = jsonl_writer(tmp_path / "b" / "metrics.jsonl", [{"step": 0, "metrics": {"acc": 1}}])
+    assert main(["plot", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "none of the common metrics" in err and "--metrics: acc" in err
+    assert main(["plot", str(empty), str(other), "--metrics", "acc"]) == 2
+    assert "the other inputs hold: acc" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give one or more metrics files"),
+        (["nope/metrics.jsonl"], "nope/metrics.jsonl: no such file or directory"),
+        (["{run}", "--smooth", "-2"], "--smooth must be 0 or more"),
+        (["{run}", "--x-key", "epoch"], "no 'epoch' field for the x axis"),
+        (["{run}", "--interval", "0"], "--interval must be positive"),
+        (["{run}", "--bogus"], "unrecognized arguments: --bogus"),
+        (["{run}", "--out", "x.jpgx"], "--out x.jpgx: unknown image type; use one of: "),
+    ],
+)
+def test_errors_are_one_line_and_status_2(
+    tmp_path: Path, jsonl_writer: Callable[..., Path], capsys: Any, args: list[str], message: str
+) -> None:
+    run = tmp_path / "run"
+    jsonl_writer(run / "metrics.jsonl", [{"step": 0, "metrics": {"loss": 1.0}}])
+    assert main(["plot", *[a.format(run=run) for a in args]]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_show_without_a_display_is_a_clear_error(
+    tmp_path: Path, jsonl_writer: Callable[..., Path], capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib
+
+    monkeypatch.setattr(matplotlib, "get_backend", lambda: "agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(plt, "get_backend", lambda: "agg")
+    path = jsonl_writer(tmp_path / "metrics.jsonl", [{"step": 0, "metrics": {"loss": 1.0}}])
+    assert main(["plot", str(path), "--show"]) == 2
+    assert "--show needs a display" in capsys.readouterr().err
+    out = tmp_path / "still.png"
+    assert main(["plot", str(path), "--show", "--out", str(out)]) == 0
+    assert out.exists()
+
+
+def test_cli_live_until_ctrl_c(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"step": 0, "metrics": {"loss": 4.0}}\n')
+    out = tmp_path / "live.png"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_tunix.cli", "plot", str(path.parent), "--live",
+         "--interval", "0.05", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert out.exists(), proc.stderr.read() if proc.poll() is not None else "no plot"
+        first = out.stat().st_mtime_ns
+        with path.open("a") as f:
+            f.write('{"step": 1, "metrics": {"loss": 2.0}}\n')
+        while out.stat().st_mtime_ns == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert stdout.count("updated") == 2 and "(2 rows)" in stdout
+    assert_real_png(out)
+
+
+def test_missing_extra_is_a_clear_error(
+    tmp_path: Path, jsonl_writer: Callable[..., Path], capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    path = jsonl_writer(tmp_path / "metrics.jsonl", [{"step": 0, "metrics": {"loss": 1.0}}])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert main(["plot", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "plots need pandas and matplotlib: pip install 'otel-tunix[analysis]'" in err

@@ -1,0 +1,179 @@
+"""``otel-tunix summary`` against runs made with known sleeps."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from analysis_runs import (
+    CHECKPOINT_STEP,
+    EVAL_STEPS,
+    SLEEPS,
+    SLOW_STEP,
+    STEPS,
+    Sleeps,
+    make_run,
+)
+
+from otel_tunix.analysis import goodput as gp
+from otel_tunix.analysis.readers import iter_records
+from otel_tunix.analysis.summary import RunSummary, ScopeStats, summarize
+from otel_tunix.cli import main
+
+SLACK = 0.004  # scheduling noise per sleep (the machine is shared)
+
+
+def near(
+    value: float, expected: float, *, count: int = 1, slack: float = SLACK, low: float = 0.0005
+) -> bool:
+    """A sum of ``count`` sleeps: never shorter (``low`` for a difference of sleeps), and
+    not much longer."""
+    return expected - low <= value <= expected + count * slack + 0.01
+
+
+def scope(summary: RunSummary, name: str) -> ScopeStats:
+    (s,) = [s for s in summary.scopes if s.scope == name]
+    return s
+
+
+@pytest.fixture(scope="module")
+def summary(known_run: Path) -> RunSummary:
+    return summarize(known_run)
+
+
+def test_breakdown_matches_the_sleeps_and_the_file(known_run: Path, summary: RunSummary) -> None:
+    train = scope(summary, "train")
+    assert (train.steps, train.sampled_steps) == (STEPS, STEPS)
+    comps = {(c.name, c.kind): c for c in train.components}
+    assert set(comps) == {
+        ("train_data_load", "blocked"),
+        ("train_step_compute", "busy"),
+        ("checkpoint_save", "busy"),
+    }
+    data = comps[("train_data_load", "blocked")]
+    assert near(data.mean_sec, SLEEPS.data) and data.steps == STEPS
+    compute = comps[("train_step_compute", "busy")]
+    compute_total = STEPS * SLEEPS.compute + SLEEPS.first_extra + SLEEPS.slow_extra
+    assert near(compute.mean_sec * STEPS, compute_total, count=STEPS)
+    assert near(compute.p50_sec, SLEEPS.compute)
+    ckpt = comps[("checkpoint_save", "busy")]
+    assert ckpt.steps == 1 and near(ckpt.p50_sec, SLEEPS.checkpoint)
+    assert ckpt.mean_sec == pytest.approx(ckpt.p50_sec / STEPS)
+    assert near(train.idle.mean, 0.0)
+
+    # the same numbers as the SDK's own per-step counters in spans.jsonl
+    lines = [r for r in iter_records(known_run / "spans.jsonl") if r.get("scope") == "train"]
+    times = np.array([r["step_time_sec"] for r in lines if r["type"] == "step"])
+    assert train.step.mean == pytest.approx(times.mean())
+    assert train.step.p50 == pytest.approx(np.percentile(times, 50))
+    assert train.step.p95 == pytest.approx(np.percentile(times, 95))
+    blocked = np.array([r["blocked_time_sec"] for r in lines if r["type"] == "step"])
+    assert train.blocked.share == pytest.approx(blocked.mean() / times.mean())
+    (session,) = [r for r in lines if r["type"] == "session"]
+    assert train.steps_per_sec == pytest.approx(session["steps_per_sec"])
+
+    ev = scope(summary, "eval")
+    assert ev.sampled_steps == EVAL_STEPS and near(ev.step.mean, SLEEPS.eval)
+
+
+def test_goodput_and_badput(summary: RunSummary) -> None:
+    g = summary.goodput
+    bad = g.badput_sec
+    s: Sleeps = SLEEPS
+    assert s.startup - 0.0005 <= bad[gp.STARTUP] <= s.startup + 0.5  # configure() is in it
+    # the first step's time beyond the median: a difference of sleeps, so either way
+    assert near(bad[gp.COMPILATION], s.first_extra, count=3, low=0.01)
+    assert near(bad[gp.CHECKPOINTING], s.checkpoint)
+    assert near(bad[gp.EVALUATION], EVAL_STEPS * s.eval, count=EVAL_STEPS)
+    assert near(bad[gp.DATA_WAIT], STEPS * s.data, count=STEPS)
+    assert bad[gp.OTHER_BLOCKED] == 0.0
+    assert bad[gp.IDLE] >= s.gap - 0.0005  # the sleep outside any step
+    productive = STEPS * s.compute + s.slow_extra  # the first step's extra is compilation
+    assert near(g.productive_sec, productive, count=STEPS + 3, low=0.01)
+    assert g.productive_sec + sum(bad.values()) == pytest.approx(g.wall_time_sec)
+    assert g.goodput == pytest.approx(g.productive_sec / g.wall_time_sec)
+    assert not g.notes
+
+
+def test_anomalous_steps(summary: RunSummary) -> None:
+    found = {a.step: a for a in summary.anomalies if a.scope == "train"}
+    assert {0, SLOW_STEP, CHECKPOINT_STEP} <= set(found)
+    assert found[0].first_step and not found[SLOW_STEP].first_step
+    assert found[SLOW_STEP].component == "train_step_compute (busy)"
+    assert near(found[SLOW_STEP].component_excess_sec, SLEEPS.slow_extra)
+    assert found[CHECKPOINT_STEP].component == "checkpoint_save (busy)"
+    slow = found[SLOW_STEP]
+    assert slow.step_time_sec > slow.threshold_sec and slow.rank is None
+    assert summary.anomaly_count >= 3
+
+
+def test_cli_tables_and_json(known_run: Path, capsys: Any) -> None:
+    assert main(["summary", str(known_run)]) == 0
+    out = capsys.readouterr().out
+    for text in ("train_step_compute", "checkpoint_save", "Goodput", "data wait",
+                 "Anomalous steps", "steps/s"):  # fmt: skip
+        assert text in out
+    assert main(["summary", str(known_run / "spans.jsonl"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {s["scope"] for s in data["scopes"]} == {"train", "eval"}
+    assert 0 < data["goodput"]["goodput"] < 1
+    assert set(data["goodput"]["badput_sec"]) == set(gp.BADPUT)
+    assert data["anomalies"]["count"] >= 3 and data["ranks"] == []
+
+
+def test_ranks_name_the_slowest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "job"
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        make_run(run, run_id="job", steps=6, slow=0.03 if rank == 1 else None)
+    assert sorted(p.name for p in run.glob("spans*.jsonl")) == [
+        "spans-rank0.jsonl",
+        "spans-rank1.jsonl",
+        "spans-rank2.jsonl",
+    ]
+    summary = summarize(run)
+    assert summary.ranks[0].rank == 1 and summary.slowest_ranks[0] == 1
+    slowest = summary.ranks[0]
+    assert slowest.straggler and slowest.slowdown > 0.3
+    assert near(slowest.p50_step_sec, SLEEPS.data + SLEEPS.compute + 0.03)
+    assert scope(summary, "train").sampled_steps == 18  # pooled over the ranks
+    assert {a.rank for a in summary.anomalies} <= {0, 1, 2}
+    assert not any("start-up unknown" in n for n in summary.goodput.notes)  # run lines
+    assert main(["summary", str(run)]) == 0
+
+
+def test_sampled_run_is_scaled(tmp_path: Path) -> None:
+    summary = summarize(make_run(tmp_path / "sampled", sampling_rate=3))
+    train = scope(summary, "train")
+    assert (train.steps, train.sampled_steps) == (STEPS, 4)
+    assert any("scaled up" in n for n in summary.goodput.notes)
+    g = summary.goodput
+    assert g.productive_sec + sum(g.badput_sec.values()) == pytest.approx(g.wall_time_sec)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d, w: d / "missing", "no such file or directory"),
+        (lambda d, w: w(d / "m" / "metrics.jsonl", [{"step": 0}]).parent, "no spans file here"),
+        (
+            lambda d, w: w(d / "spans.jsonl", [{"type": "session", "scope": "train"}]),
+            "no step records (1 lines read)",
+        ),
+    ],
+)
+def test_errors_give_status_2(
+    tmp_path: Path,
+    jsonl_writer: Callable[..., Path],
+    capsys: Any,
+    make: Callable[..., Path],
+    message: str,
+) -> None:
+    assert main(["summary", str(make(tmp_path, jsonl_writer))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("otel-tunix summary: error: ") and message in err
