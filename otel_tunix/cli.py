@@ -20,6 +20,7 @@ _USAGE = """usage: otel-tunix COMMAND [options]
 
 commands:
   demo      train a small instrumented PyTorch model on the CPU and show the breakdown
+            (--rl: an asynchronous GRPO-style loop with rollout workers and a learner)
   plot      plot metrics of one or more runs (metrics.jsonl, plain or .gz) to a PNG
   summary   step-time breakdown, goodput, anomalous steps and ranks of a finished run
   convert   convert a run's spans JSONL to a Perfetto trace
@@ -299,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command == "demo":
+        if "--rl" in rest:
+            from otel_tunix.demo_rl import main as rl_main
+
+            return rl_main([a for a in rest if a != "--rl"])
         from otel_tunix.demo import main as demo_main
 
         return demo_main(rest)

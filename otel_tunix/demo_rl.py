@@ -1,0 +1,408 @@
+"""``otel-tunix demo --rl``: a small GRPO-style RL loop in PyTorch on the CPU, instrumented.
+
+A tiny GRU language model learns to count up from a prompt token (reward: the share of
+completion tokens equal to ``prompt + position + 1`` mod the vocabulary). Two loops run:
+
+* **Actor** (scope ``rl/actor``, its own thread): per step it waits until the published
+  weights are recent enough, fans ``rollout`` out over a thread pool of rollout workers
+  (``generate``, one prompt's group of completions each), runs ``reference_inference`` with
+  the frozen initial model, scores completions (``reward``), normalises rewards within each
+  group (``advantage_computation``) and puts the batch on a queue. Its waits for weights (and
+  for room in the queue) are outside any component: that is the actor's **idle** time.
+* **Learner** (scope ``rl/learner``, the main thread): ``train_queue_wait`` (blocked) for the
+  next batch, ``actor_train_step`` (clipped policy-gradient loss with a KL penalty; its
+  ``forward`` / ``backward`` / ``optimizer_step`` come from
+  :mod:`otel_tunix.instrumentation.torch`), then ``weight_sync`` publishes the new weights.
+
+Rollouts of step n wait for weights of version n - ``--max-staleness`` at least, so they are
+never more than that many updates old. ``--sync`` runs actor and learner in turn in one
+thread instead. The summary shows both scopes, the actor's idle time and the learner's
+blocked time. Needs the ``demo`` extra (torch, rich).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import copy
+import math
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import otel_tunix
+from otel_tunix.accounting import ScopeSession
+
+ACTOR = "rl/actor"
+LEARNER = "rl/learner"
+
+
+@dataclass(kw_only=True)
+class RLDemoConfig:
+    """Knobs of the RL demo."""
+
+    steps: int = 60
+    prompts_per_step: int = 4
+    group_size: int = 8
+    completion_length: int = 6
+    vocab: int = 12
+    hidden: int = 64
+    rollout_workers: int = 2
+    max_staleness: int = 1
+    lr: float = 1e-2
+    kl_coef: float = 0.02
+    clip: float = 0.2
+    sync: bool = False
+    seed: int = 0
+
+
+@dataclass
+class Batch:
+    """One actor step's output: what the learner trains on."""
+
+    step: int
+    version: int
+    tokens: Any  # (B, 1 + L): prompt token then completion
+    old_logps: Any  # (B, L) behaviour-policy log-probs of the completion tokens
+    ref_logps: Any  # (B, L)
+    rewards: Any  # (B,)
+    advantages: Any  # (B,)
+
+
+def _policy(cfg: RLDemoConfig) -> Any:
+    import torch
+    from torch import nn
+
+    class TinyLM(nn.Module):
+        """Embedding → GRU → logits; ``forward(tokens)`` gives next-token logits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+            self.gru = nn.GRU(cfg.hidden, cfg.hidden, batch_first=True)
+            self.head = nn.Linear(cfg.hidden, cfg.vocab)
+
+        def forward(self, tokens: torch.Tensor, hidden: Any = None) -> Any:
+            out, hidden = self.gru(self.embed(tokens), hidden)
+            return self.head(out), hidden
+
+    return TinyLM()
+
+
+def _token_logps(model: Any, tokens: Any) -> Any:
+    """Log-probs of tokens[:, 1:] given the prefix (teacher forcing)."""
+    logits, _ = model(tokens[:, :-1])
+    logps = logits.log_softmax(-1)
+    return logps.gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def reward_fn(tokens: Any, vocab: int) -> Any:
+    """Share of completion positions t holding ``(prompt + t + 1) % vocab``."""
+    import torch
+
+    prompt = tokens[:, :1]
+    steps = torch.arange(1, tokens.shape[1], device=tokens.device).unsqueeze(0)
+    target = (prompt + steps) % vocab
+    return (tokens[:, 1:] == target).float().mean(-1)
+
+
+class _Shared:
+    """Weights published by the learner, read by the actor (a reference swap: no lock)."""
+
+    def __init__(self, cfg: RLDemoConfig, state: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.version = -1
+        self.model: Any = None
+        self._changed = threading.Condition()
+        self.publish(state)
+
+    def publish(self, state: dict[str, Any]) -> None:
+        """A fresh inference copy of the weights becomes the actor's model."""
+        model = _policy(self.cfg).eval().requires_grad_(False)
+        model.load_state_dict(state)
+        with self._changed:
+            self.model = model
+            self.version += 1
+            self._changed.notify_all()
+
+    def wait_for(self, version: int) -> None:
+        """Block until weights of at least ``version`` are published."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.version >= version)
+
+
+class Actor:
+    """Produces rollout batches (scope ``rl/actor``)."""
+
+    def __init__(self, cfg: RLDemoConfig, shared: _Shared, reference: Any) -> None:
+        import torch
+
+        self.cfg = cfg
+        self.shared = shared
+        self.reference = reference
+        self.pool = ThreadPoolExecutor(cfg.rollout_workers, thread_name_prefix="rollout-worker")
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    def _generate(self, model: Any, prompt: int, seed: int) -> tuple[Any, Any]:
+        import torch
+
+        with otel_tunix.component("generate"), torch.no_grad():
+            gen = torch.Generator().manual_seed(seed)
+            g, length = self.cfg.group_size, self.cfg.completion_length
+            tokens = torch.full((g, 1), prompt, dtype=torch.long)
+            logps, hidden, inp = [], None, tokens
+            for _ in range(length):
+                logits, hidden = model(inp, hidden)
+                dist = logits[:, -1].log_softmax(-1)
+                nxt = torch.multinomial(dist.exp(), 1, generator=gen)
+                logps.append(dist.gather(-1, nxt))
+                tokens = torch.cat([tokens, nxt], 1)
+                inp = nxt
+            return tokens, torch.cat(logps, 1)
+
+    def step(self, n: int) -> Batch:
+        """One actor step: rollout, reference inference, reward, advantages."""
+        import torch
+
+        cfg = self.cfg
+        model, version = self.shared.model, self.shared.version
+        prompts = torch.randint(0, cfg.vocab, (cfg.prompts_per_step,), generator=self.gen)
+        with otel_tunix.component("rollout"):
+            futures = [
+                self.pool.submit(
+                    contextvars.copy_context().run, self._generate, model, int(p), n * 1000 + i
+                )
+                for i, p in enumerate(prompts)
+            ]
+            groups = [f.result() for f in futures]
+        tokens = torch.cat([t for t, _ in groups])
+        old_logps = torch.cat([lp for _, lp in groups])
+        with otel_tunix.component("reference_inference"), torch.no_grad():
+            ref_logps = _token_logps(self.reference, tokens)
+        with otel_tunix.component("reward"):
+            rewards = reward_fn(tokens, cfg.vocab)
+        with otel_tunix.component("advantage_computation"):
+            grouped = rewards.view(cfg.prompts_per_step, cfg.group_size)
+            adv = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
+        return Batch(n, version, tokens, old_logps, ref_logps, rewards, adv.flatten())
+
+    def run(self, out: queue.Queue[Batch | None], steps: int) -> None:
+        """The asynchronous actor loop: ``steps`` batches onto ``out`` (``None`` on error)."""
+        try:
+            for n in range(steps):
+                with otel_tunix.step(n, scope=ACTOR):
+                    # Idle (no component open) while the learner is behind: rollouts of step
+                    # n use weights at most max_staleness updates old.
+                    self.shared.wait_for(n - self.cfg.max_staleness)
+                    out.put(self.step(n))
+        except BaseException:
+            out.put(None)
+            raise
+
+
+class Learner:
+    """Trains on rollout batches and publishes weights (scope ``rl/learner``)."""
+
+    def __init__(self, cfg: RLDemoConfig, policy: Any, shared: _Shared) -> None:
+        import torch
+
+        from otel_tunix.instrumentation import torch as ott
+
+        self.cfg = cfg
+        self.policy = ott.instrument_model(policy)
+        self.opt = ott.instrument_optimizer(torch.optim.Adam(policy.parameters(), lr=cfg.lr))
+        self.shared = shared
+        self.logger = otel_tunix.get_metrics_logger()
+
+    def close(self) -> None:
+        from otel_tunix.instrumentation import torch as ott
+
+        ott.uninstrument_model(self.policy)
+        ott.uninstrument_optimizer(self.opt)
+
+    def train(self, batch: Batch, n: int) -> dict[str, float]:
+        """``actor_train_step`` and ``weight_sync``; returns the step's metrics."""
+        import torch
+
+        cfg = self.cfg
+        with otel_tunix.component("actor_train_step"):
+            logps = _token_logps(self.policy, batch.tokens)
+            ratio = (logps - batch.old_logps).exp()
+            adv = batch.advantages.unsqueeze(1)
+            clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip)
+            pg = -torch.min(ratio * adv, clipped * adv).mean()
+            delta = batch.ref_logps - logps
+            kl = (delta.exp() - delta - 1).mean()  # k3 estimator, always >= 0
+            loss = pg + cfg.kl_coef * kl
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+        with otel_tunix.component("weight_sync"):
+            self.shared.publish(self.policy.state_dict())
+        return {
+            "loss": loss.item(),
+            "kl": kl.item(),
+            "rewards/mean": float(batch.rewards.mean()),
+            "rewards/std": float(batch.rewards.std()),
+            "rewards/max": float(batch.rewards.max()),
+            "advantages/mean": float(batch.advantages.mean()),
+            "pg_clipfrac": float(((ratio - 1).abs() > cfg.clip).float().mean()),
+            "completions/mean_length": float(cfg.completion_length),
+            "staleness": float(self.shared.version - 1 - batch.version),  # updates behind
+        }
+
+
+def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:
+    """Run the RL demo loop (instrumented when otel-tunix is configured); mean rewards."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    policy = _policy(cfg)
+    reference = copy.deepcopy(policy).eval()
+    shared = _Shared(cfg, policy.state_dict())
+    actor = Actor(cfg, shared, reference)
+    learner = Learner(cfg, policy, shared)
+    logger = otel_tunix.get_metrics_logger()
+    rewards: list[float] = []
+    q: queue.Queue[Batch | None] = queue.Queue(maxsize=max(1, cfg.max_staleness))
+    thread = None
+    if not cfg.sync:
+        thread = threading.Thread(
+            target=actor.run, args=(q, cfg.steps), name="rl-actor", daemon=True
+        )
+        thread.start()
+    try:
+        for n in range(cfg.steps):
+            if cfg.sync:
+                with otel_tunix.step(n, scope=ACTOR):
+                    q.put(actor.step(n))
+            with otel_tunix.step(n, scope=LEARNER):
+                with otel_tunix.component("train_queue_wait", blocked=True):
+                    batch = q.get()
+                if batch is None:
+                    raise RuntimeError("the actor thread failed")
+                metrics = learner.train(batch, n)
+            logger.log_dict(metrics, step=n)
+            rewards.append(metrics["rewards/mean"])
+            if progress is not None:
+                progress(n + 1, metrics["rewards/mean"])
+    finally:
+        if thread is not None:
+            thread.join(timeout=10)
+        actor.close()
+        learner.close()
+    return rewards
+
+
+def rollout_idle_and_learner_blocked(sessions: list[ScopeSession]) -> dict[str, float]:
+    """Mean seconds per step: the actor's idle time and the learner's blocked time."""
+    by_scope = {s.scope: s for s in sessions}
+    out = {}
+    actor, learner = by_scope.get(ACTOR), by_scope.get(LEARNER)
+    if actor is not None:
+        out["rollout_idle_sec"] = actor.mean(actor.idle_time_sec)
+        out["rollout_step_sec"] = actor.mean(actor.step_time_sec)
+    if learner is not None:
+        out["learner_blocked_sec"] = learner.mean(learner.blocked_time_sec)
+        out["learner_step_sec"] = learner.mean(learner.step_time_sec)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``otel-tunix demo --rl``."""
+    ap = argparse.ArgumentParser(prog="otel-tunix demo --rl", description=__doc__.splitlines()[0])
+    ap.add_argument("--rl", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=60, help="learner steps (default 60)")
+    ap.add_argument("--sampling-rate", type=int, default=None, help="record every N-th step")
+    ap.add_argument("--output-dir", default=None, help="run folder (default ./otel-tunix-runs/ID)")
+    ap.add_argument("--rollout-workers", type=int, default=2, help="rollout threads (default 2)")
+    ap.add_argument("--group-size", type=int, default=8, help="completions per prompt")
+    ap.add_argument(
+        "--max-staleness", type=int, default=1, help="batches the actor may run ahead (default 1)"
+    )
+    ap.add_argument("--sync", action="store_true", help="actor and learner in turn, one thread")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error("--steps must be at least 1")
+    if args.rollout_workers < 1 or args.group_size < 2 or args.max_staleness < 1:
+        ap.error("--rollout-workers and --max-staleness must be >= 1, --group-size >= 2")
+    try:
+        import torch
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+    except ImportError as exc:
+        ap.exit(
+            2,
+            f"otel-tunix demo --rl needs torch and rich: pip install 'otel-tunix[demo]' ({exc})\n",
+        )
+    torch.set_num_threads(1)  # the rollout workers are the parallelism here
+    cfg = RLDemoConfig(
+        steps=args.steps,
+        rollout_workers=args.rollout_workers,
+        group_size=args.group_size,
+        max_staleness=args.max_staleness,
+        sync=args.sync,
+    )
+    info = otel_tunix.configure(
+        service_name="otel-tunix-demo-rl",
+        perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=args.sampling_rate),
+        output_dir=args.output_dir,
+    )
+    console = Console()
+    mode = "synchronous" if cfg.sync else f"asynchronous, staleness <= {cfg.max_staleness}"
+    console.print(
+        f"[bold]otel-tunix RL demo[/]: run [cyan]{info.run_id}[/], {cfg.steps} learner steps, "
+        f"{cfg.rollout_workers} rollout workers, {mode}"
+    )
+    bar = (
+        nullcontext(None)
+        if args.no_progress
+        else Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("reward {task.fields[reward]:.3f}"),
+            console=console,
+            transient=True,
+        )
+    )
+    with bar as prog:
+        update = None
+        if prog is not None:
+            task = prog.add_task("GRPO", total=cfg.steps, reward=float("nan"))
+
+            def update(done: int, reward: float) -> None:
+                prog.update(task, completed=done, reward=reward)
+
+        rewards = run(cfg, progress=update)
+    sessions = otel_tunix.shutdown()
+    from otel_tunix.report import breakdown_table
+
+    console.print(breakdown_table(sessions, title="RL step-time breakdown"))
+    waits = rollout_idle_and_learner_blocked(sessions)
+    for label, key, step_key in (
+        ("rollout idle", "rollout_idle_sec", "rollout_step_sec"),
+        ("learner blocked", "learner_blocked_sec", "learner_step_sec"),
+    ):
+        if key in waits:
+            share = waits[key] / waits[step_key] if waits[step_key] > 0 else 0.0
+            console.print(
+                f"{label:<16} {waits[key] * 1e3:8.3f} ms/step  ({share * 100:.1f}% of the step)"
+            )
+    k = max(1, len(rewards) // 10)
+    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    console.print(f"mean reward {first:.3f} → {last:.3f} (first / last {k} steps)")
+    if not math.isfinite(last):
+        return 1
+    if info.output_dir is not None:
+        console.print(f"run folder: [cyan]{info.output_dir.resolve()}[/]")
+        for kind, path in info.files.items():
+            console.print(f"  {kind:<8} {path}")
+    return 0
