@@ -59,7 +59,7 @@ class Pipeline:
         self.dropped_steps = 0
         self.failed_steps = 0
         self.processed_steps = 0
-        self._device_queue: queue.SimpleQueue[SpanRecord | None] | None = None
+        self._device_queue: queue.SimpleQueue[list[SpanRecord] | None] | None = None
         self._device_thread: threading.Thread | None = None
         self._device_lock = threading.Lock()
         self._idle = threading.Condition()
@@ -78,8 +78,9 @@ class Pipeline:
             self._last_kick = now
             self._wake.set()
 
-    def wait_for_device(self, record: SpanRecord) -> None:
-        """Resolve ``record.device_end`` on the device-waiter thread."""
+    def wait_for_device(self, records: list[SpanRecord]) -> None:
+        """Resolve the ``device_end`` of these components, in order, on the device-waiter
+        thread (one hand-off for all the device components of a step)."""
         if self._device_queue is None:
             with self._device_lock:
                 if self._device_queue is None:
@@ -88,17 +89,18 @@ class Pipeline:
                         target=self._resolve_devices, name="otel-tunix-device-waiter", daemon=True
                     )
                     self._device_thread.start()
-        self._device_queue.put(record)
+        self._device_queue.put(records)
 
     # --- threads --------------------------------------------------------------------------
     def _resolve_devices(self) -> None:
         q = self._device_queue
         assert q is not None
         while True:
-            rec = q.get()
-            if rec is None:
+            batch = q.get()
+            if batch is None:
                 return
-            resolve_device_end(rec)
+            for rec in batch:
+                resolve_device_end(rec)
             self._wake.set()
 
     def _run(self) -> None:

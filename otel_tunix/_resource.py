@@ -37,10 +37,19 @@ def _env_int(*names: str) -> int | None:
 
 
 def detect_rank() -> RankInfo:
-    """Rank and world size from torch launchers, MPI, SLURM, or JAX (in that order)."""
+    """Rank and world size from launcher variables (torchrun, MPI, SLURM), an initialised
+    ``torch.distributed`` process group, or JAX (in that order)."""
     rank = _env_int("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
     world = _env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
     local = _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+    if rank is None and "torch.distributed" in sys.modules:
+        # An initialised process group knows its rank even without launcher variables.
+        try:
+            dist = sys.modules["torch.distributed"]
+            if dist.is_available() and dist.is_initialized():
+                rank, world = int(dist.get_rank()), int(dist.get_world_size())
+        except Exception:  # torch present but no usable process group
+            rank = None
     if rank is None and "jax" in sys.modules:
         # Only when the program already imported JAX: asking earlier would start a backend.
         try:

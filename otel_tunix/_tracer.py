@@ -125,6 +125,7 @@ class StepRecord:
     __slots__ = (
         "_ctx",
         "attributes",
+        "device_pending",
         "end_ns",
         "error",
         "number",
@@ -148,6 +149,7 @@ class StepRecord:
         self.start_ns = start_ns
         self.end_ns = 0
         self.spans: list[SpanRecord] = []
+        self.device_pending: list[SpanRecord] = []
         self.attributes: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.submitted_at = 0.0
@@ -337,6 +339,8 @@ class step:
                 rec.end_ns = end
                 rec.error = exc
                 rt = rec.runtime
+                if rec.device_pending:
+                    rt.pipeline.wait_for_device(rec.device_pending)
                 try:
                     rt.open_steps.remove(rec)
                 except ValueError:
@@ -367,7 +371,16 @@ class component:
             that learn of it after the fact; default: now.
     """
 
-    __slots__ = ("_blocked", "_ctoken", "_device_end", "_name", "_record", "_start_ns", "_token")
+    __slots__ = (
+        "_blocked",
+        "_ctoken",
+        "_device_end",
+        "_name",
+        "_record",
+        "_start_ns",
+        "_step",
+        "_token",
+    )
 
     def __init__(
         self,
@@ -381,6 +394,7 @@ class component:
         self._blocked = blocked
         self._device_end = device_end
         self._start_ns = start_ns
+        self._step: StepRecord | None = None
         self._record: SpanRecord | None = None
         self._token: object = None
         self._ctoken: contextvars.Token[SpanRecord | None] | None = None
@@ -392,11 +406,23 @@ class component:
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Add an attribute to the component's span (ignored when it is not recorded)."""
+        attrs = self.span_attributes
+        if attrs is not None:
+            attrs[key] = value
+
+    @property
+    def span_attributes(self) -> dict[str, Any] | None:
+        """The span's extra attributes while it is recorded (``None`` otherwise).
+
+        A live dict: a device-end resolver may add to it later (e.g. the device duration),
+        until the step is processed.
+        """
         rec = self._record
-        if rec is not None:
-            if rec.attributes is None:
-                rec.attributes = {}
-            rec.attributes[key] = value
+        if rec is None:
+            return None
+        if rec.attributes is None:
+            rec.attributes = {}
+        return rec.attributes
 
     def end_on_device(self, resolver: Any) -> None:
         """End the span at device completion, as resolved later by ``resolver``.
@@ -438,6 +464,7 @@ class component:
                 rec.start_ns = self._start_ns
             st.spans.append(rec)
             self._record = rec
+            self._step = st
             self._ctoken = _current_component.set(rec)
             if attach_proxy:
                 self._token = attach(set_span_in_context(st.proxy))
@@ -460,10 +487,13 @@ class component:
                 _current_component.reset(self._ctoken)
                 self._ctoken = None
             self._record = None
-            if rec.device_end is not None:
-                rt = _runtime
-                if rt is not None:
-                    rt.pipeline.wait_for_device(rec)
+            st = self._step
+            self._step = None
+            if rec.device_end is not None and st is not None:
+                if st.end_ns:  # the step already ended (a component in another thread)
+                    st.runtime.pipeline.wait_for_device([rec])
+                else:  # handed to the device waiter with the step: one hand-off per step
+                    st.device_pending.append(rec)
         except Exception:
             _logger.exception("otel-tunix: closing a component failed")
 

@@ -15,7 +15,6 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import otel_tunix
-from otel_tunix import _configure, _tracer
 from otel_tunix import attributes as attr
 from otel_tunix.metrics_logger import PERF_SOURCE
 
@@ -122,13 +121,13 @@ _auto_configure_failed = False
 
 def step_is_open() -> bool:
     """True when an otel-tunix step (sampled or not) is open in the calling context."""
-    return _tracer._current_step.get() is not _tracer._NOT_SET
+    return otel_tunix.in_step()
 
 
 def current_scope() -> str | None:
     """The scope of the sampled step open in the calling context, if any."""
-    rec = _tracer._current_step.get()
-    return getattr(rec, "scope", None)
+    view = otel_tunix.current_step()
+    return view.scope if view is not None else None
 
 
 # --- spans opened and closed from framework callbacks ----------------------------------
@@ -184,7 +183,7 @@ class _MemoryGauges:
     """OTel gauges of device memory, created on the run's meter provider."""
 
     def __init__(self, provider: Any) -> None:
-        meter = provider.get_meter("otel_tunix.instrumentation")
+        meter = otel_tunix.get_meter("otel_tunix.instrumentation")
         self.provider = provider
         self.gauges = {
             key: meter.create_gauge(name, unit="By", description=desc)
@@ -204,8 +203,8 @@ _gauges: _MemoryGauges | None = None
 
 
 def _run_meter_provider() -> Any:
-    st = _configure._state
-    return getattr(st, "meter_provider", None) if st is not None else None
+    """The current run (its identity changes with each ``configure()``), or ``None``."""
+    return otel_tunix.current_run()
 
 
 def record_device_memory(

@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import otel_tunix
-from otel_tunix import _tracer
 from otel_tunix import attributes as attr
 from otel_tunix.instrumentation import _base
 
@@ -63,7 +62,7 @@ _logger = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-DEVICE_DURATION = "tunix.device_duration_s"
+DEVICE_DURATION = attr.DEVICE_DURATION
 """Span attribute: seconds between a component's start and end CUDA events."""
 
 SHARE_WINDOW_NS = 10_000
@@ -271,10 +270,8 @@ def _cuda_clock() -> _CudaClock | None:
 
 
 def _record_attribute(comp: Any) -> dict[str, Any] | None:
-    """The span-attribute dict of an open component, when the core keeps one."""
-    rec = getattr(comp, "_record", None)
-    attrs = getattr(rec, "attributes", None)
-    return attrs if isinstance(attrs, dict) else None
+    """The span-attribute dict of an open component (``None`` when it is not recorded)."""
+    return comp.span_attributes
 
 
 def _resolver(
@@ -692,10 +689,10 @@ def record_memory_stats(
         stats = memory_stats(reset_peak=reset_peak)
         if not stats:
             return stats
-        rec = _tracer._current_step.get()
+        view = otel_tunix.current_step()
         if step is None:
-            step = getattr(rec, "number", None)
-        scope = scope or getattr(rec, "scope", None) or "train"
+            step = view.number if view is not None else None
+        scope = scope or (view.scope if view is not None else None) or "train"
         device = f"cuda:{sys.modules['torch'].cuda.current_device()}"
         _base.record_device_memory(stats, device=device, step=step, scope=scope)
         return stats
