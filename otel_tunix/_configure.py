@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,10 @@ class _State:
     datadog: Any = None
     perfetto: Any = None
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
+    alerts: Any = None
+    sampler: Any = None
+    logger_provider: Any = None
+    owns_logger_provider: bool = False
 
 
 _lock = threading.RLock()
@@ -104,6 +109,9 @@ def configure(
     tracer_provider: TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
     resource_attributes: dict[str, Any] | None = None,
+    alerts: bool | Iterable[Any] | None = None,
+    system_metrics: bool | float | None = None,
+    logger_provider: Any = None,
 ) -> RunInfo:
     """Set up otel-tunix for this process (keyword-only, idempotent, thread-safe).
 
@@ -124,6 +132,15 @@ def configure(
             else a new one with the exporters of ``OTEL_TRACES_EXPORTER``.
         meter_provider: Likewise for metrics (``OTEL_METRICS_EXPORTER``).
         resource_attributes: More resource attributes.
+        alerts: ``True`` for the default alert rules, a list of
+            :class:`~otel_tunix.metrics.alerts.Rule` for others, ``False`` for none (else
+            ``OTEL_TUNIX_ALERTS``, default on). The engine watches every logged scalar.
+        system_metrics: Seconds between GPU / process / host samples, ``True`` for 10,
+            ``False`` or ``0`` for no sampler (else ``OTEL_TUNIX_SYSTEM_METRICS_INTERVAL``,
+            default 10). In a distributed job only local rank 0 reads the GPUs.
+        logger_provider: An SDK LoggerProvider for alert log records. Default: the
+            application's global SDK provider if it set one, else a new one with the
+            exporters of ``OTEL_LOGS_EXPORTER`` (none: records stay in process).
 
     Returns:
         The :class:`RunInfo` of the run.
@@ -141,6 +158,7 @@ def configure(
         export_fn = cfg.export_fn
         if isinstance(export_fn, str):
             export_fn = load_callable(export_fn, "export_fn / " + env.OTEL_TUNIX_EXPORT_FN)
+        interval = _system_interval(system_metrics)
         if metrics_logger is not None and not isinstance(
             metrics_logger, MetricsLogger | MetricsLoggerOptions
         ):
@@ -220,6 +238,23 @@ def configure(
             processor.add_sink(DatadogStepSink(datadog, resource=resource))
         if out_dir is not None:
             files["summary"] = out_dir / f"summary{_rank_suffix(rank)}.json"
+        lp, owns_lp = logger_provider, False
+        if lp is None:
+            lp = _global_logger_provider()
+            if lp is None:
+                lp = _otel_setup.build_logger_provider(resource)
+                owns_lp = lp is not None
+        alerts_path = out_dir / f"alerts{_rank_suffix(rank)}.jsonl" if out_dir else None
+        engine = _alert_engine(alerts, logger, lp, mp, datadog, alerts_path)
+        if engine is not None and alerts_path is not None:
+            files["alerts"] = alerts_path
+        sampler = None
+        if interval is not None:
+            from otel_tunix.metrics.system import SystemMetricsSampler
+
+            sampler = SystemMetricsSampler(
+                mp, interval_sec=interval, gpus=rank.local_rank in (None, 0)
+            ).start()
 
         info = RunInfo(
             rid,
@@ -243,6 +278,10 @@ def configure(
             offset_ns=epoch_offset_ns(),
             datadog=datadog,
             export_stats=export_stats,
+            alerts=engine,
+            sampler=sampler,
+            logger_provider=lp,
+            owns_logger_provider=owns_lp,
         )
         tp.add_span_processor(processor)
         perfetto_dir = _perfetto_dir(cfg, out_dir)
@@ -344,6 +383,66 @@ def _datadog_readers(client: Any) -> list[Any]:
     from otel_tunix.exporters.datadog import DatadogMetricExporter
 
     return [PeriodicExportingMetricReader(DatadogMetricExporter(client))]
+
+
+def _system_interval(arg: bool | float | None) -> float | None:
+    """Seconds between system samples, or ``None`` for no sampler."""
+    if arg is None:
+        raw = os.environ.get(env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL, "10").strip().lower()
+        if raw in ("", "none", "off", "false", "0"):
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigurationError(
+                f"{env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL} must be a number of seconds > 0, "
+                f"0 or none; got {raw!r}"
+            )
+        return value
+    if arg is True:
+        return 10.0
+    if arg is False or arg == 0:
+        return None
+    if isinstance(arg, int | float) and arg > 0:
+        return float(arg)
+    raise ConfigurationError(f"system_metrics must be True, False or seconds > 0, got {arg!r}")
+
+
+def _global_logger_provider() -> Any:
+    """The application's global SDK LoggerProvider, if it set one."""
+    from opentelemetry import _logs
+    from opentelemetry.sdk._logs import LoggerProvider
+
+    provider = _logs.get_logger_provider()
+    return provider if isinstance(provider, LoggerProvider) else None
+
+
+def _alert_engine(
+    alerts: bool | Iterable[Any] | None,
+    logger: MetricsLogger,
+    logger_provider: Any,
+    meter_provider: Any,
+    datadog: Any,
+    jsonl_path: Path | None,
+) -> Any:
+    """The alert engine, added to the logger's backends (``None``: alerts off)."""
+    if alerts is None:
+        alerts = env_bool(env.OTEL_TUNIX_ALERTS, True)
+    if alerts is False or not logger.active:
+        return None
+    from otel_tunix.metrics.alerts import AlertEngine
+
+    engine = AlertEngine(
+        None if alerts is True else list(alerts),  # type: ignore[arg-type]
+        logger_provider=logger_provider,
+        meter_provider=meter_provider,
+        datadog=datadog if datadog is not None else False,
+        jsonl_path=jsonl_path,
+    )
+    logger.backends.append(engine)
+    return engine
 
 
 def _make_logger(
@@ -457,6 +556,8 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         _state = None
         _tracer.set_runtime(None)
         sessions: list[ScopeSession] = []
+        if st.sampler is not None:
+            st.sampler.stop()
         rt = st.runtime
         if rt is not None and st.processor is not None:
             rt.pipeline.close(timeout)
@@ -468,9 +569,14 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             sessions = st.processor.sessions(counts)
         if st.owns_logger:
             st.logger.close()
+        elif st.alerts is not None:  # the application's own logger: detach the engine
+            if st.alerts in st.logger.backends:
+                st.logger.backends.remove(st.alerts)
+            st.alerts.close()
         for provider, owned in (
             (st.tracer_provider, st.owns_tracer_provider),
             (st.meter_provider, st.owns_meter_provider),
+            (st.logger_provider, st.owns_logger_provider),
         ):
             if provider is None:
                 continue

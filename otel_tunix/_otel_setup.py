@@ -178,3 +178,33 @@ def install_global_providers(
             metrics_internal._METER_PROVIDER = None
         if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider):
             metrics.set_meter_provider(mp)
+
+
+def build_logger_provider(resource: Resource) -> Any:
+    """A new SDK LoggerProvider with a batch processor per exporter named in
+    ``OTEL_LOGS_EXPORTER`` (``otlp`` when only an OTLP endpoint is set), or ``None`` when
+    no exporter is configured (log records then stay in process)."""
+    from opentelemetry.environment_variables import OTEL_LOGS_EXPORTER
+    from opentelemetry.sdk.environment_variables import (
+        OTEL_EXPORTER_OTLP_LOGS_ENDPOINT,
+        OTEL_EXPORTER_OTLP_LOGS_PROTOCOL,
+    )
+
+    names = exporter_names(
+        OTEL_LOGS_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_LOGS_ENDPOINT)
+    )
+    if not names:
+        return None
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    provider = LoggerProvider(resource=resource)
+    for name in names:
+        ep = (
+            _otlp_entry_point(OTEL_EXPORTER_OTLP_LOGS_PROTOCOL, OTEL_LOGS_EXPORTER)
+            if name == "otlp"
+            else name
+        )
+        cls = load_exporter_class("opentelemetry_logs_exporter", ep, OTEL_LOGS_EXPORTER)
+        provider.add_log_record_processor(BatchLogRecordProcessor(cls()))
+    return provider

@@ -45,6 +45,19 @@ def _error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Event,
     return Status(StatusCode.ERROR, f"{type(exc).__qualname__}: {exc}"), (event,)
 
 
+def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
+    """Events added to the step (alerts). One raised before the step started (queued while
+    no sampled step was open) is placed at the step's start and keeps its real time in
+    ``tunix.event.time_unix_nano``."""
+    out = []
+    for name, attrs, t in rec.events or ():
+        at = min(max(t, rec.start_ns), step_end)
+        if at != t:
+            attrs = {**attrs, "tunix.event.time_unix_nano": t + off}
+        out.append(Event(name, attrs, timestamp=at + off))
+    return tuple(out)
+
+
 class SpanBuilder:
     """Callable given to the pipeline: step record in, spans out to ``processor.on_end``."""
 
@@ -76,6 +89,7 @@ class SpanBuilder:
                 parent_ctx = SpanContext(trace_id, s.parent_id, False, _SAMPLED)
             on_end(self._component_span(s, rec, parent_ctx, off))
         status, events = _error(rec.error, rec.end_ns + off)
+        events += _step_events(rec, step_end, off)
         parent = SpanContext(trace_id, rec.parent_id, False, _SAMPLED) if rec.parent_id else None
         step_span = ReadableSpan(
             name=f"{rec.scope}_step",

@@ -17,13 +17,14 @@ component attach the proxy itself.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from random import getrandbits
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,6 +61,14 @@ Called once on otel-tunix's device-waiter thread, never on the training thread; 
 (``jax.block_until_ready``, ``torch.cuda.Event.synchronize``). Returning ``None`` keeps the
 host exit time. An object with a ``result()`` method (a ``concurrent.futures.Future``) works
 too."""
+
+
+StepEvent = tuple[str, dict[str, Any], int]
+"""A span event recorded for a step: (name, attributes, ``time.perf_counter_ns()``)."""
+
+_MAX_PENDING_EVENTS = 256
+"""Events waiting for the next sampled step (raised while none was open); the oldest are
+dropped past this bound."""
 
 
 class _ScopeStats:
@@ -128,6 +137,7 @@ class StepRecord:
         "device_pending",
         "end_ns",
         "error",
+        "events",
         "number",
         "parent_id",
         "proxy",
@@ -152,6 +162,7 @@ class StepRecord:
         self.device_pending: list[SpanRecord] = []
         self.attributes: dict[str, Any] = {}
         self.error: BaseException | None = None
+        self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
         self.thread = threading.current_thread()
         self.view: StepView | None = None
@@ -196,7 +207,7 @@ class _ProxySpan(NonRecordingSpan):
 class Runtime:
     """What the hot path needs from one ``configure()``: sampling, filter, the pipeline."""
 
-    __slots__ = ("allowed", "open_steps", "pipeline", "sampling_rate", "scopes")
+    __slots__ = ("allowed", "open_steps", "pending_events", "pipeline", "sampling_rate", "scopes")
 
     def __init__(
         self, sampling_rate: int, components: tuple[str, ...] | None, pipeline: Pipeline
@@ -206,6 +217,9 @@ class Runtime:
         self.pipeline = pipeline
         self.scopes: dict[str, _ScopeStats] = {}
         self.open_steps: list[StepRecord] = []
+        self.pending_events: collections.deque[StepEvent] = collections.deque(
+            maxlen=_MAX_PENDING_EVENTS
+        )
 
 
 _runtime: Runtime | None = None
@@ -310,6 +324,8 @@ class step:
                 self._token = _current_step.set(None)
                 return self
             rec = StepRecord(rt, self._scope, n, start)
+            if rt.pending_events:  # events raised while no sampled step was open
+                rec.events = _take_pending(rt)
             self._record = rec
             self._token = _current_step.set(rec)
             self._comp_token = _current_component.set(None)
@@ -571,6 +587,56 @@ class StepView:
     def set_attribute(self, key: str, value: Any) -> None:
         """Add an attribute to the step span."""
         self._rec.attributes[key] = value
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        """Add an event (now) to the step span."""
+        _append_event(self._rec, (name, dict(attributes or {}), _clock()))
+
+
+def _append_event(rec: StepRecord, event: StepEvent) -> None:
+    events = rec.events
+    if events is None:
+        events = rec.events = []
+    events.append(event)
+
+
+def _take_pending(rt: Runtime) -> list[StepEvent]:
+    out: list[StepEvent] = []
+    pending = rt.pending_events
+    while pending:
+        try:
+            out.append(pending.popleft())
+        except IndexError:  # emptied by another thread
+            break
+    return out
+
+
+def add_step_event(name: str, attributes: Mapping[str, Any] | None = None) -> bool:
+    """Add an event, stamped now, to a step span (alerts use it). Never raises.
+
+    The event goes on the sampled step open in the calling context (or, in a thread that did
+    not inherit the context, the most recently opened step). With no sampled step open (the
+    caller runs between steps, in an unsampled step, or on otel-tunix's worker thread) it is
+    queued and goes on the next sampled step that starts, placed at that step's start.
+
+    Returns:
+        True if a step open now got the event; False if it was queued (or otel-tunix is off).
+    """
+    rt = _runtime
+    if rt is None:
+        return False
+    try:
+        event: StepEvent = (name, dict(attributes or {}), _clock())
+        st = _current_step.get()
+        if st is _NOT_SET and rt.open_steps:
+            st = rt.open_steps[-1]
+        if isinstance(st, StepRecord) and not st.end_ns:
+            _append_event(st, event)
+            return True
+        rt.pending_events.append(event)
+    except Exception:
+        _logger.exception("otel-tunix: add_step_event() failed")
+    return False
 
 
 def current_step() -> StepView | None:

@@ -47,3 +47,12 @@ OTEL_TUNIX_LOG_ALL_RANKS: Final = "OTEL_TUNIX_LOG_ALL_RANKS"
 OTEL_TUNIX_PERFETTO_DIR: Final = "OTEL_TUNIX_PERFETTO_DIR"
 """Directory for Perfetto trace files translated from the spans; ``none`` turns them off.
 Default: the local run folder, when the ``perfetto`` package is installed."""
+
+OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
+"""``true`` / ``false``: evaluate the default alert rules on every logged metric
+(:mod:`otel_tunix.metrics.alerts`). Default: ``true``."""
+
+OTEL_TUNIX_SYSTEM_METRICS_INTERVAL: Final = "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL"
+"""Seconds between samples of the GPU / process / host metrics
+(:class:`~otel_tunix.metrics.system.SystemMetricsSampler`); ``0`` or ``none`` turns the
+sampler off. Default: ``10``."""

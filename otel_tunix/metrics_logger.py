@@ -68,7 +68,9 @@ class MetricsLoggerOptions:
         flush_every_n_steps: The JSONL backend flushes when the step has advanced this far
             since its last flush, and at ``close()``.
         log_all_ranks: Log on every rank (default: rank 0 only; ``OTEL_TUNIX_LOG_ALL_RANKS``).
-        default_backends: Add the built-in JSONL (if ``log_dir``) and OTel backends.
+        default_backends: Add the built-in JSONL (if ``log_dir``) backend, the catalog-driven
+            OTel backend (:class:`otel_tunix.metrics.instruments.CatalogOTelBackend`) and the
+            counts of :func:`otel_tunix.metrics.get_metrics_summary`.
         backend_kwargs: Tunix-style extras; ``{"custom_backend": [factory, ...]}`` is
             accepted as more backend factories.
     """
@@ -172,7 +174,11 @@ class MetricsLogger:
                         },
                     )
                 )
-            self.backends.append(OTelBackend(meter_provider=meter_provider))
+            from otel_tunix.metrics.instruments import CatalogOTelBackend
+            from otel_tunix.metrics.summary import MetricsSummary
+
+            self.backends.append(CatalogOTelBackend(meter_provider))
+            self.backends.append(MetricsSummary())
         factories = [*opts.backend_factories, *opts.backend_kwargs.get("custom_backend", [])]
         for factory in factories:
             backend = factory()

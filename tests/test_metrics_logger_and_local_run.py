@@ -140,19 +140,21 @@ def test_jsonl_backend_records_and_console_backend(tmp_path):
     assert buf.getvalue() == "[step 7] loss = 0.25\n"
 
 
-def test_otel_backend_publishes_user_scalars_as_gauges_but_not_perf():
+def test_otel_backend_publishes_user_scalars_on_catalog_instruments_but_not_perf():
     with capture() as cap:
         logger = otel_tunix.get_metrics_logger()
         logger.log("loss", 2.5, step=0)
         logger.log("rewards/mean", 0.75, step=0)
+        logger.log("eval/accuracy", 0.5, step=0)
         with otel_tunix.step(0):
             pass
         metrics = cap.metrics()
         units = cap.metric_units()
-    assert metrics["loss"][0].value == 2.5
-    assert metrics["rewards/mean"][0].value == 0.75
-    assert not any(name.startswith("perf/") for name in metrics)
-    assert units["loss"] == "1"
+    assert metrics["tunix.train.loss"][0].value == 2.5
+    assert metrics["tunix.rl.reward.mean"][0].value == 0.75
+    assert metrics["eval.accuracy"][0].value == 0.5  # not in the catalog: a dotted gauge
+    assert not any(name.startswith("perf") for name in metrics)
+    assert units["tunix.train.loss"] == "1"
 
 
 def test_local_run_folder_spans_jsonl_format_session_line_and_summary(tmp_path):

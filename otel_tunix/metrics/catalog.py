@@ -40,6 +40,7 @@ __all__ = [
     "by_otel_name",
     "guess_unit",
     "lookup",
+    "markdown_table",
     "rows",
 ]
 
@@ -129,9 +130,13 @@ def _stats(
              "sum": "Sum"}  # fmt: skip
     return [
         MetricSpec(
-            f"{otel_prefix}.{s}", G, unit, f"{words[s]} of {what} over the batch", group,
+            f"{otel_prefix}.{s}",
+            G,
+            unit,
+            f"{words[s]} of {what} over the batch",
+            group,
             f"{logger_prefix}/{s}",
-        )  # fmt: skip
+        )
         for s in stats
     ]
 
@@ -139,224 +144,416 @@ def _stats(
 _ROWS: list[MetricSpec] = [
     # --- training -----------------------------------------------------------------------
     MetricSpec("tunix.train.loss", G, "1", "Training loss of the step", "training", "loss"),
+    MetricSpec("tunix.eval.loss", G, "1", "Evaluation loss", "training", "eval/loss"),
     MetricSpec(
-        "tunix.train.perplexity", G, "1",
-        "exp(loss), overflow-safe (inf when loss > ~709)", "training", "perplexity",
-    ),  # fmt: skip
+        "tunix.train.perplexity",
+        G,
+        "1",
+        "exp(loss), overflow-safe (inf when loss > ~709)",
+        "training",
+        "perplexity",
+    ),
     MetricSpec(
-        "tunix.train.learning_rate", G, "1", "Learning rate of the step", "training",
+        "tunix.train.learning_rate",
+        G,
+        "1",
+        "Learning rate of the step",
+        "training",
         "learning_rate",
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.train.grad_norm", G, "1", "Global L2 norm of the gradients", "training",
+        "tunix.train.grad_norm",
+        G,
+        "1",
+        "Global L2 norm of the gradients",
+        "training",
         "grad_norm",
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.train.step_time", G, "s",
+        "tunix.train.step_time",
+        G,
+        "s",
         "Step wall time as the trainer measured it (the span-derived histogram is "
-        "tunix.step.duration)", "training", "step_time_sec",
-    ),  # fmt: skip
+        "tunix.step.duration)",
+        "training",
+        "step_time_sec",
+    ),
     MetricSpec(
-        "tunix.train.steps_per_second", G, "{step}/s", "Training steps per second",
-        "training", "steps_per_sec",
-    ),  # fmt: skip
+        "tunix.train.steps_per_second",
+        G,
+        "{step}/s",
+        "Training steps per second",
+        "training",
+        "steps_per_sec",
+    ),
     MetricSpec(
-        "tunix.train.samples_per_second", G, "{sample}/s",
-        "Training samples (sequences) per second, all devices", "training", "samples_per_sec",
-    ),  # fmt: skip
+        "tunix.train.samples_per_second",
+        G,
+        "{sample}/s",
+        "Training samples (sequences) per second, all devices",
+        "training",
+        "samples_per_sec",
+    ),
     MetricSpec(
-        "tunix.train.tokens_per_second", G, "{token}/s",
-        "Training tokens per second, all devices", "training", "tokens_per_sec",
-    ),  # fmt: skip
+        "tunix.train.tokens_per_second",
+        G,
+        "{token}/s",
+        "Training tokens per second, all devices",
+        "training",
+        "tokens_per_sec",
+    ),
     MetricSpec(
-        "tunix.train.flops_per_step", G, "{flop}",
-        "Model FLOPs of one step, all devices (logged in TFLOP)", "training",
-        "tflops_per_step", scale=1e12,
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.train.flops_per_second", G, "{flop}/s",
-        "Achieved model FLOP/s per device (logged in TFLOP/s)", "training", "tflops_per_sec",
+        "tunix.train.flops_per_step",
+        G,
+        "{flop}",
+        "Model FLOPs of one step, all devices (logged in TFLOP)",
+        "training",
+        "tflops_per_step",
         scale=1e12,
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.train.mfu", G, "1",
+        "tunix.train.flops_per_second",
+        G,
+        "{flop}/s",
+        "Achieved model FLOP/s per device (logged in TFLOP/s)",
+        "training",
+        "tflops_per_sec",
+        scale=1e12,
+    ),
+    MetricSpec(
+        "tunix.train.mfu",
+        G,
+        "1",
         "Model FLOPs utilization: achieved FLOP/s per device / the device's dense peak for "
-        "the dtype (0..1)", "training", "mfu",
-    ),  # fmt: skip
+        "the dtype (0..1)",
+        "training",
+        "mfu",
+    ),
     # --- RL -----------------------------------------------------------------------------
-    *_stats("rl", "rewards", "tunix.rl.reward", "the sequence rewards",
-            ("sum", "mean", "std", "max", "min")),  # fmt: skip
+    *_stats(
+        "rl",
+        "rewards",
+        "tunix.rl.reward",
+        "the sequence rewards",
+        ("sum", "mean", "std", "max", "min"),
+    ),
     MetricSpec(
-        "tunix.rl.reward.function", G, "1", "Mean reward of one reward function", "rl",
+        "tunix.rl.reward.function",
+        G,
+        "1",
+        "Mean reward of one reward function",
+        "rl",
         "rewards/{reward_fn}",
-    ),  # fmt: skip
-    *_stats("rl", "score", "tunix.rl.score", "the raw reward-model scores (before KL)",
-            ("mean", "max", "min")),  # fmt: skip
+    ),
+    *_stats(
+        "rl",
+        "score",
+        "tunix.rl.score",
+        "the raw reward-model scores (before KL)",
+        ("mean", "max", "min"),
+    ),
     MetricSpec(
-        "tunix.rl.reward.kl_penalty", G, "1", "Mean KL penalty subtracted from the rewards",
-        "rl", "reward_kl_penalty",
-    ),  # fmt: skip
+        "tunix.rl.reward.kl_penalty",
+        G,
+        "1",
+        "Mean KL penalty subtracted from the rewards",
+        "rl",
+        "reward_kl_penalty",
+    ),
     *_stats("rl", "advantages", "tunix.rl.advantage", "the advantages (masked tokens only)"),
     *_stats("rl", "returns", "tunix.rl.return", "the returns (masked tokens only)"),
     *_stats("rl", "values", "tunix.rl.critic.value", "the value estimates (masked tokens only)"),
     MetricSpec(
-        "tunix.rl.policy.clip_fraction", G, "1",
-        "Fraction of tokens whose policy ratio was clipped", "rl", "pg_clipfrac",
-    ),  # fmt: skip
+        "tunix.rl.policy.clip_fraction",
+        G,
+        "1",
+        "Fraction of tokens whose policy ratio was clipped",
+        "rl",
+        "pg_clipfrac",
+    ),
     MetricSpec(
-        "tunix.rl.critic.clip_fraction", G, "1",
-        "Fraction of tokens whose value update was clipped", "rl", "vf_clipfrac",
-    ),  # fmt: skip
+        "tunix.rl.critic.clip_fraction",
+        G,
+        "1",
+        "Fraction of tokens whose value update was clipped",
+        "rl",
+        "vf_clipfrac",
+    ),
     MetricSpec("tunix.rl.policy.entropy", G, "1", "Mean policy entropy", "rl", "loss/entropy"),
     MetricSpec("tunix.rl.policy.loss", G, "1", "Policy-gradient loss", "rl", "policy_loss"),
     MetricSpec("tunix.rl.critic.loss", G, "1", "Value-function loss", "rl", "value_loss"),
     MetricSpec(
-        "tunix.rl.policy.kl", G, "1", "KL divergence of the policy from the reference", "rl",
+        "tunix.rl.policy.kl",
+        G,
+        "1",
+        "KL divergence of the policy from the reference",
+        "rl",
         "kl",
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.rl.critic.explained_variance", G, "1",
-        "1 - Var(returns - values) / Var(returns)", "rl", "explained_variance",
-    ),  # fmt: skip
+        "tunix.rl.critic.explained_variance",
+        G,
+        "1",
+        "1 - Var(returns - values) / Var(returns)",
+        "rl",
+        "explained_variance",
+    ),
     MetricSpec(
-        "tunix.rl.completion.length.mean", G, "{token}", "Mean completion length", "rl",
+        "tunix.rl.completion.length.mean",
+        G,
+        "{token}",
+        "Mean completion length",
+        "rl",
         "completions/mean_length",
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.rl.completion.length.max", G, "{token}", "Longest completion", "rl",
+        "tunix.rl.completion.length.max",
+        G,
+        "{token}",
+        "Longest completion",
+        "rl",
         "completions/max_length",
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.rl.completion.length.min", G, "{token}", "Shortest completion", "rl",
+        "tunix.rl.completion.length.min",
+        G,
+        "{token}",
+        "Shortest completion",
+        "rl",
         "completions/min_length",
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.rl.completion.clipped_ratio", G, "1",
-        "Fraction of completions that hit the length limit", "rl", "completions/clipped_ratio",
-    ),  # fmt: skip
+        "tunix.rl.completion.clipped_ratio",
+        G,
+        "1",
+        "Fraction of completions that hit the length limit",
+        "rl",
+        "completions/clipped_ratio",
+    ),
     MetricSpec(
-        "tunix.rl.actor.dequeue_time", H, "s",
-        "Time the actor waited for rollouts from its queue", "rl", "actor_dequeue_time",
+        "tunix.rl.actor.dequeue_time",
+        H,
+        "s",
+        "Time the actor waited for rollouts from its queue",
+        "rl",
+        "actor_dequeue_time",
         buckets=SECONDS_BUCKETS,
-    ),  # fmt: skip
+    ),
     # --- generation ---------------------------------------------------------------------
     MetricSpec(
-        "gen_ai.server.time_to_first_token", H, "s",
-        "Time from request start to its first output token", "generation",
-        buckets=TIME_TO_FIRST_TOKEN_BUCKETS, semconv=True,
-    ),  # fmt: skip
-    MetricSpec(
-        "gen_ai.server.time_per_output_token", H, "s",
-        "Decode time per output token after the first", "generation",
-        buckets=INTER_TOKEN_LATENCY_BUCKETS, semconv=True,
-    ),  # fmt: skip
-    MetricSpec(
-        "gen_ai.server.request.duration", H, "s",
-        "End-to-end time of a request (start to its last token)", "generation",
-        buckets=E2E_LATENCY_BUCKETS, semconv=True,
-    ),  # fmt: skip
-    MetricSpec(
-        "gen_ai.client.token.usage", H, "{token}",
-        "Tokens per request; gen_ai.token.type = input (prompt) or output", "generation",
-        buckets=TOKEN_COUNT_BUCKETS, semconv=True,
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.generation.requests", C, "{request}",
-        "Finished requests, by finish_reason (stop, length, ...)", "generation",
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.generation.requests.active", U, "{request}", "Requests being generated now",
+        "gen_ai.server.time_to_first_token",
+        H,
+        "s",
+        "Time from request start to its first output token",
         "generation",
-    ),  # fmt: skip
+        buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+        semconv=True,
+    ),
     MetricSpec(
-        "tunix.generation.prompt_tokens", C, "{token}", "Prompt tokens processed",
+        "gen_ai.server.time_per_output_token",
+        H,
+        "s",
+        "Decode time per output token after the first",
         "generation",
-    ),  # fmt: skip
+        buckets=INTER_TOKEN_LATENCY_BUCKETS,
+        semconv=True,
+    ),
     MetricSpec(
-        "tunix.generation.output_tokens", C, "{token}", "Output tokens generated",
+        "gen_ai.server.request.duration",
+        H,
+        "s",
+        "End-to-end time of a request (start to its last token)",
         "generation",
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.generation.prefill.duration", H, "s",
-        "Prefill time: request start to first token", "generation",
         buckets=E2E_LATENCY_BUCKETS,
-    ),  # fmt: skip
+        semconv=True,
+    ),
     MetricSpec(
-        "tunix.generation.decode.duration", H, "s",
-        "Decode time: first to last token of a request", "generation",
+        "gen_ai.client.token.usage",
+        H,
+        "{token}",
+        "Tokens per request; gen_ai.token.type = input (prompt) or output",
+        "generation",
+        buckets=TOKEN_COUNT_BUCKETS,
+        semconv=True,
+    ),
+    MetricSpec(
+        "tunix.generation.requests",
+        C,
+        "{request}",
+        "Finished requests, by finish_reason (stop, length, ...)",
+        "generation",
+    ),
+    MetricSpec(
+        "tunix.generation.requests.active",
+        U,
+        "{request}",
+        "Requests being generated now",
+        "generation",
+    ),
+    MetricSpec(
+        "tunix.generation.prompt_tokens",
+        C,
+        "{token}",
+        "Prompt tokens processed",
+        "generation",
+    ),
+    MetricSpec(
+        "tunix.generation.output_tokens",
+        C,
+        "{token}",
+        "Output tokens generated",
+        "generation",
+    ),
+    MetricSpec(
+        "tunix.generation.prefill.duration",
+        H,
+        "s",
+        "Prefill time: request start to first token",
+        "generation",
         buckets=E2E_LATENCY_BUCKETS,
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "tunix.generation.tokens_per_second", G, "{token}/s",
+        "tunix.generation.decode.duration",
+        H,
+        "s",
+        "Decode time: first to last token of a request",
+        "generation",
+        buckets=E2E_LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.generation.tokens_per_second",
+        G,
+        "{token}/s",
         "Output tokens per second of the latest generate call (all its requests)",
         "generation",
-    ),  # fmt: skip
+    ),
     # --- GPU (NVML) ---------------------------------------------------------------------
     MetricSpec(
-        "hw.gpu.utilization", G, "1", "Fraction of time the GPU ran a kernel", "gpu",
-        attributes={"hw.gpu.task": "general"}, semconv=True,
-    ),  # fmt: skip
+        "hw.gpu.utilization",
+        G,
+        "1",
+        "Fraction of time the GPU ran a kernel",
+        "gpu",
+        attributes={"hw.gpu.task": "general"},
+        semconv=True,
+    ),
     MetricSpec("hw.gpu.memory.usage", U, "By", "GPU memory used", "gpu", semconv=True),
     MetricSpec("hw.gpu.memory.limit", U, "By", "Size of the GPU memory", "gpu", semconv=True),
     MetricSpec(
-        "hw.gpu.memory.utilization", G, "1", "Fraction of GPU memory used", "gpu",
+        "hw.gpu.memory.utilization",
+        G,
+        "1",
+        "Fraction of GPU memory used",
+        "gpu",
         semconv=True,
-    ),  # fmt: skip
+    ),
     MetricSpec("hw.power", G, "W", "Power drawn by the GPU", "gpu", semconv=True),
     MetricSpec(
-        "hw.energy", C, "J", "Energy used by the GPU since the driver loaded", "gpu",
+        "hw.energy",
+        C,
+        "J",
+        "Energy used by the GPU since the driver loaded",
+        "gpu",
         semconv=True,
-    ),  # fmt: skip
+    ),
     MetricSpec("hw.temperature", G, "Cel", "GPU core temperature", "gpu", semconv=True),
     MetricSpec(
-        "hw.gpu.clock.sm", G, "Hz", "SM clock (no semantic convention yet)", "gpu",
-    ),  # fmt: skip
+        "hw.gpu.clock.sm",
+        G,
+        "Hz",
+        "SM clock (no semantic convention yet)",
+        "gpu",
+    ),
     # --- process, host, framework, queues ---------------------------------------------
     MetricSpec(
-        "process.cpu.utilization", G, "1",
-        "Process CPU time per wall time per available CPU since the last sample", "system",
+        "process.cpu.utilization",
+        G,
+        "1",
+        "Process CPU time per wall time per available CPU since the last sample",
+        "system",
         semconv=True,
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "process.cpu.time", C, "s", "Process CPU time, by cpu.mode (user, system)", "system",
+        "process.cpu.time",
+        C,
+        "s",
+        "Process CPU time, by cpu.mode (user, system)",
+        "system",
         semconv=True,
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "process.memory.usage", U, "By", "Resident set size of the process", "system",
+        "process.memory.usage",
+        U,
+        "By",
+        "Resident set size of the process",
+        "system",
         semconv=True,
-    ),  # fmt: skip
+    ),
     MetricSpec(
-        "system.memory.usage", U, "By", "Host memory in use", "system",
-        attributes={"system.memory.state": "used"}, semconv=True,
-    ),  # fmt: skip
+        "system.memory.usage",
+        U,
+        "By",
+        "Host memory in use",
+        "system",
+        attributes={"system.memory.state": "used"},
+        semconv=True,
+    ),
     MetricSpec("system.memory.limit", U, "By", "Host memory", "system", semconv=True),
     MetricSpec(
-        "system.memory.utilization", G, "1", "Fraction of host memory in use", "system",
-        attributes={"system.memory.state": "used"}, semconv=True,
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.device.memory.allocated", U, "By",
-        "Device memory held by tensors (torch allocated, JAX bytes_in_use)", "system",
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.device.memory.reserved", U, "By",
-        "Device memory reserved by the framework's allocator", "system",
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.device.memory.peak", G, "By", "Peak device memory held by tensors", "system",
-    ),  # fmt: skip
-    MetricSpec(
-        "tunix.device.memory.limit", U, "By", "Device memory the framework may use",
+        "system.memory.utilization",
+        G,
+        "1",
+        "Fraction of host memory in use",
         "system",
-    ),  # fmt: skip
+        attributes={"system.memory.state": "used"},
+        semconv=True,
+    ),
     MetricSpec(
-        "tunix.queue.depth", G, "{item}", "Items waiting in an instrumented queue", "system",
-    ),  # fmt: skip
+        "tunix.memory.allocated",
+        G,
+        "By",
+        "Device memory held by tensors (torch memory_allocated, JAX bytes_in_use)",
+        "system",
+        "memory/allocated_bytes",
+    ),
+    MetricSpec(
+        "tunix.memory.reserved",
+        G,
+        "By",
+        "Device memory reserved by the framework's allocator",
+        "system",
+        "memory/reserved_bytes",
+    ),
+    MetricSpec(
+        "tunix.memory.peak_allocated",
+        G,
+        "By",
+        "Peak device memory held by tensors",
+        "system",
+        "memory/peak_allocated_bytes",
+    ),
+    MetricSpec(
+        "tunix.memory.limit",
+        G,
+        "By",
+        "Device memory the framework may use (JAX bytes_limit)",
+        "system",
+    ),
+    MetricSpec(
+        "tunix.queue.depth",
+        G,
+        "{item}",
+        "Items waiting in an instrumented queue",
+        "system",
+    ),
     # --- alerts -------------------------------------------------------------------------
     MetricSpec(
-        "tunix.alert.firings", C, "{alert}",
-        "Alert episodes started or escalated, by rule and severity", "alerts",
-    ),  # fmt: skip
+        "tunix.alert.firings",
+        C,
+        "{alert}",
+        "Alert episodes started or escalated, by rule and severity",
+        "alerts",
+    ),
 ]
 
 CATALOG: Final[tuple[MetricSpec, ...]] = tuple(_ROWS)
@@ -424,3 +621,23 @@ def guess_unit(logger_name: str) -> str:
     if last.endswith(("tokens", "_length", "_len")):
         return "{token}"
     return "1"
+
+
+def markdown_table(group: str | None = None) -> str:
+    """The catalog (or one group of it) as a Markdown table, as in ``docs/metrics.md``."""
+    head = (
+        "| MetricsLogger name | OTel instrument | kind | unit | attributes | description |\n"
+        "|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for s in rows(group):
+        name = f"`{s.logger_name}`" if s.logger_name else "—"
+        otel = f"`{s.otel_name}`" + (" (semconv)" if s.semconv else "")
+        attrs = ", ".join(f"`{k}={v}`" for k, v in s.attributes.items())
+        if s.logger_name and "{" in s.logger_name:
+            keys = re.findall(r"\{(\w+)\}", s.logger_name)
+            attrs = ", ".join([attrs, *(f"`{k}`" for k in keys)]).strip(", ")
+        unit = f"`{s.unit}`" + (f" (logged x{1 / s.scale:g})" if s.scale != 1.0 else "")
+        desc = s.description.replace("|", "\\|")
+        lines.append(f"| {name} | {otel} | {s.instrument.value} | {unit} | {attrs} | {desc} |")
+    return "\n".join(lines)

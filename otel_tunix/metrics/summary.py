@@ -1,0 +1,151 @@
+"""In-process metrics summary for scripts and notebooks: ``get_metrics_summary()``.
+
+::
+
+    import otel_tunix
+    from otel_tunix.metrics import summary
+
+    otel_tunix.configure()
+    summary.install()                      # counts from now on (optional)
+    ...
+    s = summary.get_metrics_summary()
+    print(s["last_step"], s["last_loss"], s["num_metrics"])
+
+The summary reads what the run already keeps (the MetricsLogger's last values and step,
+the step counts of each scope, the latest step accounting) and, when installed, a
+:class:`MetricsSummary` backend that counts every logged value per name. Alert engines and
+system samplers on the logger add their state.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MetricsSummary", "get_metrics_summary", "install", "track_sampler"]
+
+
+class MetricsSummary:
+    """MetricsLogger backend that counts logged values per name (and non-finite ones)."""
+
+    skip_sources: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        self.nonfinite: Counter[str] = Counter()
+        self.first_time: float | None = None
+        self.last_time: float | None = None
+
+    def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
+        """Count the values of one ``log_dict`` call."""
+        now = time.time()
+        with self._lock:
+            if self.first_time is None:
+                self.first_time = now
+            self.last_time = now
+            for name, v in values.items():
+                self.counts[name] += 1
+                if not math.isfinite(v):
+                    self.nonfinite[name] += 1
+
+    def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
+        """Count one value."""
+        self.log_scalars({event: value}, **kwargs)
+
+    def close(self) -> None:
+        """Nothing to release; the counts stay readable."""
+        return None
+
+
+def install(logger: Any = None) -> MetricsSummary:
+    """Add a :class:`MetricsSummary` to a MetricsLogger (default: the current run's).
+
+    Idempotent: returns the one already there.
+    """
+    if logger is None:
+        from otel_tunix._configure import get_metrics_logger
+
+        logger = get_metrics_logger()
+    for b in logger.backends:
+        if isinstance(b, MetricsSummary):
+            return b
+    s = MetricsSummary()
+    logger.backends.append(s)
+    return s
+
+
+def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
+    """A JSON-ready dict of where the run stands.
+
+    Keys: ``run_id``, ``last_step``, ``last_loss``, ``last_values`` (every name's latest
+    value), ``num_metric_names``; with :func:`install`: ``num_metrics`` (values logged),
+    ``counts`` per name and ``nonfinite`` per name; ``steps`` per scope (all steps, sampled
+    or not); ``last_step_time_sec`` per the latest sampled step's accounting; ``alerts``
+    (active alerts of the logger's alert engines) and ``system`` (latest sample of a
+    started system sampler, see :func:`track_sampler`).
+    """
+    from otel_tunix import _tracer
+    from otel_tunix._configure import current_run, get_metrics_logger, last_step_summary
+
+    if logger is None:
+        logger = get_metrics_logger()
+    run = current_run()
+    values = dict(logger.last_values)
+    out: dict[str, Any] = {
+        "run_id": run.run_id if run is not None else None,
+        "last_step": logger.last_step,
+        "last_loss": values.get("loss"),
+        "last_values": values,
+        "num_metric_names": len(values),
+        "num_metrics": None,
+        "counts": {},
+        "nonfinite": {},
+    }
+    for b in logger.backends:
+        if isinstance(b, MetricsSummary):
+            with b._lock:
+                out["num_metrics"] = sum(b.counts.values())
+                out["counts"] = dict(b.counts)
+                out["nonfinite"] = dict(b.nonfinite)
+    rt = _tracer.get_runtime()
+    out["steps"] = {scope: s.count for scope, s in list(rt.scopes.items())} if rt else {}
+    last = last_step_summary()
+    out["last_step_time_sec"] = (
+        {"scope": last.scope, "step": last.step, "step_time_sec": last.step_time_sec}
+        if last is not None
+        else None
+    )
+    alerts: list[dict[str, Any]] = []
+    for b in logger.backends:
+        active = getattr(b, "active", None)
+        if callable(active) and hasattr(b, "rules"):
+            alerts.extend(
+                {"rule": rule, "metric": metric, "severity": sev.name.lower()}
+                for (rule, metric), sev in active().items()
+            )
+    out["alerts"] = alerts
+    sampler = _sampler
+    latest = sampler.latest if sampler is not None else None
+    out["system"] = _system_dict(latest) if latest is not None else None
+    return out
+
+
+_sampler: Any = None
+
+
+def track_sampler(sampler: Any) -> None:
+    """Include this :class:`~otel_tunix.metrics.system.SystemMetricsSampler`'s latest
+    sample in :func:`get_metrics_summary` (``None`` to stop)."""
+    global _sampler
+    _sampler = sampler
+
+
+def _system_dict(sample: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(sample)

@@ -1,0 +1,145 @@
+"""The catalog table, and the catalog-driven OTel backend against a real in-memory reader."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otel_tunix import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.metrics.catalog import (
+    CATALOG,
+    E2E_LATENCY_BUCKETS,
+    Instrument,
+    by_otel_name,
+    guess_unit,
+    lookup,
+    markdown_table,
+)
+from otel_tunix.metrics.instruments import CatalogOTelBackend
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, tuple[str, list]]:
+    data = reader.get_metrics_data()
+    out: dict[str, tuple[str, list]] = {}
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out[m.name] = (m.unit, list(m.data.data_points))
+    return out
+
+
+def test_no_two_metrics_collapse_into_one():
+    otel = [(s.otel_name, tuple(sorted(s.attributes.items()))) for s in CATALOG]
+    assert len(otel) == len(set(otel))
+    assert len({s.otel_name for s in CATALOG}) == len(CATALOG)
+    logger_names = [s.logger_name for s in CATALOG if s.logger_name]
+    assert len(logger_names) == len(set(logger_names))
+    # the collision Tunix has: rewards/mean and advantages/mean both became "tunix.mean"
+    assert lookup("rewards/mean").spec.otel_name == "tunix.rl.reward.mean"
+    assert lookup("advantages/mean").spec.otel_name == "tunix.rl.advantage.mean"
+
+
+def test_every_row_is_well_formed():
+    for s in CATALOG:
+        assert s.otel_name == s.otel_name.lower() and "/" not in s.otel_name, s
+        assert s.unit and s.description and s.group, s
+        if s.instrument is Instrument.HISTOGRAM:
+            assert s.buckets and list(s.buckets) == sorted(s.buckets), s
+        else:
+            assert s.buckets is None, s
+        if s.unit == "s" and s.instrument is Instrument.HISTOGRAM:
+            assert s.buckets[0] <= 0.3, s  # seconds-shaped, not the SDK's millisecond default
+
+
+def test_semconv_rows_match_the_semantic_conventions_package():
+    pytest.importorskip("opentelemetry.semconv._incubating.metrics.hw_metrics")
+    modules = {
+        "hw": "hw_metrics", "gen_ai": "gen_ai_metrics", "process": "process_metrics",
+        "system": "system_metrics",
+    }  # fmt: skip
+    for s in CATALOG:
+        if not s.semconv:
+            assert s.otel_name.startswith("tunix.") or s.otel_name == "hw.gpu.clock.sm", s
+            continue
+        mod = importlib.import_module(
+            "opentelemetry.semconv._incubating.metrics." + modules[s.otel_name.split(".")[0]]
+        )
+        const = s.otel_name.upper().replace(".", "_")
+        assert getattr(mod, const) == s.otel_name
+        create = getattr(mod, "create_" + const.lower())
+        meter = MeterProvider().get_meter("semconv-check")
+        try:
+            inst = create(meter, None)  # observable instruments take callbacks
+        except TypeError:
+            inst = create(meter)
+        assert inst.unit == s.unit, s.otel_name
+        kind = type(inst).__name__.lower().replace("_", "").replace("observable", "")
+        assert kind == s.instrument.value, (s.otel_name, kind)
+
+
+def test_lookup_patterns_and_units():
+    m = lookup("rewards/format_reward")
+    assert m is not None and m.spec.otel_name == "tunix.rl.reward.function"
+    assert m.attributes == {"reward_fn": "format_reward"}
+    assert lookup("rewards/a/b") is None  # a placeholder is one path segment
+    assert lookup("my/own") is None
+    assert by_otel_name("gen_ai.server.request.duration").buckets == E2E_LATENCY_BUCKETS
+    assert guess_unit("eval/latency_sec") == "s"
+    assert guess_unit("data/tokens") == "{token}"
+    assert guess_unit("throughput_per_sec") == "1/s"
+    assert guess_unit("accuracy") == "1"
+
+
+def test_catalog_backend_records_on_the_catalogued_instruments():
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    logger = MetricsLogger(
+        MetricsLoggerOptions(
+            default_backends=False, backend_factories=[lambda: CatalogOTelBackend(mp)]
+        ),
+        rank=0,
+    )
+    logger.log_dict(
+        {
+            "rewards/mean": 0.5,
+            "advantages/mean": -0.25,
+            "rewards/format": 1.0,
+            "tflops_per_step": 2.5,
+            "actor_dequeue_time": 0.02,
+            "eval/accuracy": 0.9,
+            "tunix.rl.policy.kl": 3.0,  # a free-form name equal to a catalog instrument
+        },
+        step=3,
+    )
+    logger.log("actor_dequeue_time", math.nan, step=4)  # not recorded into the histogram
+    logger.log("perf/train/step_time_sec", 1.0, step=4, source="perf")  # skipped
+    got = _points(reader)
+    assert got["tunix.rl.reward.mean"][0] == "1"
+    assert got["tunix.rl.reward.mean"][1][0].value == 0.5
+    assert got["tunix.rl.advantage.mean"][1][0].value == -0.25
+    fn = got["tunix.rl.reward.function"][1][0]
+    assert fn.value == 1.0 and dict(fn.attributes) == {"reward_fn": "format"}
+    assert got["tunix.train.flops_per_step"] == ("{flop}", got["tunix.train.flops_per_step"][1])
+    assert got["tunix.train.flops_per_step"][1][0].value == pytest.approx(2.5e12)
+    hist = got["tunix.rl.actor.dequeue_time"]
+    assert hist[0] == "s" and hist[1][0].count == 1 and hist[1][0].sum == pytest.approx(0.02)
+    assert got["eval.accuracy"][1][0].value == 0.9
+    assert got["tunix.logged.tunix.rl.policy.kl"][1][0].value == 3.0
+    assert not any(name.startswith("perf") for name in got)
+
+
+def test_docs_table_lists_every_row():
+    text = DOCS.read_text()
+    for group in ("training", "rl", "generation", "gpu", "system", "alerts"):
+        assert markdown_table(group) in text, f"docs/metrics.md is stale for {group}"
+    for s in CATALOG:
+        assert f"`{s.otel_name}`" in text, s.otel_name
+        if s.logger_name:
+            assert f"`{s.logger_name}`" in text, s.logger_name
