@@ -73,6 +73,7 @@ class _State:
     offset_ns: int = 0
     datadog: Any = None
     perfetto: Any = None
+    perfetto_at_shutdown: bool = False
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
     alerts: Any = None
     sampler: Any = None
@@ -285,7 +286,8 @@ def configure(
         )
         tp.add_span_processor(processor)
         perfetto_dir = _perfetto_dir(cfg, out_dir)
-        if perfetto_dir is not None:
+        state.perfetto_at_shutdown = perfetto_dir == _PERFETTO_AT_SHUTDOWN
+        if isinstance(perfetto_dir, Path):
             from otel_tunix.exporters.perfetto import PerfettoSpanExporter
 
             perfetto = PerfettoSpanExporter(directory=perfetto_dir)
@@ -324,10 +326,23 @@ def _provider(given: Any, global_: Any, sdk_type: type, build: Any) -> tuple[Any
     return build(), True
 
 
-def _perfetto_dir(cfg: PerformanceMetricsConfig, out_dir: Path | None) -> Path | None:
-    """Where the Perfetto trace goes: ``perfetto_trace_dir`` / ``OTEL_TUNIX_PERFETTO_DIR``
-    (``none`` turns it off), else the local run folder when the ``perfetto`` package is
-    installed. ``OTEL_TRACES_EXPORTER=perfetto`` builds its own exporter instead."""
+_PERFETTO_AT_SHUTDOWN = "shutdown"
+"""``_perfetto_dir`` answer for the default: translate the spans JSONL when the run ends."""
+
+_MAX_SHUTDOWN_CONVERT_BYTES = 256 * 2**20
+"""A spans JSONL larger than this is left for ``otel-tunix convert`` instead of being
+translated while the program exits."""
+
+
+def _perfetto_dir(cfg: PerformanceMetricsConfig, out_dir: Path | None) -> Path | str | None:
+    """Where the Perfetto trace goes.
+
+    ``perfetto_trace_dir`` / ``OTEL_TUNIX_PERFETTO_DIR`` stream it during the run (``none``
+    turns it off). By default the local run folder gets one translated from its spans JSONL
+    at ``shutdown()`` (``_PERFETTO_AT_SHUTDOWN``), when the ``perfetto`` package is
+    installed: the translation costs tens of microseconds per span, which the training loop
+    should not pay. ``OTEL_TRACES_EXPORTER=perfetto`` builds its own exporter instead.
+    """
     names = {n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")}
     if "perfetto" in names:
         return None
@@ -350,7 +365,33 @@ def _perfetto_dir(cfg: PerformanceMetricsConfig, out_dir: Path | None) -> Path |
         import perfetto  # noqa: F401
     except ImportError:
         return None
-    return out_dir
+    return _PERFETTO_AT_SHUTDOWN
+
+
+def _perfetto_from_jsonl(spans: Path, rank: RankInfo) -> Path | None:
+    """Translate the run folder's spans JSONL into ``trace[-rank<r>].pftrace``."""
+    try:
+        size = spans.stat().st_size
+    except OSError:
+        return None
+    if size > _MAX_SHUTDOWN_CONVERT_BYTES:
+        _logger.info(
+            "otel-tunix: %s is %d MB; make its Perfetto trace with: otel-tunix convert %s "
+            "--to perfetto trace.pftrace",
+            spans,
+            size >> 20,
+            spans,
+        )
+        return None
+    from otel_tunix.exporters.perfetto import convert_jsonl_to_perfetto
+
+    out = spans.with_name(f"trace{_rank_suffix(rank)}.pftrace")
+    try:
+        convert_jsonl_to_perfetto(spans, out)
+    except Exception:
+        _logger.exception("otel-tunix: writing the Perfetto trace %s failed", out)
+        return None
+    return out
 
 
 def _datadog_client() -> Any:
@@ -591,6 +632,11 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             st.datadog.close()
         if st.perfetto is not None and st.perfetto.path is not None:
             st.info.files["perfetto"] = st.perfetto.path
+        spans_file = st.info.files.get("spans")
+        if st.perfetto_at_shutdown and spans_file is not None and rt is not None:
+            trace_file = _perfetto_from_jsonl(spans_file, st.info.rank)
+            if trace_file is not None:
+                st.info.files["perfetto"] = trace_file
         summary_path = st.info.files.get("summary")
         if summary_path is not None and rt is not None:
             _write_summary(summary_path, st, sessions)

@@ -45,8 +45,9 @@ OTEL_TUNIX_LOG_ALL_RANKS: Final = "OTEL_TUNIX_LOG_ALL_RANKS"
 """``true``: every rank's MetricsLogger logs scalars. Default: ``false`` (rank 0 only)."""
 
 OTEL_TUNIX_PERFETTO_DIR: Final = "OTEL_TUNIX_PERFETTO_DIR"
-"""Directory for Perfetto trace files translated from the spans; ``none`` turns them off.
-Default: the local run folder, when the ``perfetto`` package is installed."""
+"""Directory for Perfetto trace files streamed from the spans during the run; ``none`` turns
+them off. Default: unset; the local run folder then gets ``trace.pftrace`` translated from
+its spans JSONL at shutdown, when the ``perfetto`` package is installed."""
 
 OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
 """``true`` / ``false``: evaluate the default alert rules on every logged metric

@@ -55,6 +55,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_tunix.accounting import SpanInfo, account_step
 from otel_tunix.attributes import (
+    COMPONENT,
     KIND_BLOCKED,
     KIND_BUSY,
     RANK,
@@ -702,8 +703,10 @@ class PerfettoTraceWriter:
         category = span.span_type or "span"
         begin = self._event_packet(start, track_uuid, _BEGIN)
         args = begin.track_event.debug_annotations
+        shown = _SHOWN_BY_LAYOUT.get(span.span_type, frozenset())
         for key, value in span.attributes.items():
-            _annotate(args.add(), key, value)
+            if key not in shown:
+                _annotate(args.add(), key, value)
         for key, value in (extra_args or {}).items():
             _annotate(args.add(), key, value)
         for key, value in (
@@ -1150,6 +1153,14 @@ def _tid32(thread_id: int) -> int:
     if 0 < thread_id < 2**31:
         return thread_id
     return (zlib.crc32((thread_id & (2**64 - 1)).to_bytes(8, "little")) & 0x7FFFFFFF) or 1
+
+
+_SHOWN_BY_LAYOUT: dict[str | None, frozenset[str]] = {
+    # Attributes the layout already shows (slice name, track, step slice above): repeating
+    # them as arguments on every component slice doubled the exporter's cost.
+    SPAN_TYPE_COMPONENT: frozenset({SPAN_TYPE, COMPONENT, SCOPE, STEP, THREAD_ID, THREAD_NAME}),
+    SPAN_TYPE_STEP: frozenset({SPAN_TYPE, THREAD_ID, THREAD_NAME}),
+}
 
 
 def _annotate(ann: pb.DebugAnnotation, name: str | None, value: object) -> None:
