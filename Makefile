@@ -24,6 +24,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_overhead.py
+	$(BIN)/python bench/bench_demo.py
 
 clean:
 	rm -rf $(VENV) otel-tunix-runs
