@@ -14,12 +14,12 @@ import argparse
 import math
 import queue
 import threading
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import otel_tunix
+from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
 
 @dataclass(kw_only=True)
@@ -150,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch  # noqa: F401
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     except ImportError as exc:
         ap.exit(
             2, f"otel-tunix demo needs torch and rich: pip install 'otel-tunix[demo]' ({exc})\n"
@@ -163,35 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = DemoConfig(steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
     console = Console(stderr=False)
     console.print(f"[bold]otel-tunix demo[/]: run [cyan]{info.run_id}[/], {cfg.steps} steps")
-    bar = (
-        nullcontext(None)
-        if args.no_progress
-        else Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]:.4f}"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-        )
-    )
-    with bar as prog:
-        update = None
-        if prog is not None:
-            task = prog.add_task("training", total=cfg.steps, loss=float("nan"))
-
-            def update(done: int, loss: float) -> None:
-                prog.update(task, completed=done, loss=loss)
-
-        losses = train(cfg, run_dir=info.output_dir, progress=update)
+    with progress_bar(console, "training", cfg.steps, "loss", enabled=not args.no_progress) as up:
+        losses = train(cfg, run_dir=info.output_dir, progress=up)
     sessions = otel_tunix.shutdown()
-    from otel_tunix.report import breakdown_table
 
     console.print(breakdown_table(sessions))
     console.print(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f})")
-    if info.output_dir is not None:
-        console.print(f"run folder: [cyan]{info.output_dir.resolve()}[/]")
-        for kind, path in info.files.items():
-            console.print(f"  {kind:<8} {path}")
+    print_run_files(console, info)
     return 0

@@ -29,12 +29,12 @@ import math
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import otel_tunix
 from otel_tunix.accounting import ScopeSession
+from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
 ACTOR = "rl/actor"
 LEARNER = "rl/learner"
@@ -336,7 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn
     except ImportError as exc:
         ap.exit(
             2,
@@ -361,29 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         f"[bold]otel-tunix RL demo[/]: run [cyan]{info.run_id}[/], {cfg.steps} learner steps, "
         f"{cfg.rollout_workers} rollout workers, {mode}"
     )
-    bar = (
-        nullcontext(None)
-        if args.no_progress
-        else Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("reward {task.fields[reward]:.3f}"),
-            console=console,
-            transient=True,
-        )
-    )
-    with bar as prog:
-        update = None
-        if prog is not None:
-            task = prog.add_task("GRPO", total=cfg.steps, reward=float("nan"))
-
-            def update(done: int, reward: float) -> None:
-                prog.update(task, completed=done, reward=reward)
-
-        rewards = run(cfg, progress=update)
+    with progress_bar(console, "GRPO", cfg.steps, "reward", enabled=not args.no_progress) as up:
+        rewards = run(cfg, progress=up)
     sessions = otel_tunix.shutdown()
-    from otel_tunix.report import breakdown_table
 
     console.print(breakdown_table(sessions, title="RL step-time breakdown"))
     waits = rollout_idle_and_learner_blocked(sessions)
@@ -401,8 +380,5 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"mean reward {first:.3f} → {last:.3f} (first / last {k} steps)")
     if not math.isfinite(last):
         return 1
-    if info.output_dir is not None:
-        console.print(f"run folder: [cyan]{info.output_dir.resolve()}[/]")
-        for kind, path in info.files.items():
-            console.print(f"  {kind:<8} {path}")
+    print_run_files(console, info)
     return 0

@@ -6,6 +6,8 @@ Used by ``otel-tunix demo`` at the end of a run. ``rich`` is an optional depende
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,3 +81,42 @@ def breakdown_table(sessions: list[ScopeSession], title: str = "Step-time breakd
             s.scope, "throughput", "", f"{s.steps_per_sec:.1f} steps/s", f"{s.steps} steps"
         )
     return table
+
+
+@contextmanager
+def progress_bar(
+    console: Any, description: str, total: int, field: str, *, enabled: bool = True
+) -> Iterator[Callable[[int, float], None] | None]:
+    """A transient ``rich`` progress bar; yields ``update(done, value)`` (``None`` if off).
+
+    ``value`` is shown after the count as ``<field> <value>`` (the loss, a reward).
+    """
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn(f"{field} {{task.fields[value]:.4f}}"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as prog:
+        task = prog.add_task(description, total=total, value=float("nan"))
+
+        def update(done: int, value: float) -> None:
+            prog.update(task, completed=done, value=value)
+
+        yield update
+
+
+def print_run_files(console: Any, info: Any) -> None:
+    """Print the run folder and the files a finished run wrote (``RunInfo``)."""
+    if info.output_dir is None:
+        return
+    console.print(f"run folder: [cyan]{info.output_dir.resolve()}[/]")
+    for kind, path in info.files.items():
+        console.print(f"  {kind:<8} {path}")
