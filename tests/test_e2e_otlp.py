@@ -126,3 +126,40 @@ def test_collector_killed_and_restarted_mid_run(rotel_collector, monkeypatch, tm
     assert otlp["spans_failed"] + otlp["spans_dropped"] > 0
     assert otlp["spans_exported"] >= 30
     assert (tmp_path / "trace.pftrace").stat().st_size > 0  # the local trace has it all
+
+
+def test_memory_stays_bounded_while_the_collector_is_down(monkeypatch):
+    """Spans that cannot be exported are dropped and counted, never piled up in memory."""
+    import os
+
+    from collector import free_port
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    otel_tunix.configure(output_dir="none", metrics_logger=otel_tunix.MetricsLoggerOptions())
+
+    def steps(a: int, b: int) -> None:
+        for i in range(a, b):
+            with otel_tunix.step(i):
+                with otel_tunix.component("a"):
+                    pass
+                with otel_tunix.component("b", blocked=True):
+                    pass
+                with otel_tunix.component("c"):
+                    pass
+            if i % 500 == 0:
+                time.sleep(0.01)  # let the worker keep up, as a real step would
+
+    steps(0, 2000)
+    otel_tunix.force_flush(timeout=2)
+    before = rss_mb()
+    steps(2000, 10000)  # 32,000 more spans: kept, they would take tens of MB
+    otel_tunix.force_flush(timeout=2)
+    grown = rss_mb() - before
+    print(f"RSS grew {grown:.1f} MB over 8000 steps with the collector down")
+    otel_tunix.shutdown()
+    assert grown < 20, grown

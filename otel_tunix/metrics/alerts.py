@@ -317,6 +317,8 @@ class SpikeRule(Rule):
         min_history: Values needed before the rule can fire.
         min_relative: Minimum rise over the median, as a fraction of it (10 %: with raw MAD,
             median + 3·MAD is about 2 standard deviations of normal jitter).
+        min_absolute: Minimum rise over the median, in the metric's unit (the default rule
+            uses 10 ms, so microsecond jitter of tiny steps never alerts).
     """
 
     name: str
@@ -325,6 +327,7 @@ class SpikeRule(Rule):
     window: int = 50
     min_history: int = 10
     min_relative: float = 0.1
+    min_absolute: float = 0.0
     severity: Severity = Severity.WARNING
     consecutive: int = 1
     description: str = ""
@@ -337,7 +340,7 @@ class SpikeRule(Rule):
             return None
         med = statistics.median(history)
         mad = statistics.median(abs(x - med) for x in history)
-        return max(med + self.k * mad, med * (1 + self.min_relative))
+        return max(med + self.k * mad, med * (1 + self.min_relative), med + self.min_absolute)
 
     def level(self, value: float, history: Sequence[float]) -> Severity:
         limit = self._limit(history)
@@ -416,6 +419,7 @@ def default_rules() -> list[Rule]:
         SpikeRule(
             "step_time_spike",
             ("step_time_sec", "perf/*/step_time_sec"),
+            min_absolute=0.01,
             description="a step much slower than the recent ones",
         ),
     ]
