@@ -11,7 +11,6 @@ norm go to the MetricsLogger. Needs the ``demo`` extra (torch, rich).
 from __future__ import annotations
 
 import argparse
-import math
 import queue
 import threading
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import otel_tunix
+from otel_tunix.metrics.training import perplexity
 from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
 
@@ -105,7 +105,7 @@ def train(cfg: DemoConfig, *, run_dir: Path | None, progress: Any = None) -> lis
             logger.log_dict(
                 {
                     "loss": value,
-                    "perplexity": math.exp(min(value, 50.0)),
+                    "perplexity": perplexity(value),
                     "learning_rate": sched.get_last_lr()[0],
                     "grad_norm": grad_norm,
                 },

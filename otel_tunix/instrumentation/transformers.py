@@ -42,6 +42,7 @@ from typing import Any
 import otel_tunix
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation import torch as ott
+from otel_tunix.metrics.training import perplexity
 
 _base.require("transformers", "transformers", "otel_tunix.instrumentation.transformers")
 
@@ -115,7 +116,7 @@ def map_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
     loss = out.get("loss")
     rl = any(k in out for k in _RL_SIGNS)
     if loss is not None and math.isfinite(loss) and not rl:  # an RL loss is not an NLL
-        out["perplexity"] = math.exp(min(loss, 50.0))
+        out["perplexity"] = perplexity(loss)
     return out
 
 
