@@ -56,6 +56,7 @@ class Pipeline:
         self._last_kick = 0.0
         self._stopping = False
         self._closed = False
+        self._processing = False  # a popped step is being processed (flush waits for it)
         self.dropped_steps = 0
         self.failed_steps = 0
         self.processed_steps = 0
@@ -118,6 +119,7 @@ class Pipeline:
 
     def _drain(self, force: bool) -> None:
         done = 0
+        self._processing = True
         try:
             done = self._drain_ready(force)
         finally:
@@ -126,6 +128,7 @@ class Pipeline:
                     self._after_batch()
                 except Exception:
                     _logger.exception("otel-tunix: flushing after a batch of steps failed")
+            self._processing = False
 
     def _drain_ready(self, force: bool) -> int:
         done = 0
@@ -157,7 +160,7 @@ class Pipeline:
         still resolving included) is processed."""
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._queue and _host_done(self._queue[0]):
+            while (self._queue and _host_done(self._queue[0])) or self._processing:
                 self._wake.set()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._worker.is_alive():
