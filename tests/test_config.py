@@ -283,3 +283,16 @@ def test_env_perfetto_dir_and_none(monkeypatch, tmp_path):
         pass
     otel_tunix.shutdown()
     assert info.files["perfetto"].parent == tmp_path / "run3"
+
+
+def test_otel_traces_exporter_perfetto_through_the_entry_point(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console,perfetto")
+    monkeypatch.setenv("OTEL_TUNIX_PERFETTO_DIR", str(tmp_path / "pf"))
+    info = otel_tunix.configure(output_dir=tmp_path / "run")
+    with otel_tunix.step(0), otel_tunix.component("x"):
+        pass
+    otel_tunix.shutdown()
+    files = list((tmp_path / "pf").glob("trace-*.pftrace"))
+    assert len(files) == 1 and files[0].stat().st_size > 0  # one exporter, not two
+    assert "perfetto" not in info.files  # the run folder did not translate it a second time
+    assert not list((tmp_path / "run").glob("*.pftrace"))
