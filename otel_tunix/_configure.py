@@ -192,6 +192,12 @@ def configure(
         export_stats: dict[str, ExportStats] = {}
         datadog = _datadog_client()
         endpoints: dict[str, str] = {}
+        readers: list[Any] = []  # those of a MeterProvider otel-tunix builds
+
+        def build_meter_provider() -> MeterProvider:
+            readers.extend([*_otel_setup.metric_readers(endpoints), *_datadog_readers(datadog)])
+            return _otel_setup.build_meter_provider(resource, readers)
+
         tp, owns_tp = _provider(
             tracer_provider,
             trace.get_tracer_provider(),
@@ -202,9 +208,7 @@ def configure(
             meter_provider,
             metrics.get_meter_provider(),
             MeterProvider,
-            lambda: _otel_setup.build_meter_provider(
-                resource, _datadog_readers(datadog), endpoints
-            ),
+            build_meter_provider,
         )
         _otel_setup.install_global_providers(
             tp if owns_tp else None, mp if owns_mp else None, tuple(_installed)
@@ -223,8 +227,12 @@ def configure(
             "sampling_rate": cfg.sampling_rate,
             "resource": dict(span_resource.attributes),
         }
-        instruments = InstrumentSink(mp.get_meter(cfg.otel_scope, __version__))
-        processor.add_sink(instruments)
+        instruments = None
+        # A provider otel-tunix built with no reader (no metrics exporter configured): every
+        # point recorded into it would cost ~4 us for nothing.
+        if not owns_mp or readers:
+            instruments = InstrumentSink(mp.get_meter(cfg.otel_scope, __version__))
+            processor.add_sink(instruments)
         processor.add_sink(MetricsLoggerSink(logger))
         if out_dir is not None:
             files["spans"] = out_dir / f"spans{_rank_suffix(rank)}.jsonl"

@@ -142,11 +142,8 @@ def build_tracer_provider(resource: Resource, stats: dict[str, ExportStats]) -> 
     return tp
 
 
-def build_meter_provider(
-    resource: Resource, extra_readers: list[MetricReader], urls: dict[str, str] | None = None
-) -> MeterProvider:
-    """A new SDK MeterProvider with the configured readers."""
-    readers = [*metric_readers(urls), *extra_readers]
+def build_meter_provider(resource: Resource, readers: list[MetricReader]) -> MeterProvider:
+    """A new SDK MeterProvider with these readers (see :func:`metric_readers`)."""
     return MeterProvider(resource=resource, metric_readers=readers)
 
 

@@ -296,3 +296,18 @@ def test_otel_traces_exporter_perfetto_through_the_entry_point(monkeypatch, tmp_
     assert len(files) == 1 and files[0].stat().st_size > 0  # one exporter, not two
     assert "perfetto" not in info.files  # the run folder did not translate it a second time
     assert not list((tmp_path / "run").glob("*.pftrace"))
+
+
+def test_no_histograms_are_recorded_when_no_metric_reader_exists(monkeypatch, tmp_path):
+    from otel_tunix import _configure
+    from otel_tunix.sinks import InstrumentSink
+
+    otel_tunix.configure(output_dir="none")  # no OTEL_METRICS_EXPORTER: nothing reads metrics
+    sinks = _configure._state.processor.sinks
+    otel_tunix.shutdown()
+    assert not any(isinstance(s, InstrumentSink) for s in sinks)
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "console")
+    otel_tunix.configure(output_dir="none")
+    sinks = _configure._state.processor.sinks
+    otel_tunix.shutdown()
+    assert any(isinstance(s, InstrumentSink) for s in sinks)
