@@ -141,10 +141,6 @@ class Pipeline:
                 _close_open_spans(head)
             self._queue.popleft()
             done += 1
-            if done > 1:
-                # Let the training thread take the GIL between steps: a thread that wants it
-                # otherwise waits until this one blocks or the 5 ms switch interval ends.
-                time.sleep(0)
             try:
                 self._process(head)
                 self.processed_steps += 1
