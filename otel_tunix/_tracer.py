@@ -653,9 +653,3 @@ def current_step() -> StepView | None:
 def in_step() -> bool:
     """True when a step (sampled or not) is open in the calling context."""
     return _current_step.get() is not _NOT_SET
-
-
-def current_span_context() -> SpanContext:
-    """The span context that otel-tunix's current component or step runs under."""
-    ctx = get_current_span().get_span_context()
-    return ctx if ctx.is_valid else INVALID_SPAN_CONTEXT
