@@ -674,35 +674,31 @@ def _wrap_wait_for_next(wrapped: Callable[..., Any], instance: Any, args: Any, k
         return wrapped(*args, **kwargs)
 
 
+def _swap_noop_tracers(instance: Any, v1_attr: str, v2_attr: str) -> None:
+    """Replace Tunix's default no-op tracers on ``instance`` with the shared OTel tracer."""
+    if not (_active.is_set() and _shared_tracer is not None):
+        return
+    try:
+        from tunix.perf import trace as v1
+        from tunix.perf.experimental import tracer as v2
+
+        if type(getattr(instance, v1_attr, None)) is v1.NoopTracer:
+            setattr(instance, v1_attr, _shared_tracer)
+        if type(getattr(instance, v2_attr, None)) is v2.NoopTracer:
+            setattr(instance, v2_attr, _shared_tracer.v2)
+    except Exception:
+        _logger.debug("otel-tunix: setting the Tunix tracer failed", exc_info=True)
+
+
 def _wrap_peft_init(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     result = wrapped(*args, **kwargs)
-    if _active.is_set() and _shared_tracer is not None:
-        try:
-            from tunix.perf import trace as v1
-            from tunix.perf.experimental import tracer as v2
-
-            if type(getattr(instance, "_perf_tracer", None)) is v1.NoopTracer:
-                instance._perf_tracer = _shared_tracer
-            if type(getattr(instance, "_perf_tracer_v2", None)) is v2.NoopTracer:
-                instance._perf_tracer_v2 = _shared_tracer.v2
-        except Exception:
-            _logger.debug("otel-tunix: setting the Tunix tracer failed", exc_info=True)
+    _swap_noop_tracers(instance, "_perf_tracer", "_perf_tracer_v2")
     return result
 
 
 def _wrap_init_cluster(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     result = wrapped(*args, **kwargs)
-    if _active.is_set() and _shared_tracer is not None:
-        try:
-            from tunix.perf import trace as v1
-            from tunix.perf.experimental import tracer as v2
-
-            if type(getattr(instance, "_perf", None)) is v1.NoopTracer:
-                instance._perf = _shared_tracer
-            if type(getattr(instance, "_perf_v2", None)) is v2.NoopTracer:
-                instance._perf_v2 = _shared_tracer.v2
-        except Exception:
-            _logger.debug("otel-tunix: setting the RL cluster tracer failed", exc_info=True)
+    _swap_noop_tracers(instance, "_perf", "_perf_v2")
     return result
 
 
