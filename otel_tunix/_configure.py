@@ -35,7 +35,7 @@ from otel_tunix.config import (
     env_bool,
     load_callable,
 )
-from otel_tunix.exporters.counting import CountingBatchSpanProcessor, ExportStats
+from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.processors import StepAccountingProcessor
@@ -300,7 +300,7 @@ def configure(
 
             perfetto = PerfettoSpanExporter(directory=perfetto_dir)
             stats = export_stats.setdefault("perfetto", ExportStats())
-            tp.add_span_processor(CountingBatchSpanProcessor(perfetto, stats))
+            tp.add_span_processor(BatchExportProcessor(perfetto, stats))
             state.perfetto = perfetto
         span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
         if cfg.enabled:

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_tunix.config import ConfigurationError
-from otel_tunix.exporters.counting import CountingBatchSpanProcessor, ExportStats
+from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
 
 _logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def build_tracer_provider(resource: Resource, stats: dict[str, ExportStats]) -> 
     tp = TracerProvider(resource=resource)
     for name, exporter in trace_exporters():
         tp.add_span_processor(
-            CountingBatchSpanProcessor(exporter, stats.setdefault(name, ExportStats()))
+            BatchExportProcessor(exporter, stats.setdefault(name, ExportStats()))
         )
     return tp
 

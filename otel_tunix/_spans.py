@@ -8,8 +8,11 @@ in start order, then the step span: processors and exporters can rely on that or
 
 from __future__ import annotations
 
+import inspect
+import logging
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -18,8 +21,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_tunix import attributes as attr
-from otel_tunix._tracer import SpanRecord, StepRecord
+from otel_tunix._tracer import SpanRecord, StepRecord, new_span_context
 
+_logger = logging.getLogger(__name__)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 
@@ -58,8 +62,83 @@ def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
     return tuple(out)
 
 
+_ReadableSpanFactory = Callable[
+    [str, SpanContext, SpanContext | None, Resource, dict[str, Any], tuple[Event, ...], Status,
+     int, int, InstrumentationScope],
+    ReadableSpan,
+]  # fmt: skip
+_POSITIONAL = (
+    "name", "context", "parent", "resource", "attributes", "events", "links", "kind",
+    "instrumentation_info", "status", "start_time", "end_time", "instrumentation_scope",
+)  # fmt: skip
+
+
+def _readable_span_factory() -> _ReadableSpanFactory:
+    """Build SDK ``ReadableSpan`` objects with positional arguments when the SDK's signature
+    has the expected order (keyword arguments cost ~0.3 us more per span), else with
+    keywords."""
+
+    def positional(
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        resource: Resource,
+        attributes: dict[str, Any],
+        events: tuple[Event, ...],
+        status: Status,
+        start: int,
+        end: int,
+        scope: InstrumentationScope,
+    ) -> ReadableSpan:
+        return ReadableSpan(
+            name, context, parent, resource, attributes, events, (), _INTERNAL, None,
+            status, start, end, scope,
+        )  # fmt: skip
+
+    def keywords(
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        resource: Resource,
+        attributes: dict[str, Any],
+        events: tuple[Event, ...],
+        status: Status,
+        start: int,
+        end: int,
+        scope: InstrumentationScope,
+    ) -> ReadableSpan:
+        return ReadableSpan(
+            name=name, context=context, parent=parent, resource=resource,
+            attributes=attributes, events=events, kind=_INTERNAL, status=status,
+            start_time=start, end_time=end, instrumentation_scope=scope,
+        )  # fmt: skip
+
+    try:
+        params = tuple(inspect.signature(ReadableSpan.__init__).parameters)[1:]
+    except (TypeError, ValueError):  # pragma: no cover
+        params = ()
+    return positional if params == _POSITIONAL else keywords
+
+
+def _dispatch_targets(sink: SpanProcessor) -> list[tuple[SpanProcessor, Any]]:
+    """The processors behind ``sink`` (a provider's multi-processor is unpacked), each with
+    its ``on_step_end(step_span, component_spans, intervals)`` bulk method when it has one."""
+    procs = getattr(sink, "_span_processors", None)
+    if not isinstance(procs, tuple):
+        procs = (sink,)
+    return [(p, getattr(p, "on_step_end", None)) for p in procs]
+
+
 class SpanBuilder:
-    """Callable given to the pipeline: step record in, spans out to ``processor.on_end``."""
+    """Callable given to the pipeline: step record in, spans out to the span processors.
+
+    Processors get the spans in the usual way, one ``on_end`` call per span, except those
+    that have an ``on_step_end(step_span, component_spans)`` method (otel-tunix's accounting
+    and export processors): they get a whole step in one call, which is most of what a
+    processed span costs. When ``processor`` is a TracerProvider's multi-processor, its
+    processors are called directly, in its order; processors added to the provider later
+    are picked up. A processor that raises is reported once and does not stop the others.
+    """
 
     def __init__(
         self,
@@ -71,78 +150,135 @@ class SpanBuilder:
         self._resource = resource
         self._scope = scope
         self._offset = epoch_offset_ns()
+        self._targets_key: object = None
+        self._targets: list[tuple[SpanProcessor, Any]] = []
+        self._threads: dict[Any, tuple[int, str]] = {}
+        self._failed: set[int] = set()
 
     def __call__(self, rec: StepRecord) -> None:
+        step_span, components, intervals = self.build(rec)
+        key = getattr(self._processor, "_span_processors", self._processor)
+        if key is not self._targets_key:
+            self._targets, self._targets_key = _dispatch_targets(self._processor), key
+        for proc, bulk in self._targets:
+            try:
+                if bulk is not None:
+                    bulk(step_span, components, intervals)
+                else:
+                    on_end = proc.on_end
+                    for span in components:
+                        on_end(span)
+                    on_end(step_span)
+            except Exception:
+                if id(proc) not in self._failed:
+                    self._failed.add(id(proc))
+                    _logger.exception(
+                        "otel-tunix: span processor %s raised (reported once)",
+                        type(proc).__name__,
+                    )
+
+    def _thread(self, thread: Any) -> tuple[int, str]:
+        """(native id, name) of a recorded thread, cached: the lookups cost per span."""
+        found = self._threads.get(thread)
+        if found is None:
+            if len(self._threads) > 4096:  # threads come and go: keep the cache bounded
+                self._threads.clear()
+            found = self._threads[thread] = (thread.native_id or thread.ident or 0, thread.name)
+        return found
+
+    def build(
+        self, rec: StepRecord
+    ) -> tuple[ReadableSpan, list[ReadableSpan], list[tuple[str, bool, int, int]]]:
+        """The step span, its component spans (in start order) and their ``(name, blocked,
+        start, end)`` intervals (Unix epoch ns) of one step record."""
         off = self._offset
         trace_id = rec.trace_id
+        resource, iscope = self._resource, self._scope
         step_ctx = rec.span_context()
-        # Parents are mostly the step or another component of the step: reuse their contexts.
+        # A parent starts before its children, so in start order its context is made first.
         contexts: dict[int, SpanContext] = {rec.span_id: step_ctx}
-        spans = sorted(rec.spans, key=lambda s: s.start_ns)
-        for s in spans:
-            contexts[s.span_id] = s.span_context()
-        step_end = max([rec.end_ns, *(s.end_ns for s in spans)])
-        on_end = self._processor.on_end
-        for s in spans:
+        step_end = rec.end_ns
+        number, scope = rec.number, rec.scope
+        out: list[ReadableSpan] = []
+        intervals: list[tuple[str, bool, int, int]] = []
+        last_thread: Any = None
+        tid, tname = 0, ""
+        for s in sorted(rec.spans, key=_start_ns):
+            ctx = contexts[s.span_id] = s.span_context()
             parent_ctx = contexts.get(s.parent_id)
-            if parent_ctx is None:  # a foreign span
-                parent_ctx = SpanContext(trace_id, s.parent_id, False, _SAMPLED)
-            on_end(self._component_span(s, rec, parent_ctx, off))
-        status, events = _error(rec.error, rec.end_ns + off)
-        events += _step_events(rec, step_end, off)
-        parent = SpanContext(trace_id, rec.parent_id, False, _SAMPLED) if rec.parent_id else None
-        step_span = ReadableSpan(
-            name=f"{rec.scope}_step",
-            context=step_ctx,
-            parent=parent,
-            resource=self._resource,
-            attributes={
-                **rec.attributes,
-                attr.SPAN_TYPE: attr.SPAN_TYPE_STEP,
-                attr.STEP: rec.number,
-                attr.SCOPE: rec.scope,
-                attr.THREAD_ID: rec.thread.native_id or rec.thread.ident or 0,
-                attr.THREAD_NAME: rec.thread.name,
-            },
-            events=events,
-            kind=SpanKind.INTERNAL,
-            status=status,
-            start_time=rec.start_ns + off,
-            end_time=step_end + off,
-            instrumentation_scope=self._scope,
-        )
-        self._processor.on_end(step_span)
-
-    def _component_span(
-        self, s: SpanRecord, rec: StepRecord, parent: SpanContext, off: int
-    ) -> ReadableSpan:
-        attrs: dict[str, Any] = {
-            attr.SPAN_TYPE: attr.SPAN_TYPE_COMPONENT,
-            attr.STEP: rec.number,
-            attr.SCOPE: rec.scope,
-            attr.COMPONENT: s.name,
-            attr.TIME_KIND: attr.KIND_BLOCKED if s.blocked else attr.KIND_BUSY,
-            attr.THREAD_ID: s.thread.native_id or s.thread.ident or 0,
-            attr.THREAD_NAME: s.thread.name,
+            if parent_ctx is None:  # a foreign span (or a parent recorded after the fact)
+                parent_ctx = new_span_context(trace_id, s.parent_id)
+            if s.thread is not last_thread:
+                last_thread = s.thread
+                tid, tname = self._thread(last_thread)
+            name, blocked, start, end = s.name, s.blocked, s.start_ns, s.end_ns
+            attrs: dict[str, Any] = {
+                _SPAN_TYPE: _COMPONENT,
+                _STEP: number,
+                _SCOPE: scope,
+                _COMPONENT_NAME: name,
+                _TIME_KIND: _BLOCKED if blocked else _BUSY,
+                _THREAD_ID: tid,
+                _THREAD_NAME: tname,
+            }
+            if end != s.host_end_ns:
+                attrs[attr.DEVICE_END] = True
+                attrs[attr.HOST_DURATION] = (s.host_end_ns - start) * 1e-9
+            if s.incomplete:
+                attrs[attr.INCOMPLETE] = True
+            if s.attributes:
+                attrs = {**s.attributes, **attrs}
+            if s.error is not None:
+                status, events = _error(s.error, s.host_end_ns + off)
+            else:
+                status, events = _UNSET, ()
+            if end < start:
+                end = start
+            if end > step_end:
+                step_end = end
+            start += off
+            end += off
+            intervals.append((name, blocked, start, end))
+            out.append(
+                readable_span(
+                    name, ctx, parent_ctx, resource, attrs, events, status, start, end, iscope
+                )
+            )
+        status, events = _error(rec.error, rec.end_ns + off) if rec.error else (_UNSET, ())
+        if rec.events:
+            events += _step_events(rec, step_end, off)
+        parent = new_span_context(trace_id, rec.parent_id) if rec.parent_id else None
+        tid, tname = self._thread(rec.thread)
+        step_attrs = {
+            **rec.attributes,
+            _SPAN_TYPE: attr.SPAN_TYPE_STEP,
+            _STEP: number,
+            _SCOPE: scope,
+            _THREAD_ID: tid,
+            _THREAD_NAME: tname,
         }
-        if s.end_ns != s.host_end_ns:
-            attrs[attr.DEVICE_END] = True
-            attrs[attr.HOST_DURATION] = (s.host_end_ns - s.start_ns) * 1e-9
-        if s.incomplete:
-            attrs[attr.INCOMPLETE] = True
-        if s.attributes:
-            attrs = {**s.attributes, **attrs}
-        status, events = _error(s.error, s.host_end_ns + off) if s.error else (_UNSET, ())
-        return ReadableSpan(
-            name=s.name,
-            context=s.span_context(),
-            parent=parent,
-            resource=self._resource,
-            attributes=attrs,
-            events=events,
-            kind=SpanKind.INTERNAL,
-            status=status,
-            start_time=s.start_ns + off,
-            end_time=max(s.end_ns, s.start_ns) + off,
-            instrumentation_scope=self._scope,
+        step_span = readable_span(
+            f"{scope}_step",
+            step_ctx,
+            parent,
+            resource,
+            step_attrs,
+            events,
+            status,
+            rec.start_ns + off,
+            step_end + off,
+            iscope,
         )
+        return step_span, out, intervals
+
+
+def _start_ns(s: SpanRecord) -> int:
+    return s.start_ns
+
+
+_INTERNAL = SpanKind.INTERNAL
+readable_span = _readable_span_factory()
+_SPAN_TYPE, _COMPONENT = attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT
+_STEP, _SCOPE, _COMPONENT_NAME, _TIME_KIND = attr.STEP, attr.SCOPE, attr.COMPONENT, attr.TIME_KIND
+_BLOCKED, _BUSY = attr.KIND_BLOCKED, attr.KIND_BUSY
+_THREAD_ID, _THREAD_NAME = attr.THREAD_ID, attr.THREAD_NAME

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.context import attach, detach, get_current
 from opentelemetry.trace import (
+    DEFAULT_TRACE_STATE,
     INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
     SpanContext,
@@ -43,15 +44,63 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
+_current_thread = threading.current_thread
 
 try:  # the OTel context key of the current span: reading it directly saves an ABC check
     from opentelemetry.trace.propagation import _SPAN_KEY
-
-    def _current_otel_span() -> Any:
-        return get_current().get(_SPAN_KEY)
 except ImportError:  # pragma: no cover - a future API without the private key
-    _current_otel_span = get_current_span
+    _SPAN_KEY = None
+
+
+def _otel_context_getter() -> Callable[[], Any]:
+    """The cheapest way to read the current OTel Context: the runtime context's own
+    ContextVar when it is the standard contextvars one (two Python calls fewer per
+    component), else the public ``get_current``."""
+    from opentelemetry import context as otel_context
+
+    var = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    return var.get if isinstance(var, contextvars.ContextVar) else get_current
+
+
+_otel_context = _otel_context_getter()
+
+
+def _current_otel_span() -> Any:
+    """The current OTel span (the raw context entry: no ABC check)."""
+    if _SPAN_KEY is None:  # pragma: no cover
+        return get_current_span()
+    return _otel_context().get(_SPAN_KEY)
+
+
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+def _span_context_factory() -> Callable[[int, int], SpanContext]:
+    """``(trace_id, span_id) -> SpanContext`` (local, sampled) for ids otel-tunix drew or
+    took from a valid context.
+
+    ``SpanContext`` is a tuple; building the tuple directly skips the constructor's range
+    checks (about half its cost, paid per span). Used only when it yields exactly what the
+    constructor does in this version of the API; otherwise the constructor itself.
+    """
+    fields = (False, _SAMPLED, DEFAULT_TRACE_STATE, True)
+
+    def fast(trace_id: int, span_id: int) -> SpanContext:
+        return _tuple_new(SpanContext, (trace_id, span_id, *fields))  # type: ignore[no-any-return]
+
+    def slow(trace_id: int, span_id: int) -> SpanContext:
+        return SpanContext(trace_id, span_id, False, _SAMPLED)
+
+    try:
+        a, b = fast(3, 5), slow(3, 5)
+        same = tuple(a) == tuple(b) and a.is_valid and a.trace_flags.sampled and not a.is_remote
+    except Exception:  # pragma: no cover - a future API
+        same = False
+    return fast if same else slow
+
+
+_tuple_new = tuple.__new__
+new_span_context = _span_context_factory()
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 DeviceEnd = Callable[[], int | None]
@@ -106,25 +155,24 @@ class SpanRecord:
         self, name: str, blocked: bool, trace_id: int, span_id: int, parent_id: int
     ) -> None:
         self.name = name
-        self.trace_id = trace_id
-        self._ctx: SpanContext | None = None
         self.blocked = blocked
+        self.trace_id = trace_id
         self.span_id = span_id
         self.parent_id = parent_id
-        self.thread = threading.current_thread()
-        self.end_ns = 0
-        self.host_end_ns = 0
+        self._ctx: SpanContext | None = None
+        self.end_ns = self.host_end_ns = 0
         self.error: BaseException | None = None
         self.device_end: Any = None
         self.incomplete = False
         self.attributes: dict[str, Any] | None = None
+        self.thread = _current_thread()
         self.start_ns = _clock()
 
     def span_context(self) -> SpanContext:
         """The OTel SpanContext of this component (built on first use)."""
         ctx = self._ctx
         if ctx is None:
-            ctx = self._ctx = SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
+            ctx = self._ctx = new_span_context(self.trace_id, self.span_id)
         return ctx
 
 
@@ -182,7 +230,7 @@ class StepRecord:
         """The OTel SpanContext of the step span (built on first use)."""
         ctx = self._ctx
         if ctx is None:
-            ctx = self._ctx = SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
+            ctx = self._ctx = new_span_context(self.trace_id, self.span_id)
         return ctx
 
 

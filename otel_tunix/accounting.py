@@ -21,8 +21,8 @@ How time is counted (all intervals are clipped to the step window):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from otel_tunix.attributes import KIND_BLOCKED
 
@@ -72,7 +72,7 @@ class SpanInfo:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ComponentTime:
     """Time of one component within a step (or summed over a session)."""
 
@@ -193,8 +193,11 @@ class StepSummary:
         return out
 
 
-def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+def union_ns(intervals: Sequence[tuple[int, int]]) -> int:
     """Total length of the union of half-open ``(start, end)`` intervals."""
+    if len(intervals) == 1:  # the usual case for one component in one step
+        start, end = intervals[0]
+        return end - start if end > start else 0
     total = 0
     cur_start = cur_end = None
     for start, end in sorted(intervals):
@@ -253,26 +256,31 @@ def account_intervals(
     attributes: Mapping[str, object] | None = None,
 ) -> StepSummary:
     """:func:`account_step` on plain intervals; ``spans`` may be a factory (made lazily)."""
-    window_end = max([end_ns, *(iv[3] for iv in intervals)])
+    window_end = end_ns
+    for iv in intervals:
+        if iv[3] > window_end:
+            window_end = iv[3]
     busy: list[tuple[int, int]] = []
     blocked: list[tuple[int, int]] = []
     by_name: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
     for name, is_blocked, s, e in intervals:
-        clipped = (max(s, start_ns), min(e, window_end))
-        (blocked if is_blocked else busy).append(clipped)
+        clipped = (s if s > start_ns else start_ns, e)  # e <= window_end by construction
         kinds = by_name.get(name)
         if kinds is None:
             kinds = by_name[name] = ([], [])
-        kinds[1 if is_blocked else 0].append(clipped)
-    busy_ns = union_ns(busy)
+        if is_blocked:
+            blocked.append(clipped)
+            kinds[1].append(clipped)
+        else:
+            busy.append(clipped)
+            kinds[0].append(clipped)
+    busy_ns = union_ns(busy) if busy else 0
     blocked_ns = union_ns(busy + blocked) - busy_ns if blocked else 0
     wall_ns = window_end - start_ns
-    idle_ns = max(0, wall_ns - busy_ns - blocked_ns)
+    idle_ns = wall_ns - busy_ns - blocked_ns
     components = {
         name: ComponentTime(
-            busy_time_sec=union_ns(b) * _NS,
-            blocked_time_sec=union_ns(k) * _NS,
-            count=len(b) + len(k),
+            union_ns(b) * _NS if b else 0.0, union_ns(k) * _NS if k else 0.0, len(b) + len(k)
         )
         for name, (b, k) in by_name.items()
     }
@@ -284,7 +292,7 @@ def account_intervals(
         step_time_sec=wall_ns * _NS,
         busy_time_sec=busy_ns * _NS,
         blocked_time_sec=blocked_ns * _NS,
-        idle_time_sec=idle_ns * _NS,
+        idle_time_sec=(idle_ns if idle_ns > 0 else 0) * _NS,
         components=components,
         spans=spans,
         trace_id=trace_id,
@@ -325,13 +333,20 @@ class ScopeSession:
         self.busy_time_sec += summary.busy_time_sec
         self.blocked_time_sec += summary.blocked_time_sec
         self.idle_time_sec += summary.idle_time_sec
+        totals = self.components
         for name, ct in summary.components.items():
-            old = self.components.get(name, ComponentTime())
-            self.components[name] = ComponentTime(
-                busy_time_sec=old.busy_time_sec + ct.busy_time_sec,
-                blocked_time_sec=old.blocked_time_sec + ct.blocked_time_sec,
-                count=old.count + ct.count,
-            )
+            acc = totals.get(name)
+            if acc is None:
+                acc = totals[name] = ComponentTime()
+            acc.busy_time_sec += ct.busy_time_sec
+            acc.blocked_time_sec += ct.blocked_time_sec
+            acc.count += ct.count
+
+    def copy(self) -> ScopeSession:
+        """A snapshot that later :meth:`add` calls do not change."""
+        return replace(
+            self, components={k: replace(v) for k, v in self.components.items()}
+        )
 
     def mean(self, total: float) -> float:
         """A session total divided by the number of sampled steps."""

@@ -196,6 +196,9 @@ class MetricsLogger:
     def _convert(self, metrics: Mapping[str, Any], step: int | None) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, value in metrics.items():
+            if type(value) is float and value - value == 0.0:  # finite float: the usual case
+                out[name] = value
+                continue
             try:
                 v = to_scalar(value)
             except Exception as exc:  # not a number: report once, never raise
@@ -221,11 +224,14 @@ class MetricsLogger:
         values = self._convert(metrics, step)
         if not values:
             return
+        source = kwargs.get("source")
         with self._lock:
             self.last_values.update(values)
             if step is not None:
                 self.last_step = step
             for backend in self.backends:
+                if source is not None and source in getattr(backend, "skip_sources", ()):
+                    continue
                 try:
                     many = getattr(backend, "log_scalars", None)
                     if many is not None:

@@ -10,11 +10,10 @@ Spans from other code pass through untouched.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from opentelemetry.context import Context
@@ -22,11 +21,18 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from otel_tunix import attributes as attr
-from otel_tunix.accounting import ScopeSession, SpanInfo, StepSummary, account_intervals
+from otel_tunix.accounting import (
+    Interval,
+    ScopeSession,
+    SpanInfo,
+    StepSummary,
+    account_intervals,
+)
 
 _logger = logging.getLogger(__name__)
 
 _EXTRA_SPAN_ATTRS = (attr.DEVICE_END, attr.HOST_DURATION, attr.INCOMPLETE)
+_STEP_KEYS = frozenset((attr.SPAN_TYPE, attr.SCOPE, attr.STEP))
 
 
 @runtime_checkable
@@ -119,16 +125,34 @@ class StepAccountingProcessor(SpanProcessor):
         except Exception:
             _logger.exception("otel-tunix: accounting of span %r failed", span.name)
 
-    def _finish_step(self, span: ReadableSpan, components: list[ReadableSpan]) -> None:
+    def on_step_end(
+        self,
+        step: ReadableSpan,
+        components: Sequence[ReadableSpan],
+        intervals: Sequence[Interval] | None = None,
+    ) -> None:
+        """A whole otel-tunix step at once (its component spans, then the step span): the
+        span builder's fast path, with no per-span buffering. ``intervals``, when given,
+        are the components' ``(name, blocked, start, end)`` as the builder already has
+        them (saves reading them back from the spans)."""
+        if self._closed:
+            return
+        try:
+            self._finish_step(step, components, intervals)
+        except Exception:
+            _logger.exception("otel-tunix: accounting of span %r failed", step.name)
+
+    def _finish_step(
+        self,
+        span: ReadableSpan,
+        components: Sequence[ReadableSpan],
+        intervals: Sequence[Interval] | None = None,
+    ) -> None:
         a = span.attributes or {}
         scope = str(a[attr.SCOPE])
-        extra = {k: v for k, v in a.items() if k not in (attr.SPAN_TYPE, attr.SCOPE, attr.STEP)}
-        summary = account_intervals(
-            scope,
-            int(a[attr.STEP]),  # type: ignore[arg-type]
-            span.start_time or 0,
-            span.end_time or 0,
-            [
+        extra = {k: v for k, v in a.items() if k not in _STEP_KEYS}
+        if intervals is None:
+            intervals = [
                 (
                     c.name,
                     c.attributes.get(attr.TIME_KIND) == attr.KIND_BLOCKED,  # type: ignore[union-attr]
@@ -136,7 +160,13 @@ class StepAccountingProcessor(SpanProcessor):
                     c.end_time or 0,
                 )
                 for c in components
-            ],
+            ]
+        summary = account_intervals(
+            scope,
+            int(a[attr.STEP]),  # type: ignore[arg-type]
+            span.start_time or 0,
+            span.end_time or 0,
+            intervals,
             spans=lambda: [span_info(c) for c in components],
             trace_id=f"{span.context.trace_id:032x}" if span.context else "",
             attributes=extra,
@@ -179,10 +209,7 @@ class StepAccountingProcessor(SpanProcessor):
     ) -> list[ScopeSession]:
         """Per-scope totals; ``step_counts`` maps scope to (steps, first start, last end)."""
         with self._lock:
-            out = {
-                k: dataclasses.replace(v, components=dict(v.components))
-                for k, v in self._sessions.items()
-            }
+            out = {k: v.copy() for k, v in self._sessions.items()}
         for scope, (count, first, last) in (step_counts or {}).items():
             s = out.setdefault(scope, ScopeSession(scope))
             s.steps, s.first_start_ns, s.last_end_ns = count, first, last

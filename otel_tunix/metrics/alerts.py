@@ -335,21 +335,27 @@ class SpikeRule(Rule):
     def __post_init__(self) -> None:
         self._check()
 
-    def _limit(self, history: Sequence[float]) -> float | None:
+    def _limit(self, history: Sequence[float], value: float | None = None) -> float | None:
+        """``max(median + k·MAD, median·(1 + min_relative), median + min_absolute)``; with
+        ``value`` given, a value at or below the last two terms returns that floor without
+        computing the MAD (the usual, quiet case: one sort instead of two)."""
         if len(history) < self.min_history:
             return None
         med = statistics.median(history)
+        floor = max(med * (1 + self.min_relative), med + self.min_absolute)
+        if value is not None and value <= floor:
+            return floor
         mad = statistics.median(abs(x - med) for x in history)
-        return max(med + self.k * mad, med * (1 + self.min_relative), med + self.min_absolute)
+        return max(med + self.k * mad, floor)
 
     def level(self, value: float, history: Sequence[float]) -> Severity:
-        limit = self._limit(history)
+        limit = self._limit(history, value)
         if limit is None or math.isnan(value):
             return Severity.OK
         return self.severity if value > limit else Severity.OK
 
     def clears(self, value: float, history: Sequence[float], level: Severity) -> bool:
-        limit = self._limit(history)
+        limit = self._limit(history, value)
         return limit is None or value <= limit
 
     def condition(self, level: Severity, history: Sequence[float]) -> str:

@@ -1,0 +1,257 @@
+"""The batch span processor in front of every exporter otel-tunix configures, with counts.
+
+Why not the SDK's ``BatchSpanProcessor``: it takes spans one ``on_end`` call at a time
+(~0.8 us each, plus ~0.4 us for a locked counter per span here), while otel-tunix's worker
+already holds each sampled step's spans together. :meth:`BatchExportProcessor.on_step_end`
+takes a whole step in one call (a ``deque.extend``), which is most of the difference between
+a processed span costing a few microseconds and costing ten. Spans from other code still
+arrive one at a time through :meth:`on_end`. Otherwise it behaves like the SDK's: the same
+``OTEL_BSP_*`` settings, a bounded queue that drops (and counts) when full, a daemon thread
+that exports in batches, exports with instrumentation suppressed, ``force_flush`` and
+``shutdown``, and a fresh thread in a forked child.
+
+A collector that is down or slow must never raise into or stall the training loop: the queue
+is bounded, exports happen on the processor's own thread, and what is lost is counted in the
+metric ``tunix.telemetry.spans`` (attribute ``result`` = ``exported`` | ``failed`` |
+``dropped``) and in the run's ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+from opentelemetry.context import Context, attach, detach, set_value
+from opentelemetry.sdk.environment_variables import (
+    OTEL_BSP_EXPORT_TIMEOUT,
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE,
+    OTEL_BSP_SCHEDULE_DELAY,
+)
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+_logger = logging.getLogger(__name__)
+
+try:  # the key the SDK's own batch processor sets while exporting
+    from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
+except ImportError:  # pragma: no cover - a future API without it
+    _SUPPRESS_INSTRUMENTATION_KEY = "suppress_instrumentation"  # type: ignore[assignment]
+
+
+class ExportStats:
+    """Thread-safe counters of one exporter's spans over a run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.offered = 0
+        self.exported = 0
+        self.failed = 0
+        self.dropped_full = 0
+
+    def add(
+        self, offered: int = 0, exported: int = 0, failed: int = 0, dropped: int = 0
+    ) -> None:
+        with self._lock:
+            self.offered += offered
+            self.exported += exported
+            self.failed += failed
+            self.dropped_full += dropped
+
+    @property
+    def dropped(self) -> int:
+        """Offered but neither exported nor failed: the queue was full, or the spans were
+        still queued when the run ended."""
+        return max(0, self.offered - self.exported - self.failed)
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "spans_offered": self.offered,
+            "spans_exported": self.exported,
+            "spans_failed": self.failed,
+            "spans_dropped": self.dropped,
+        }
+
+
+def _env_int(name: str, default: int) -> int:
+    """An ``OTEL_BSP_*`` setting; an unusable value falls back to the default with a
+    warning, as the SDK's own batch processor does."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+        if value <= 0:
+            raise ValueError
+        return value
+    except ValueError:
+        _logger.warning("%s=%r is not a positive integer; using %d", name, raw, default)
+        return default
+
+
+class BatchExportProcessor(SpanProcessor):
+    """Queues ended spans and exports them in batches on a daemon thread; counts them.
+
+    Args:
+        exporter: Any OTel ``SpanExporter``.
+        stats: Where the counts go (a new :class:`ExportStats` when omitted).
+        max_queue_size: Spans held at most (``OTEL_BSP_MAX_QUEUE_SIZE``, 2048); past it new
+            spans are dropped and counted.
+        schedule_delay_millis: Longest wait between exports (``OTEL_BSP_SCHEDULE_DELAY``,
+            5000).
+        max_export_batch_size: Spans per ``export()`` call (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
+            512); a full batch wakes the thread early.
+        export_timeout_millis: How long ``shutdown`` waits for the last export
+            (``OTEL_BSP_EXPORT_TIMEOUT``, 30000).
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        stats: ExportStats | None = None,
+        *,
+        max_queue_size: int | None = None,
+        schedule_delay_millis: int | None = None,
+        max_export_batch_size: int | None = None,
+        export_timeout_millis: int | None = None,
+    ) -> None:
+        self.exporter = exporter
+        self.stats = stats if stats is not None else ExportStats()
+        self._max_queue = max_queue_size or _env_int(OTEL_BSP_MAX_QUEUE_SIZE, 2048)
+        self._delay = (schedule_delay_millis or _env_int(OTEL_BSP_SCHEDULE_DELAY, 5000)) / 1e3
+        self._batch = min(
+            max_export_batch_size or _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 512),
+            self._max_queue,
+        )
+        self._timeout = (export_timeout_millis or _env_int(OTEL_BSP_EXPORT_TIMEOUT, 30000)) / 1e3
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._shutdown = False
+        self._export_lock = threading.Lock()
+        self._start_thread()
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._start_thread)
+            os.register_at_fork(after_in_child=lambda: (m := ref()) is not None and m())
+
+    def _start_thread(self) -> None:
+        """(Re)start the export thread: at construction and in a forked child, where
+        threads do not survive."""
+        self._pid = os.getpid()
+        self._queue.clear()
+        self._export_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="otel-tunix-export", daemon=True
+        )
+        self._thread.start()
+
+    # --- receiving ------------------------------------------------------------------------
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """One span from any code (otel-tunix's own steps come through
+        :meth:`on_step_end`)."""
+        ctx = span.context
+        if ctx is not None and ctx.trace_flags.sampled:
+            self._offer((span,))
+
+    def on_step_end(
+        self, step: ReadableSpan, components: Sequence[ReadableSpan], intervals: object = None
+    ) -> None:
+        """A finished otel-tunix step: its component spans, then the step span."""
+        self._offer(components)
+        self._offer((step,))
+
+    def _offer(self, spans: Sequence[ReadableSpan]) -> None:
+        n = len(spans)
+        if not n:
+            return
+        if self._shutdown:
+            self.stats.add(offered=n, dropped=n)
+            return
+        q = self._queue
+        room = self._max_queue - len(q)
+        if room >= n:
+            q.extend(spans)
+            self.stats.add(offered=n)
+        else:
+            kept = max(room, 0)
+            q.extend(spans[:kept])
+            self.stats.add(offered=n, dropped=n - kept)
+            if self.stats.dropped_full == n - kept:  # the first loss of the run
+                _logger.warning(
+                    "otel-tunix: the export queue of %s is full (%d spans); dropping spans "
+                    "(counted in summary.json and tunix.telemetry.spans)",
+                    type(self.exporter).__name__,
+                    self._max_queue,
+                )
+        if len(q) >= self._batch and not self._wake.is_set():
+            self._wake.set()
+
+    # --- exporting ------------------------------------------------------------------------
+    def _run(self) -> None:
+        wake = self._wake
+        while not self._shutdown:
+            wake.wait(self._delay)
+            wake.clear()
+            if self._shutdown:
+                break
+            self._export_all()
+
+    def _export_all(self, deadline: float | None = None) -> bool:
+        """Export what is queued, a batch at a time; False if ``deadline`` passed first
+        (including while another thread's export held the lock)."""
+        lock = self._export_lock
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not lock.acquire(timeout=wait):
+            return False
+        try:
+            q = self._queue
+            while q:
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
+                batch = [q.popleft() for _ in range(min(self._batch, len(q)))]
+                token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+                try:
+                    result = self.exporter.export(batch)
+                except Exception:  # an exporter that raises counts as a failed export
+                    _logger.exception("otel-tunix: %s raised", type(self.exporter).__name__)
+                    result = SpanExportResult.FAILURE
+                finally:
+                    detach(token)
+                if result is SpanExportResult.SUCCESS:
+                    self.stats.add(exported=len(batch))
+                else:
+                    self.stats.add(failed=len(batch))
+        finally:
+            lock.release()
+        return True
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export everything queued now (on the calling thread)."""
+        if self._shutdown:
+            return False
+        if not self._export_all(time.monotonic() + timeout_millis / 1e3):
+            return False
+        flush = getattr(self.exporter, "force_flush", None)
+        # The SDK's base exporter answers None: only an explicit False is a failure.
+        return flush is None or flush(timeout_millis) is not False
+
+    def shutdown(self) -> None:
+        """Export what is left (within the export timeout), stop the thread, shut the
+        exporter down. Spans still queued after the timeout count as dropped."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self._wake.set()
+        self._thread.join(self._timeout)
+        self._export_all(time.monotonic() + self._timeout)
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            _logger.exception("otel-tunix: shutting down %s failed", type(self.exporter).__name__)

@@ -1,0 +1,263 @@
+"""BatchExportProcessor (the batch processor in front of otel-tunix's exporters) and the
+span builder's dispatch to span processors."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext, TraceFlags
+
+import otel_tunix
+from otel_tunix import _spans, _tracer
+from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
+from otel_tunix.testing import capture
+
+
+def _span(i: int, sampled: bool = True) -> ReadableSpan:
+    flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+    return ReadableSpan(name=f"s{i}", context=SpanContext(1, i + 1, False, flags))
+
+
+class _Recorder(SpanExporter):
+    def __init__(self, result: SpanExportResult = SpanExportResult.SUCCESS) -> None:
+        self.batches: list[list[str]] = []
+        self.result = result
+        self.shut = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.batches.append([s.name for s in spans])
+        return self.result
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def test_exports_in_order_in_batches_of_the_configured_size_and_counts():
+    exp = _Recorder()
+    p = BatchExportProcessor(exp, max_queue_size=100, schedule_delay_millis=60_000,
+                             max_export_batch_size=4)  # fmt: skip
+    comps = [_span(i) for i in range(6)]
+    p.on_step_end(_span(99), comps)
+    p.on_end(_span(7))
+    p.on_end(_span(8, sampled=False))  # not sampled: ignored, as by the SDK's processor
+    assert p.force_flush()
+    names = [n for b in exp.batches for n in b]
+    assert names == ["s0", "s1", "s2", "s3", "s4", "s5", "s99", "s7"]
+    assert all(len(b) <= 4 for b in exp.batches)
+    assert p.stats.to_json() == {
+        "spans_offered": 8, "spans_exported": 8, "spans_failed": 0, "spans_dropped": 0,
+    }  # fmt: skip
+    p.shutdown()
+    assert exp.shut
+
+
+def test_a_full_batch_wakes_the_export_thread_before_the_delay():
+    exp = _Recorder()
+    p = BatchExportProcessor(exp, schedule_delay_millis=60_000, max_export_batch_size=5)
+    p.on_step_end(_span(50), [_span(i) for i in range(4)])
+    deadline = time.monotonic() + 5
+    while not exp.batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exp.batches and len(exp.batches[0]) == 5
+    p.shutdown()
+
+
+def test_the_schedule_delay_exports_a_partial_batch(monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "30")
+    exp = _Recorder()
+    p = BatchExportProcessor(exp)
+    p.on_end(_span(1))
+    deadline = time.monotonic() + 5
+    while not exp.batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exp.batches == [["s1"]]
+    p.shutdown()
+
+
+def test_a_full_queue_drops_new_spans_counts_them_and_warns_once(caplog):
+    exp = _Recorder()
+    p = BatchExportProcessor(exp, max_queue_size=5, schedule_delay_millis=60_000,
+                             max_export_batch_size=5)  # fmt: skip
+    release = threading.Event()
+    slow = exp.export
+
+    def blocked(spans):  # the collector hangs: the export thread is stuck in export()
+        release.wait(10)
+        return slow(spans)
+
+    exp.export = blocked  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="otel_tunix.exporters.batching"):
+        p.on_step_end(_span(100), [_span(i) for i in range(4)])  # 5: a full batch, taken
+        time.sleep(0.2)
+        for k in range(3):  # 3 x 3 spans into a queue of 5
+            p.on_step_end(_span(200 + k), [_span(10 * k + 20), _span(10 * k + 21)])
+    assert p.stats.offered == 14
+    assert p.stats.dropped_full == 4
+    assert sum("export queue" in r.getMessage() for r in caplog.records) == 1
+    release.set()
+    assert p.force_flush()
+    assert p.stats.exported == 10 and p.stats.dropped == 4
+    p.shutdown()
+
+
+def test_failed_and_raising_exports_count_as_failed_and_never_raise(caplog):
+    exp = _Recorder(SpanExportResult.FAILURE)
+    p = BatchExportProcessor(exp, schedule_delay_millis=60_000)
+    p.on_step_end(_span(9), [_span(1)])
+    p.force_flush()
+    assert p.stats.failed == 2
+
+    class Raising(SpanExporter):
+        def export(self, spans):
+            raise ConnectionError("collector down")
+
+    q = BatchExportProcessor(Raising(), schedule_delay_millis=60_000)
+    q.on_end(_span(1))
+    with caplog.at_level(logging.ERROR):
+        q.force_flush()
+    assert q.stats.failed == 1 and q.stats.exported == 0
+    p.shutdown()
+    q.shutdown()
+
+
+def test_shutdown_exports_what_is_left_then_drops_and_counts_late_spans():
+    exp = _Recorder()
+    p = BatchExportProcessor(exp, schedule_delay_millis=60_000)
+    p.on_step_end(_span(9), [_span(1), _span(2)])
+    p.shutdown()
+    assert [n for b in exp.batches for n in b] == ["s1", "s2", "s9"]
+    p.on_end(_span(3))  # after shutdown: counted as dropped, never exported
+    assert p.stats.dropped == 1 and not p.force_flush()
+
+
+def test_shutdown_gives_up_after_the_export_timeout_when_the_exporter_hangs():
+    class Hanging(SpanExporter):
+        def __init__(self) -> None:
+            self.release = threading.Event()
+
+        def export(self, spans):
+            self.release.wait(30)
+            return SpanExportResult.SUCCESS
+
+    exp = Hanging()
+    p = BatchExportProcessor(exp, schedule_delay_millis=10, export_timeout_millis=300)
+    p.on_end(_span(1))
+    time.sleep(0.1)  # the export thread is now stuck in export()
+    p.on_end(_span(2))
+    t = time.perf_counter()
+    p.shutdown()
+    assert time.perf_counter() - t < 3.0
+    exp.release.set()
+
+
+def test_bad_bsp_environment_falls_back_to_defaults_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
+    with caplog.at_level(logging.WARNING):
+        p = BatchExportProcessor(_Recorder())
+    assert p._max_queue == 2048
+    assert "OTEL_BSP_MAX_QUEUE_SIZE" in caplog.text
+    p.shutdown()
+
+
+def test_export_stats_dropped_is_what_was_neither_exported_nor_failed():
+    s = ExportStats()
+    s.add(offered=10, exported=6, failed=1)
+    assert s.dropped == 3
+
+
+# --- the span builder's dispatch -----------------------------------------------------------
+class _OneAtATime(SpanProcessor):
+    """A processor without the bulk method: it must see every span through on_end."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.names.append(span.name)
+
+
+class _Broken(SpanProcessor):
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("broken processor")
+
+
+def test_processors_without_the_bulk_method_get_every_span_in_order_and_a_broken_one_is_isolated(
+    caplog,
+):
+    with capture() as cap:
+        broken, plain = _Broken(), _OneAtATime()
+        cap.tracer_provider.add_span_processor(broken)
+        with caplog.at_level(logging.ERROR):
+            for n in range(2):
+                with otel_tunix.step(n):
+                    with otel_tunix.component("load"):
+                        pass
+                    with otel_tunix.component("compute"):
+                        pass
+            cap.flush()
+        cap.tracer_provider.add_span_processor(plain)  # added mid-run: picked up
+        with otel_tunix.step(2):
+            with otel_tunix.component("load"):
+                pass
+        cap.flush()
+        spans = cap.spans()
+    assert plain.names == ["load", "train_step"]
+    assert [s.name for s in spans] == ["load", "compute", "train_step"] * 2 + ["load", "train_step"]
+    assert len(cap.summaries) == 3  # the accounting processor went on despite the broken one
+    assert sum("_Broken" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_fast_span_and_context_factories_match_the_sdk_constructors():
+    ctx = _tracer.new_span_context(7, 9)
+    assert ctx == SpanContext(7, 9, False, TraceFlags(TraceFlags.SAMPLED))
+    assert ctx.is_valid and not ctx.is_remote and ctx.trace_flags.sampled
+    tp = TracerProvider()
+    scope = tp.get_tracer("t")._instrumentation_scope  # type: ignore[attr-defined]
+    args = ("n", ctx, None, tp.resource, {"a": 1}, (), _spans._UNSET, 5, 8, scope)
+    a = _spans.readable_span(*args)
+    b = _spans._readable_span_factory()(*args)
+    for s in (a, b):
+        assert (s.name, s.context, s.parent, s.attributes["a"]) == ("n", ctx, None, 1)
+        assert (s.start_time, s.end_time, s.instrumentation_scope) == (5, 8, scope)
+        assert s.to_json()  # the SDK can serialise it
+
+
+def test_keyword_fallback_when_the_sdk_signature_changes(monkeypatch):
+    class Other(ReadableSpan):
+        def __init__(self, name, *, context=None, **kw):  # a different order
+            super().__init__(name, context=context, **kw)
+
+    monkeypatch.setattr(_spans, "ReadableSpan", Other)
+    make = _spans._readable_span_factory()
+    ctx = _tracer.new_span_context(7, 9)
+    s = make("n", ctx, None, TracerProvider().resource, {}, (), _spans._UNSET, 1, 2, None)
+    assert isinstance(s, Other) and s.context == ctx and s.end_time == 2
+
+
+@pytest.fixture(autouse=True)
+def _quiet_shutdown():
+    yield
+    otel_tunix.shutdown()
+
+
+def test_in_memory_exporter_behind_our_processor_sees_whole_steps():
+    exp = InMemorySpanExporter()
+    tp = TracerProvider()
+    p = BatchExportProcessor(exp, schedule_delay_millis=60_000)
+    tp.add_span_processor(p)
+    otel_tunix.configure(output_dir="none", tracer_provider=tp)
+    for n in range(3):
+        with otel_tunix.step(n):
+            with otel_tunix.component("a"):
+                pass
+    otel_tunix.force_flush()
+    tp.force_flush()
+    assert [s.name for s in exp.get_finished_spans()] == ["a", "train_step"] * 3
+    assert p.stats.exported == 6
