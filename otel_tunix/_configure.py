@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_tunix import _otel_setup, _resource, _tracer
@@ -75,6 +76,7 @@ class _State:
     perfetto: Any = None
     perfetto_at_shutdown: bool = False
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
+    export_processors: list[BatchExportProcessor] = field(default_factory=list)
     alerts: Any = None
     sampler: Any = None
     logger_provider: Any = None
@@ -109,6 +111,7 @@ def configure(
     metrics_logger: MetricsLogger | MetricsLoggerOptions | None = None,
     tracer_provider: TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
+    span_exporters: Sequence[SpanExporter] = (),
     resource_attributes: dict[str, Any] | None = None,
     alerts: bool | Iterable[Any] | None = None,
     system_metrics: bool | float | None = None,
@@ -132,6 +135,10 @@ def configure(
             provider if it set one (joined, its exporters reused, nothing exported twice),
             else a new one with the exporters of ``OTEL_TRACES_EXPORTER``.
         meter_provider: Likewise for metrics (``OTEL_METRICS_EXPORTER``).
+        span_exporters: More OTel ``SpanExporter`` objects to send spans to (each behind
+            otel-tunix's batch processor, its spans counted in ``summary.json``), besides
+            those of ``OTEL_TRACES_EXPORTER``. They are added to the tracer provider in use
+            (an application's one included) and shut down by :func:`shutdown`.
         resource_attributes: More resource attributes.
         alerts: ``True`` for the default alert rules, a list of
             :class:`~otel_tunix.metrics.alerts.Rule` for others, ``False`` for none (else
@@ -167,6 +174,13 @@ def configure(
                 "metrics_logger must be a MetricsLogger or MetricsLoggerOptions, "
                 f"got {metrics_logger!r}"
             )
+        span_exporters = tuple(span_exporters)
+        for exporter in span_exporters:
+            if not callable(getattr(exporter, "export", None)):
+                raise ConfigurationError(
+                    f"span_exporters: {exporter!r} is not a SpanExporter (it has no export "
+                    "method)"
+                )
         rid = run_id or new_run_id()
         rank = detect_rank()
         ours = _resource.resource_attributes(
@@ -293,6 +307,11 @@ def configure(
             owns_logger_provider=owns_lp,
         )
         tp.add_span_processor(processor)
+        for exporter in span_exporters:
+            name = type(exporter).__name__
+            stats = export_stats.setdefault(name, ExportStats())
+            state.export_processors.append(BatchExportProcessor(exporter, stats))
+            tp.add_span_processor(state.export_processors[-1])
         perfetto_dir = _perfetto_dir(cfg, out_dir)
         state.perfetto_at_shutdown = perfetto_dir == _PERFETTO_AT_SHUTDOWN
         if isinstance(perfetto_dir, Path):
@@ -300,7 +319,8 @@ def configure(
 
             perfetto = PerfettoSpanExporter(directory=perfetto_dir)
             stats = export_stats.setdefault("perfetto", ExportStats())
-            tp.add_span_processor(BatchExportProcessor(perfetto, stats))
+            state.export_processors.append(BatchExportProcessor(perfetto, stats))
+            tp.add_span_processor(state.export_processors[-1])
             state.perfetto = perfetto
         span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
         if cfg.enabled:
@@ -622,6 +642,12 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             if st.alerts in st.logger.backends:
                 st.logger.backends.remove(st.alerts)
             st.alerts.close()
+        if not st.owns_tracer_provider:  # ours in an application's provider: close them
+            for proc in st.export_processors:
+                try:
+                    proc.shutdown()
+                except Exception:
+                    _logger.exception("otel-tunix: shutting down %s failed", proc.exporter)
         for provider, owned in (
             (st.tracer_provider, st.owns_tracer_provider),
             (st.meter_provider, st.owns_meter_provider),

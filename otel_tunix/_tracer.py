@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry.context import attach, detach, get_current
 from opentelemetry.trace import (
     DEFAULT_TRACE_STATE,
-    INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
     SpanContext,
     TraceFlags,
@@ -45,11 +44,13 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
 _current_thread = threading.current_thread
+_threads_by_ident = threading._active  # what current_thread() reads, without its Python frame
+_get_ident = threading.get_ident
 
 try:  # the OTel context key of the current span: reading it directly saves an ABC check
     from opentelemetry.trace.propagation import _SPAN_KEY
 except ImportError:  # pragma: no cover - a future API without the private key
-    _SPAN_KEY = None
+    _SPAN_KEY = None  # never found: components then take the general path (get_current_span)
 
 
 def _otel_context_getter() -> Callable[[], Any]:
@@ -63,13 +64,6 @@ def _otel_context_getter() -> Callable[[], Any]:
 
 
 _otel_context = _otel_context_getter()
-
-
-def _current_otel_span() -> Any:
-    """The current OTel span (the raw context entry: no ABC check)."""
-    if _SPAN_KEY is None:  # pragma: no cover
-        return get_current_span()
-    return _otel_context().get(_SPAN_KEY)
 
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -165,7 +159,7 @@ class SpanRecord:
         self.device_end: Any = None
         self.incomplete = False
         self.attributes: dict[str, Any] | None = None
-        self.thread = _current_thread()
+        self.thread = _threads_by_ident.get(_get_ident()) or _current_thread()
         self.start_ns = _clock()
 
     def span_context(self) -> SpanContext:
@@ -176,8 +170,14 @@ class SpanRecord:
         return ctx
 
 
-class StepRecord:
-    """A sampled step as recorded on the hot path."""
+class StepRecord(NonRecordingSpan):
+    """A sampled step as recorded on the hot path.
+
+    It is also the current OTel span while the step runs (the *proxy span* of the module
+    docstring): its ``get_span_context()`` answers with the innermost otel-tunix component
+    open in the calling context, else with the step itself. One object per step instead of
+    two (``NonRecordingSpan`` has empty ``__slots__``, so this one keeps its own).
+    """
 
     __slots__ = (
         "_ctx",
@@ -188,7 +188,6 @@ class StepRecord:
         "events",
         "number",
         "parent_id",
-        "proxy",
         "runtime",
         "scope",
         "span_id",
@@ -201,18 +200,19 @@ class StepRecord:
     )
 
     def __init__(self, runtime: Runtime, scope: str, number: int, start_ns: int) -> None:
+        # NonRecordingSpan.__init__ is not called: the span context is answered below.
         self.runtime = runtime
         self.scope = scope
         self.number = number
         self.start_ns = start_ns
         self.end_ns = 0
         self.spans: list[SpanRecord] = []
-        self.device_pending: list[SpanRecord] = []
+        self.device_pending: list[SpanRecord] | None = None
         self.attributes: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
-        self.thread = threading.current_thread()
+        self.thread = _current_thread()
         self.view: StepView | None = None
         parent = get_current_span().get_span_context()
         if parent.is_valid:
@@ -224,7 +224,6 @@ class StepRecord:
             self.parent_id = 0
         self.span_id = getrandbits(64) or 1
         self._ctx: SpanContext | None = None
-        self.proxy = _ProxySpan(self)
 
     def span_context(self) -> SpanContext:
         """The OTel SpanContext of the step span (built on first use)."""
@@ -233,23 +232,16 @@ class StepRecord:
             ctx = self._ctx = new_span_context(self.trace_id, self.span_id)
         return ctx
 
-
-class _ProxySpan(NonRecordingSpan):
-    """The current OTel span while a sampled step runs: it stands for the innermost
-    otel-tunix component open in the calling context, else for the step."""
-
-    def __init__(self, step: StepRecord) -> None:
-        super().__init__(INVALID_SPAN_CONTEXT)
-        self._step = step
-
     def get_span_context(self) -> SpanContext:
+        """As the current OTel span: the innermost open component's context, else the
+        step's (what a span started by other code inside the step gets as its parent)."""
         rec = _current_component.get()
-        if rec is not None and rec.trace_id == self._step.trace_id:
+        if rec is not None and rec.trace_id == self.trace_id:
             return rec.span_context()
-        return self._step.span_context()
+        return self.span_context()
 
     def __repr__(self) -> str:
-        return f"_ProxySpan({self.get_span_context()!r})"
+        return f"StepRecord({self.scope!r}, {self.number}, {self.get_span_context()!r})"
 
 
 class Runtime:
@@ -377,7 +369,7 @@ class step:
             self._record = rec
             self._token = _current_step.set(rec)
             self._comp_token = _current_component.set(None)
-            self._otel_token = attach(set_span_in_context(rec.proxy))
+            self._otel_token = attach(set_span_in_context(rec))
             rt.open_steps.append(rec)
         except Exception:  # never hurt the training loop
             _logger.exception("otel-tunix: step() failed; this step is not recorded")
@@ -513,8 +505,8 @@ class component:
             if allowed is not None and name not in allowed:
                 return self
             trace_id = st.trace_id
-            cur = _current_otel_span()
-            if cur is st.proxy:  # the usual case: no foreign span in between
+            cur = _otel_context().get(_SPAN_KEY)  # the current OTel span, read directly
+            if cur is st:  # the usual case: no foreign span in between
                 outer = _current_component.get()
                 parent = outer.span_id if outer is not None else st.span_id
                 attach_proxy = False
@@ -531,7 +523,7 @@ class component:
             self._step = st
             self._ctoken = _current_component.set(rec)
             if attach_proxy:
-                self._token = attach(set_span_in_context(st.proxy))
+                self._token = attach(set_span_in_context(st))
         except Exception:
             _logger.exception("otel-tunix: component() failed; it is not recorded")
             self._record = None
@@ -556,7 +548,9 @@ class component:
             if rec.device_end is not None and st is not None:
                 if st.end_ns:  # the step already ended (a component in another thread)
                     st.runtime.pipeline.wait_for_device([rec])
-                else:  # handed to the device waiter with the step: one hand-off per step
+                elif st.device_pending is None:  # handed to the device waiter with the
+                    st.device_pending = [rec]  # step: one hand-off per step
+                else:
                     st.device_pending.append(rec)
         except Exception:
             _logger.exception("otel-tunix: closing a component failed")

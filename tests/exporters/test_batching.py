@@ -218,15 +218,7 @@ def test_fast_span_and_context_factories_match_the_sdk_constructors():
     ctx = _tracer.new_span_context(7, 9)
     assert ctx == SpanContext(7, 9, False, TraceFlags(TraceFlags.SAMPLED))
     assert ctx.is_valid and not ctx.is_remote and ctx.trace_flags.sampled
-    tp = TracerProvider()
-    scope = tp.get_tracer("t")._instrumentation_scope  # type: ignore[attr-defined]
-    args = ("n", ctx, None, tp.resource, {"a": 1}, (), _spans._UNSET, 5, 8, scope)
-    a = _spans.readable_span(*args)
-    b = _spans._readable_span_factory()(*args)
-    for s in (a, b):
-        assert (s.name, s.context, s.parent, s.attributes["a"]) == ("n", ctx, None, 1)
-        assert (s.start_time, s.end_time, s.instrumentation_scope) == (5, 8, scope)
-        assert s.to_json()  # the SDK can serialise it
+    assert _spans.readable_span is ReadableSpan  # this SDK takes the builder's order
 
 
 def test_keyword_fallback_when_the_sdk_signature_changes(monkeypatch):
@@ -236,9 +228,16 @@ def test_keyword_fallback_when_the_sdk_signature_changes(monkeypatch):
 
     monkeypatch.setattr(_spans, "ReadableSpan", Other)
     make = _spans._readable_span_factory()
+    assert make is not Other
+    tp = TracerProvider()
+    scope = tp.get_tracer("t")._instrumentation_scope  # type: ignore[attr-defined]
     ctx = _tracer.new_span_context(7, 9)
-    s = make("n", ctx, None, TracerProvider().resource, {}, (), _spans._UNSET, 1, 2, None)
-    assert isinstance(s, Other) and s.context == ctx and s.end_time == 2
+    s = make("n", ctx, None, tp.resource, {"a": 1}, (), (), _spans._INTERNAL, None,
+             _spans._UNSET, 5, 8, scope)  # fmt: skip
+    assert isinstance(s, Other)
+    assert (s.name, s.context, s.parent, s.attributes["a"]) == ("n", ctx, None, 1)
+    assert (s.start_time, s.end_time, s.instrumentation_scope) == (5, 8, scope)
+    assert s.to_json()
 
 
 @pytest.fixture(autouse=True)
@@ -261,3 +260,35 @@ def test_in_memory_exporter_behind_our_processor_sees_whole_steps():
     tp.force_flush()
     assert [s.name for s in exp.get_finished_spans()] == ["a", "train_step"] * 3
     assert p.stats.exported == 6
+
+
+def test_configure_span_exporters_in_an_own_provider_counts_in_the_summary(tmp_path):
+    import json
+
+    exp = InMemorySpanExporter()
+    otel_tunix.configure(output_dir=tmp_path, span_exporters=[exp])
+    for n in range(2):
+        with otel_tunix.step(n):
+            with otel_tunix.component("a"):
+                pass
+    otel_tunix.shutdown()
+    assert [s.name for s in exp.get_finished_spans()] == ["a", "train_step"] * 2
+    export = json.loads((tmp_path / "summary.json").read_text())["export"]
+    assert export["InMemorySpanExporter"] == {
+        "spans_offered": 4, "spans_exported": 4, "spans_failed": 0, "spans_dropped": 0,
+    }  # fmt: skip
+
+
+def test_configure_span_exporters_in_an_application_provider_are_shut_down_with_the_run():
+    exp = _Recorder()
+    tp = TracerProvider()
+    otel_tunix.configure(output_dir="none", tracer_provider=tp, span_exporters=[exp])
+    with otel_tunix.step(0):
+        pass
+    otel_tunix.shutdown()
+    assert exp.shut and [n for b in exp.batches for n in b] == ["train_step"]
+
+
+def test_configure_rejects_what_is_not_a_span_exporter():
+    with pytest.raises(otel_tunix.ConfigurationError, match="span_exporters.*not a SpanExporter"):
+        otel_tunix.configure(output_dir="none", span_exporters=["otlp"])  # type: ignore[list-item]
