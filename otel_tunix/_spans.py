@@ -1,9 +1,11 @@
-"""Build real OTel spans from a finished step record and feed them to the span processors.
+"""From a finished step record to the span processors.
 
-Runs on the pipeline's worker thread. Spans are SDK ``ReadableSpan`` objects with the ids that
-were handed out on the hot path (so foreign spans parented to them line up), the run's
-shared ``Resource`` and otel-tunix's instrumentation scope. Component spans are fed first,
-in start order, then the step span: processors and exporters can rely on that order.
+Runs on the pipeline's worker thread. Processors that take whole steps get a
+:class:`FinishedStep` (numbers now, spans on demand); the others get real SDK
+``ReadableSpan`` objects, built here, with the ids that were handed out on the hot path (so
+foreign spans parented to them line up), the run's shared ``Resource`` and otel-tunix's
+instrumentation scope. Component spans come first, in start order, then the step span:
+processors and exporters can rely on that order.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from otel_tunix import attributes as attr
 from otel_tunix._tracer import SpanRecord, StepRecord, new_span_context
+from otel_tunix.accounting import SpanInfo
 
 _logger = logging.getLogger(__name__)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -86,22 +89,109 @@ def _readable_span_factory() -> Callable[..., ReadableSpan]:
 
 def _dispatch_targets(sink: SpanProcessor) -> list[tuple[SpanProcessor, Any]]:
     """The processors behind ``sink`` (a provider's multi-processor is unpacked), each with
-    its ``on_step_end(step_span, component_spans, intervals)`` bulk method when it has one."""
+    its ``on_finished_step(step)`` method when it has one."""
     procs = getattr(sink, "_span_processors", None)
     if not isinstance(procs, tuple):
         procs = (sink,)
-    return [(p, getattr(p, "on_step_end", None)) for p in procs]
+    return [(p, getattr(p, "on_finished_step", None)) for p in procs]
+
+
+Interval = tuple[str, bool, int, int]
+
+
+class FinishedStep:
+    """One processed step, as the span builder hands it to processors that take whole steps
+    (an ``on_finished_step(step)`` method: otel-tunix's accounting and export processors).
+
+    The numbers are ready; the SDK spans and the :class:`~otel_tunix.accounting.SpanInfo`
+    list are built on first use (:meth:`spans`, :meth:`span_infos`), so a run that exports
+    no spans builds none, and an exporter builds them just before it exports them.
+
+    Attributes:
+        record: The step as recorded on the hot path.
+        components: Its component records, in start order.
+        intervals: ``(name, blocked, start, end)`` per component, Unix epoch ns, each end
+            at least its start.
+        start_ns: Start of the step (Unix epoch ns).
+        end_ns: The later of the step's end and its last component's end.
+        attributes: The step span's attributes besides type, scope and step number.
+        span_count: Components plus the step span.
+    """
+
+    __slots__ = (
+        "_builder",
+        "_infos",
+        "_spans",
+        "attributes",
+        "components",
+        "end_ns",
+        "intervals",
+        "record",
+        "span_count",
+        "start_ns",
+    )
+
+    def __init__(self, builder: SpanBuilder, rec: StepRecord) -> None:
+        off = builder.offset
+        self._builder = builder
+        self._spans: list[ReadableSpan] | None = None
+        self._infos: list[SpanInfo] | None = None
+        self.record = rec
+        comps = self.components = sorted(rec.spans, key=_start_ns)
+        step_end = rec.end_ns
+        intervals: list[Interval] = []
+        for c in comps:
+            start, end = c.start_ns, c.end_ns
+            if end < start:
+                end = start
+            if end > step_end:
+                step_end = end
+            intervals.append((c.name, c.blocked, start + off, end + off))
+        self.intervals = intervals
+        self.start_ns = rec.start_ns + off
+        self.end_ns = step_end + off
+        self.span_count = len(comps) + 1
+        tid, tname = builder.thread(rec.thread)
+        self.attributes = {**rec.attributes, _THREAD_ID: tid, _THREAD_NAME: tname}
+
+    @property
+    def scope(self) -> str:
+        return self.record.scope
+
+    @property
+    def number(self) -> int:
+        return self.record.number
+
+    @property
+    def trace_id(self) -> int:
+        return self.record.trace_id
+
+    def spans(self) -> list[ReadableSpan]:
+        """The SDK spans: the components in start order, then the step span."""
+        spans = self._spans
+        if spans is None:
+            spans = self._spans = self._builder.build_spans(self)
+        return spans
+
+    def span_infos(self) -> list[SpanInfo]:
+        """The components as :class:`~otel_tunix.accounting.SpanInfo` (local files, export
+        functions)."""
+        infos = self._infos
+        if infos is None:
+            infos = self._infos = self._builder.span_infos(self)
+        return infos
 
 
 class SpanBuilder:
     """Callable given to the pipeline: step record in, spans out to the span processors.
 
-    Processors get the spans in the usual way, one ``on_end`` call per span, except those
-    that have an ``on_step_end(step_span, component_spans)`` method (otel-tunix's accounting
-    and export processors): they get a whole step in one call, which is most of what a
-    processed span costs. When ``processor`` is a TracerProvider's multi-processor, its
-    processors are called directly, in its order; processors added to the provider later
-    are picked up. A processor that raises is reported once and does not stop the others.
+    Processors that have an ``on_finished_step(step)`` method (otel-tunix's accounting and
+    export processors) get one :class:`FinishedStep` per step, whose spans are built only
+    if asked for. The others get SDK spans the usual way, one ``on_end`` call per span,
+    components in start order, then the step span. When ``processor`` is a TracerProvider's
+    multi-processor, its processors are called directly, in its order; processors added to
+    the provider later are picked up. A processor that raises is reported once and does not
+    stop the others.
     """
 
     def __init__(
@@ -113,26 +203,25 @@ class SpanBuilder:
         self._processor = processor
         self._resource = resource
         self._scope = scope
-        self._offset = epoch_offset_ns()
+        self.offset = epoch_offset_ns()
         self._targets_key: object = None
         self._targets: list[tuple[SpanProcessor, Any]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
         self._failed: set[int] = set()
 
     def __call__(self, rec: StepRecord) -> None:
-        step_span, components, intervals = self.build(rec)
+        step = FinishedStep(self, rec)
         key = getattr(self._processor, "_span_processors", self._processor)
         if key is not self._targets_key:
             self._targets, self._targets_key = _dispatch_targets(self._processor), key
         for proc, bulk in self._targets:
             try:
                 if bulk is not None:
-                    bulk(step_span, components, intervals)
+                    bulk(step)
                 else:
                     on_end = proc.on_end
-                    for span in components:
+                    for span in step.spans():
                         on_end(span)
-                    on_end(step_span)
             except Exception:
                 if id(proc) not in self._failed:
                     self._failed.add(id(proc))
@@ -141,7 +230,7 @@ class SpanBuilder:
                         type(proc).__name__,
                     )
 
-    def _thread(self, thread: Any) -> tuple[int, str]:
+    def thread(self, thread: Any) -> tuple[int, str]:
         """(native id, name) of a recorded thread, cached: the lookups cost per span."""
         found = self._threads.get(thread)
         if found is None:
@@ -150,25 +239,49 @@ class SpanBuilder:
             found = self._threads[thread] = (thread.native_id or thread.ident or 0, thread.name)
         return found
 
-    def build(
-        self, rec: StepRecord
-    ) -> tuple[ReadableSpan, list[ReadableSpan], list[tuple[str, bool, int, int]]]:
-        """The step span, its component spans (in start order) and their ``(name, blocked,
-        start, end)`` intervals (Unix epoch ns) of one step record."""
-        off = self._offset
+    def span_infos(self, step: FinishedStep) -> list[SpanInfo]:
+        """The :class:`SpanInfo` of each component of a step."""
+        out: list[SpanInfo] = []
+        for c, (name, blocked, start, end) in zip(step.components, step.intervals, strict=True):
+            tid, tname = self.thread(c.thread)
+            extra: dict[str, object] = {}
+            if c.end_ns != c.host_end_ns:
+                extra[attr.DEVICE_END] = True
+                extra[attr.HOST_DURATION] = (c.host_end_ns - c.start_ns) * 1e-9
+            if c.incomplete:
+                extra[attr.INCOMPLETE] = True
+            err = c.error
+            out.append(
+                SpanInfo(
+                    name=name,
+                    kind=_BLOCKED if blocked else _BUSY,
+                    start_ns=start,
+                    end_ns=end,
+                    thread=tname,
+                    thread_id=tid,
+                    span_id=f"{c.span_id:016x}",
+                    parent=f"{c.parent_id:016x}",
+                    error=None if err is None else f"{type(err).__qualname__}: {err}",
+                    attributes=extra,
+                )
+            )
+        return out
+
+    def build_spans(self, step: FinishedStep) -> list[ReadableSpan]:
+        """The SDK spans of a step: its components in start order, then the step span."""
+        rec = step.record
+        off = self.offset
         trace_id = rec.trace_id
         resource, iscope = self._resource, self._scope
         step_ctx = rec.span_context()
         # A parent starts before its children, so in start order its context is made first.
         contexts: dict[int, SpanContext] = {rec.span_id: step_ctx}
-        step_end = rec.end_ns
         number, scope = rec.number, rec.scope
         out: list[ReadableSpan] = []
-        intervals: list[tuple[str, bool, int, int]] = []
         last_thread: Any = None
         tid, tname = 0, ""
         make, new_ctx = readable_span, new_span_context
-        for s in sorted(rec.spans, key=_start_ns):
+        for s, (name, blocked, start, end) in zip(step.components, step.intervals, strict=True):
             ctx = s._ctx
             if ctx is None:
                 ctx = s._ctx = new_ctx(trace_id, s.span_id)
@@ -178,8 +291,7 @@ class SpanBuilder:
                 parent_ctx = new_ctx(trace_id, s.parent_id)
             if s.thread is not last_thread:
                 last_thread = s.thread
-                tid, tname = self._thread(last_thread)
-            name, blocked, start, end = s.name, s.blocked, s.start_ns, s.end_ns
+                tid, tname = self.thread(last_thread)
             attrs: dict[str, Any] = {
                 _SPAN_TYPE: _COMPONENT,
                 _STEP: number,
@@ -189,9 +301,9 @@ class SpanBuilder:
                 _THREAD_ID: tid,
                 _THREAD_NAME: tname,
             }
-            if end != s.host_end_ns:
+            if s.end_ns != s.host_end_ns:
                 attrs[attr.DEVICE_END] = True
-                attrs[attr.HOST_DURATION] = (s.host_end_ns - start) * 1e-9
+                attrs[attr.HOST_DURATION] = (s.host_end_ns - s.start_ns) * 1e-9
             if s.incomplete:
                 attrs[attr.INCOMPLETE] = True
             if s.attributes:
@@ -200,36 +312,24 @@ class SpanBuilder:
                 status, events = _error(s.error, s.host_end_ns + off)
             else:
                 status, events = _UNSET, ()
-            if end < start:
-                end = start
-            if end > step_end:
-                step_end = end
-            start += off
-            end += off
-            intervals.append((name, blocked, start, end))
             span = make(
                 name, ctx, parent_ctx, resource, attrs, events, (), _INTERNAL, None,
                 status, start, end, iscope,
             )  # fmt: skip
             out.append(span)
+        step_end = step.end_ns - off
         status, events = _error(rec.error, rec.end_ns + off) if rec.error else (_UNSET, ())
         if rec.events:
             events += _step_events(rec, step_end, off)
-        parent = new_span_context(trace_id, rec.parent_id) if rec.parent_id else None
-        tid, tname = self._thread(rec.thread)
-        step_attrs = {
-            **rec.attributes,
-            _SPAN_TYPE: attr.SPAN_TYPE_STEP,
-            _STEP: number,
-            _SCOPE: scope,
-            _THREAD_ID: tid,
-            _THREAD_NAME: tname,
-        }
+        parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None
+        step_attrs = {**step.attributes, _SPAN_TYPE: attr.SPAN_TYPE_STEP, _STEP: number,
+                      _SCOPE: scope}  # fmt: skip
         step_span = make(
             f"{scope}_step", step_ctx, parent, resource, step_attrs, events, (), _INTERNAL,
-            None, status, rec.start_ns + off, step_end + off, iscope,
+            None, status, step.start_ns, step.end_ns, iscope,
         )  # fmt: skip
-        return step_span, out, intervals
+        out.append(step_span)
+        return out
 
 
 def _start_ns(s: SpanRecord) -> int:

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -22,12 +22,14 @@ from opentelemetry.trace import StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix.accounting import (
-    Interval,
     ScopeSession,
     SpanInfo,
     StepSummary,
     account_intervals,
 )
+
+if TYPE_CHECKING:
+    from otel_tunix._spans import FinishedStep
 
 _logger = logging.getLogger(__name__)
 
@@ -125,42 +127,39 @@ class StepAccountingProcessor(SpanProcessor):
         except Exception:
             _logger.exception("otel-tunix: accounting of span %r failed", span.name)
 
-    def on_step_end(
-        self,
-        step: ReadableSpan,
-        components: Sequence[ReadableSpan],
-        intervals: Sequence[Interval] | None = None,
-    ) -> None:
-        """A whole otel-tunix step at once (its component spans, then the step span): the
-        span builder's fast path, with no per-span buffering. ``intervals``, when given,
-        are the components' ``(name, blocked, start, end)`` as the builder already has
-        them (saves reading them back from the spans)."""
+    def on_finished_step(self, step: FinishedStep) -> None:
+        """A whole otel-tunix step at once: the span builder's path, with no per-span
+        buffering and no SDK spans needed."""
         if self._closed:
             return
         try:
-            self._finish_step(step, components, intervals)
+            summary = account_intervals(
+                step.scope,
+                step.number,
+                step.start_ns,
+                step.end_ns,
+                step.intervals,
+                spans=step.span_infos,
+                trace_id=f"{step.trace_id:032x}",
+                attributes=step.attributes,
+            )
+            self._publish(summary)
         except Exception:
-            _logger.exception("otel-tunix: accounting of span %r failed", step.name)
+            _logger.exception("otel-tunix: accounting of step %s failed", step.number)
 
-    def _finish_step(
-        self,
-        span: ReadableSpan,
-        components: Sequence[ReadableSpan],
-        intervals: Sequence[Interval] | None = None,
-    ) -> None:
+    def _finish_step(self, span: ReadableSpan, components: Sequence[ReadableSpan]) -> None:
         a = span.attributes or {}
         scope = str(a[attr.SCOPE])
         extra = {k: v for k, v in a.items() if k not in _STEP_KEYS}
-        if intervals is None:
-            intervals = [
-                (
-                    c.name,
-                    c.attributes.get(attr.TIME_KIND) == attr.KIND_BLOCKED,  # type: ignore[union-attr]
-                    c.start_time or 0,
-                    c.end_time or 0,
-                )
-                for c in components
-            ]
+        intervals = [
+            (
+                c.name,
+                c.attributes.get(attr.TIME_KIND) == attr.KIND_BLOCKED,  # type: ignore[union-attr]
+                c.start_time or 0,
+                c.end_time or 0,
+            )
+            for c in components
+        ]
         summary = account_intervals(
             scope,
             int(a[attr.STEP]),  # type: ignore[arg-type]
@@ -171,6 +170,10 @@ class StepAccountingProcessor(SpanProcessor):
             trace_id=f"{span.context.trace_id:032x}" if span.context else "",
             attributes=extra,
         )
+        self._publish(summary)
+
+    def _publish(self, summary: StepSummary) -> None:
+        scope = summary.scope
         with self._lock:
             session = self._sessions.get(scope)
             if session is None:

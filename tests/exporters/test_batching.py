@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 import otel_tunix
 from otel_tunix import _spans, _tracer
+from otel_tunix import attributes as attr
 from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
 from otel_tunix.testing import capture
 
@@ -23,6 +24,25 @@ from otel_tunix.testing import capture
 def _span(i: int, sampled: bool = True) -> ReadableSpan:
     flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
     return ReadableSpan(name=f"s{i}", context=SpanContext(1, i + 1, False, flags))
+
+
+def _finished(*names: str, step: int = 0):
+    """A real FinishedStep: one step recorded by otel-tunix with these components."""
+    recs = []
+    otel_tunix.configure(output_dir="none")
+    pipe = _tracer.get_runtime().pipeline
+    pipe.submit = recs.append
+    with otel_tunix.step(step):
+        for name in names:
+            with otel_tunix.component(name):
+                pass
+    builder = pipe._process
+    otel_tunix.shutdown()
+    return _spans.FinishedStep(builder, recs[0])
+
+
+def _names(exp) -> list[str]:
+    return [n for b in exp.batches for n in b]
 
 
 class _Recorder(SpanExporter):
@@ -43,13 +63,11 @@ def test_exports_in_order_in_batches_of_the_configured_size_and_counts():
     exp = _Recorder()
     p = BatchExportProcessor(exp, max_queue_size=100, schedule_delay_millis=60_000,
                              max_export_batch_size=4)  # fmt: skip
-    comps = [_span(i) for i in range(6)]
-    p.on_step_end(_span(99), comps)
+    p.on_finished_step(_finished("c0", "c1", "c2", "c3", "c4", "c5"))
     p.on_end(_span(7))
     p.on_end(_span(8, sampled=False))  # not sampled: ignored, as by the SDK's processor
     assert p.force_flush()
-    names = [n for b in exp.batches for n in b]
-    assert names == ["s0", "s1", "s2", "s3", "s4", "s5", "s99", "s7"]
+    assert _names(exp) == ["c0", "c1", "c2", "c3", "c4", "c5", "train_step", "s7"]
     assert all(len(b) <= 4 for b in exp.batches)
     assert p.stats.to_json() == {
         "spans_offered": 8, "spans_exported": 8, "spans_failed": 0, "spans_dropped": 0,
@@ -61,7 +79,7 @@ def test_exports_in_order_in_batches_of_the_configured_size_and_counts():
 def test_a_full_batch_wakes_the_export_thread_before_the_delay():
     exp = _Recorder()
     p = BatchExportProcessor(exp, schedule_delay_millis=60_000, max_export_batch_size=5)
-    p.on_step_end(_span(50), [_span(i) for i in range(4)])
+    p.on_finished_step(_finished("a", "b", "c", "d"))
     deadline = time.monotonic() + 5
     while not exp.batches and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -94,23 +112,23 @@ def test_a_full_queue_drops_new_spans_counts_them_and_warns_once(caplog):
 
     exp.export = blocked  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="otel_tunix.exporters.batching"):
-        p.on_step_end(_span(100), [_span(i) for i in range(4)])  # 5: a full batch, taken
+        p.on_finished_step(_finished("a", "b", "c", "d"))  # 5 spans: a full batch, taken
         time.sleep(0.2)
-        for k in range(3):  # 3 x 3 spans into a queue of 5
-            p.on_step_end(_span(200 + k), [_span(10 * k + 20), _span(10 * k + 21)])
+        for _ in range(3):  # 3 x 3 spans into a queue of 5: one step fits
+            p.on_finished_step(_finished("x", "y"))
     assert p.stats.offered == 14
-    assert p.stats.dropped_full == 4
+    assert p.stats.dropped_full == 6
     assert sum("export queue" in r.getMessage() for r in caplog.records) == 1
     release.set()
     assert p.force_flush()
-    assert p.stats.exported == 10 and p.stats.dropped == 4
+    assert p.stats.exported == 8 and p.stats.dropped == 6
     p.shutdown()
 
 
 def test_failed_and_raising_exports_count_as_failed_and_never_raise(caplog):
     exp = _Recorder(SpanExportResult.FAILURE)
     p = BatchExportProcessor(exp, schedule_delay_millis=60_000)
-    p.on_step_end(_span(9), [_span(1)])
+    p.on_finished_step(_finished("a"))
     p.force_flush()
     assert p.stats.failed == 2
 
@@ -130,9 +148,9 @@ def test_failed_and_raising_exports_count_as_failed_and_never_raise(caplog):
 def test_shutdown_exports_what_is_left_then_drops_and_counts_late_spans():
     exp = _Recorder()
     p = BatchExportProcessor(exp, schedule_delay_millis=60_000)
-    p.on_step_end(_span(9), [_span(1), _span(2)])
+    p.on_finished_step(_finished("a", "b"))
     p.shutdown()
-    assert [n for b in exp.batches for n in b] == ["s1", "s2", "s9"]
+    assert _names(exp) == ["a", "b", "train_step"]
     p.on_end(_span(3))  # after shutdown: counted as dropped, never exported
     assert p.stats.dropped == 1 and not p.force_flush()
 
@@ -290,5 +308,69 @@ def test_configure_span_exporters_in_an_application_provider_are_shut_down_with_
 
 
 def test_configure_rejects_what_is_not_a_span_exporter():
-    with pytest.raises(otel_tunix.ConfigurationError, match="span_exporters.*not a SpanExporter"):
+    with pytest.raises(otel_tunix.ConfigurationError, match=r"span_exporters.*not a SpanExporter"):
         otel_tunix.configure(output_dir="none", span_exporters=["otlp"])  # type: ignore[list-item]
+
+
+def test_spans_are_built_only_for_exporters_and_then_once_per_step(monkeypatch, tmp_path):
+    calls = []
+    real = _spans.SpanBuilder.build_spans
+
+    def counting(self, step):
+        calls.append(step.number)
+        return real(self, step)
+
+    monkeypatch.setattr(_spans.SpanBuilder, "build_spans", counting)
+    otel_tunix.configure(output_dir=tmp_path / "local")  # the local run folder only
+    for n in range(3):
+        with otel_tunix.step(n):
+            with otel_tunix.component("a"):
+                pass
+    otel_tunix.shutdown()
+    assert calls == []  # nothing needed SDK span objects
+    assert (tmp_path / "local" / "spans.jsonl").read_text().count('"type": "step"') == 3
+
+    a, b = InMemorySpanExporter(), InMemorySpanExporter()
+    otel_tunix.configure(output_dir="none", span_exporters=[a, b])
+    for n in range(3):
+        with otel_tunix.step(n):
+            with otel_tunix.component("a"):
+                pass
+    otel_tunix.shutdown()
+    assert sorted(calls) == [0, 1, 2]  # two exporters, built once per step
+    assert len(a.get_finished_spans()) == len(b.get_finished_spans()) == 6
+
+
+def test_span_infos_from_records_match_those_read_from_the_sdk_spans():
+    from otel_tunix.processors import span_info
+
+    recs = []
+    otel_tunix.configure(output_dir="none")
+    pipe = _tracer.get_runtime().pipeline
+    pipe.submit = recs.append
+    with otel_tunix.step(3, scope="eval"):
+        with otel_tunix.component("outer"):
+            with otel_tunix.component("wait", blocked=True):
+                pass
+        try:
+            with otel_tunix.component("bad"):
+                raise ValueError("boom")
+        except ValueError:
+            pass
+        with otel_tunix.component("dev", device_end=lambda: time.perf_counter_ns() + 10**6):
+            pass
+    rec = recs[0]
+    for s in rec.spans:  # what the device waiter does before the step is processed
+        if s.device_end is not None:
+            from otel_tunix._pipeline import resolve_device_end
+
+            resolve_device_end(s)
+    step = _spans.FinishedStep(pipe._process, rec)
+    otel_tunix.shutdown()
+    from_records = step.span_infos()
+    from_spans = [span_info(s) for s in step.spans()[:-1]]
+    assert from_records == from_spans
+    assert [i.name for i in from_records] == ["outer", "wait", "bad", "dev"]
+    assert from_records[1].kind == "blocked" and from_records[2].error == "ValueError: boom"
+    assert from_records[3].attributes[attr.DEVICE_END] is True
+    assert from_records[1].parent == from_records[0].span_id
