@@ -44,7 +44,6 @@ import json
 import logging
 import math
 import os
-import statistics
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -284,7 +283,7 @@ class DropRule(Rule):
     def _median(self, history: Sequence[float]) -> float | None:
         if len(history) < self.min_history:
             return None
-        m = statistics.median(history)
+        m = _median(history)
         return m if m > 0 else None
 
     def level(self, value: float, history: Sequence[float]) -> Severity:
@@ -341,11 +340,11 @@ class SpikeRule(Rule):
         computing the MAD (the usual, quiet case: one sort instead of two)."""
         if len(history) < self.min_history:
             return None
-        med = statistics.median(history)
+        med = _median(history)
         floor = max(med * (1 + self.min_relative), med + self.min_absolute)
         if value is not None and value <= floor:
             return floor
-        mad = statistics.median(abs(x - med) for x in history)
+        mad = _median(abs(x - med) for x in history)
         return max(med + self.k * mad, floor)
 
     def level(self, value: float, history: Sequence[float]) -> Severity:
@@ -362,6 +361,16 @@ class SpikeRule(Rule):
         limit = self._limit(history)
         tail = "" if limit is None else f" (> {limit:.4g})"
         return f"above median + {self.k:g}·MAD of the last {len(history)} values{tail}"
+
+
+def _median(values: Iterable[float]) -> float:
+    """The median (``statistics.median`` without its overhead: rules take one per value)."""
+    s = sorted(values)
+    n = len(s)
+    if not n:
+        raise ValueError("median of no values")
+    m = n // 2
+    return s[m] if n % 2 else (s[m - 1] + s[m]) / 2
 
 
 def default_rules() -> list[Rule]:
@@ -576,12 +585,25 @@ class AlertEngine:
         s = self._series.get(key)
         if s is None:
             s = self._series[key] = _Series(history=deque(maxlen=max(rule.window, 1)))
-        hist = list(s.history) if rule.window else []
+        hist = s.history  # the values before this one (v is appended on the way out)
+        try:
+            return self._transition(rule, s, metric, v, step, hist)
+        finally:
+            if rule.window and math.isfinite(v):
+                hist.append(v)
+
+    def _transition(
+        self,
+        rule: Rule,
+        s: _Series,
+        metric: str,
+        v: float,
+        step: int | None,
+        hist: Sequence[float],
+    ) -> Alert | None:
         raw = rule.level(v, hist)
         s.streak_warning = s.streak_warning + 1 if raw >= Severity.WARNING else 0
         s.streak_critical = s.streak_critical + 1 if raw >= Severity.CRITICAL else 0
-        if rule.window and math.isfinite(v):
-            s.history.append(v)
         target = Severity.OK
         if s.streak_critical >= rule.consecutive:
             target = Severity.CRITICAL
@@ -618,10 +640,14 @@ class AlertEngine:
         self.observe(event, value, kwargs.get("step"))
 
     def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
-        """Backend protocol: evaluate several scalars of one step."""
+        """Backend protocol: evaluate several scalars of one step (those no rule watches
+        cost one dict lookup)."""
         step = kwargs.get("step")
+        routes = self._routes
         for name, value in values.items():
-            self.observe(name, value, step)
+            rules = routes.get(name)
+            if rules is None or rules:
+                self.observe(name, value, step)
 
     def close(self) -> None:
         """Stop evaluating; close the JSONL file; flush (and close, if created here) the
