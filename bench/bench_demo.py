@@ -1,8 +1,21 @@
 """Overhead of otel-tunix on the demo training loop (``otel-tunix demo``), sampling_rate=1.
 
-Runs the same loop with instrumentation off (``enabled=False``: the step/component calls are
-no-ops) and on (every step sampled, local run folder written), interleaved, and prints the
-median step-time ratio measured in this one run. Target (issue #2): < 1% added.
+Target (issue #2): instrumentation adds less than 1% to step time. Measured two ways, in one
+run, with torch on one intra-op thread (the other core is left to the data prefetcher and
+otel-tunix's threads, as a GPU job's host mostly is):
+
+1. **What otel-tunix costs per step, measured directly** (the stable number): the CPU time
+   of otel-tunix's own threads (span worker, device waiter, exporters) over the training
+   loop, read from their thread CPU clocks, plus the training thread's hot-path cost of the
+   demo's step (one step with five components, two nested) timed in a tight loop with the
+   finished steps set aside. Divided by the median step time with instrumentation off.
+   Start-up and shutdown (writing ``trace.pftrace``, the summary) are once per run and
+   reported apart.
+2. **The wall-clock difference**: the same loop with instrumentation off (``enabled=False``:
+   step/component calls are no-ops) and on (every step sampled, the default local run
+   folder), interleaved; the median per-step time of each run, and the median of the
+   paired on/off ratios. On this shared 2-core VM the rounds jitter by several percent, so
+   this shows the overhead is within the noise, not that it is under 1%.
 """
 
 from __future__ import annotations
@@ -10,28 +23,93 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import otel_tunix
+from otel_tunix import _tracer
 from otel_tunix.demo import DemoConfig, train
 
 
-def one_run(cfg: DemoConfig, enabled: bool, tmp: Path) -> tuple[float, float]:
-    """Wall seconds per step and process CPU seconds per step (all threads, shutdown
-    included, so the worker's processing is counted)."""
-    out = tmp / ("on" if enabled else "off")
-    otel_tunix.configure(
-        service_name="bench-demo",
-        output_dir=out,
-        perf=otel_tunix.PerformanceMetricsConfig(enabled=enabled, sampling_rate=1),
-    )
-    t, c = time.perf_counter(), time.process_time()
-    train(cfg, run_dir=None)
-    elapsed = time.perf_counter() - t
-    otel_tunix.shutdown()
-    cpu = time.process_time() - c
-    return elapsed / cfg.steps, cpu / cfg.steps
+def _otel_threads_cpu() -> float:
+    """CPU seconds used so far by otel-tunix's live threads (``otel-tunix-*``)."""
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name.startswith("otel-tunix") and t.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            except OSError:  # the thread ended meanwhile
+                pass
+    return total
+
+
+class _Run:
+    """One demo run: per-step wall times, otel-tunix threads' CPU during the loop, and
+    start-up / shutdown time."""
+
+    def __init__(self, cfg: DemoConfig, enabled: bool, out: Path) -> None:
+        t0 = time.perf_counter()
+        otel_tunix.configure(
+            service_name="bench-demo",
+            output_dir=out,
+            perf=otel_tunix.PerformanceMetricsConfig(enabled=enabled, sampling_rate=1),
+        )
+        self.setup_sec = time.perf_counter() - t0
+        self.step_sec: list[float] = []
+        last = [time.perf_counter()]
+
+        def tick(n: int, loss: float) -> None:
+            now = time.perf_counter()
+            self.step_sec.append(now - last[0])
+            last[0] = now
+
+        cpu0 = _otel_threads_cpu()
+        last[0] = time.perf_counter()
+        train(cfg, run_dir=None, progress=tick)
+        otel_tunix.force_flush()  # the steps of the loop, processed: their cost is counted
+        self.otel_cpu_per_step = (_otel_threads_cpu() - cpu0) / cfg.steps
+        t1 = time.perf_counter()
+        otel_tunix.shutdown()
+        self.shutdown_sec = time.perf_counter() - t1
+
+    @property
+    def median_step(self) -> float:
+        return statistics.median(self.step_sec[5:] or self.step_sec)  # skip warm-up steps
+
+
+def hot_path_per_step(steps: int = 3000) -> float:
+    """Training-thread seconds of the demo's step structure (a step with five components,
+    two of them nested), with the finished steps set aside instead of processed: the cost
+    the loop itself pays."""
+    otel_tunix.configure(output_dir="none", perf=otel_tunix.PerformanceMetricsConfig())
+    runtime = _tracer.get_runtime()
+    assert runtime is not None
+    kept: list[object] = []
+    submit = runtime.pipeline.submit
+    runtime.pipeline.submit = kept.append  # type: ignore[method-assign]
+    step, component = otel_tunix.step, otel_tunix.component
+    best = float("inf")
+    try:
+        for _ in range(5):
+            kept.clear()
+            t = time.perf_counter()
+            for n in range(steps):
+                with step(n):
+                    with component("train_data_load", blocked=True):
+                        pass
+                    with component("train_step_compute"):
+                        with component("forward"):
+                            pass
+                        with component("backward"):
+                            pass
+                        with component("optimizer_step"):
+                            pass
+            best = min(best, (time.perf_counter() - t) / steps)
+    finally:
+        runtime.pipeline.submit = submit  # type: ignore[method-assign]
+        otel_tunix.shutdown()
+    return best
 
 
 def main() -> None:
@@ -51,31 +129,38 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
     print(f"torch threads: {torch.get_num_threads()}, hidden {args.hidden}, {args.steps} steps")
     cfg = DemoConfig(steps=args.steps, hidden=args.hidden, eval_every=0, checkpoint_every=0)
-    off: list[float] = []
-    on: list[float] = []
-    cpu_off: list[float] = []
-    cpu_on: list[float] = []
+    off: list[_Run] = []
+    on: list[_Run] = []
     with tempfile.TemporaryDirectory() as tmp:
-        one_run(cfg, True, Path(tmp))  # warm-up (imports, allocator)
-        for _ in range(args.rounds):
-            for enabled, wall, cpu in ((False, off, cpu_off), (True, on, cpu_on)):
-                w, c = one_run(cfg, enabled, Path(tmp))
-                wall.append(w)
-                cpu.append(c)
-    m_off, m_on = statistics.median(off), statistics.median(on)
-    ratios = sorted(b / a for a, b in zip(off, on, strict=True))
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    print(f"step time, instrumentation off: {m_off * 1e3:.3f} ms (median of {args.rounds})")
-    print(f"step time, every step sampled:  {m_on * 1e3:.3f} ms")
+        _Run(cfg, True, Path(tmp) / "warm-up")  # imports, allocator
+        for i in range(args.rounds):
+            off.append(_Run(cfg, False, Path(tmp) / f"off{i}"))
+            on.append(_Run(cfg, True, Path(tmp) / f"on{i}"))
+    hot = hot_path_per_step()
+
+    m_off = statistics.median(r.median_step for r in off)
+    m_on = statistics.median(r.median_step for r in on)
+    worker = statistics.median(r.otel_cpu_per_step for r in on)
+    direct = hot + worker
+    print(f"median step time, instrumentation off: {m_off * 1e3:.3f} ms; on: {m_on * 1e3:.3f} ms")
+    print()
+    print("1. measured cost per step (every step sampled, 5 components):")
+    print(f"   training thread, hot path:        {hot * 1e6:7.1f} us")
+    print(f"   otel-tunix threads (CPU):          {worker * 1e6:7.1f} us")
     print(
-        f"added by otel-tunix: {(statistics.median(ratios) - 1) * 100:+.2f}% median of paired "
-        f"rounds (quartiles {(q[0] - 1) * 100:+.2f}% .. {(q[2] - 1) * 100:+.2f}%; target < 1%)"
+        f"   total:                             {direct * 1e6:7.1f} us = "
+        f"{direct / m_off * 100:.2f}% of the step (target < 1%)"
     )
-    extra_cpu = statistics.median(cpu_on) - statistics.median(cpu_off)
+    setup = statistics.median(r.setup_sec for r in on)
+    down = statistics.median(r.shutdown_sec for r in on)
+    print(f"   once per run: configure {setup * 1e3:.1f} ms, shutdown {down * 1e3:.1f} ms")
+    print()
+    ratios = sorted(b.median_step / a.median_step for a, b in zip(off, on, strict=True))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     print(
-        f"process CPU per step: off {statistics.median(cpu_off) * 1e3:.3f} ms, on "
-        f"{statistics.median(cpu_on) * 1e3:.3f} ms: otel-tunix uses {extra_cpu * 1e6:.0f} us "
-        f"of CPU per step ({extra_cpu / m_off * 100:.2f}% of the step time)"
+        f"2. wall clock, paired rounds: {(statistics.median(ratios) - 1) * 100:+.2f}% "
+        f"(quartiles {(q[0] - 1) * 100:+.2f}% .. {(q[2] - 1) * 100:+.2f}%, "
+        f"{args.rounds} rounds)"
     )
 
 

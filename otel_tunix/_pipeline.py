@@ -26,10 +26,12 @@ from otel_tunix._tracer import SpanRecord, StepRecord
 
 _logger = logging.getLogger(__name__)
 
-_KICK_SEC = 0.02
-"""The worker is woken at most this often by new steps (and polls at this interval). Fast
-loops hand over steps in batches, which keeps thread switches (and GIL hand-offs) rare; a
-loop slower than this gets each step processed as soon as it ends."""
+_KICK_SEC = 0.1
+"""Default of ``interval_sec``: the worker is woken at most this often by new steps (and
+polls at this interval). Fast loops hand over steps in batches, which keeps wake-ups and
+GIL hand-offs rare (on a 2-core VM with torch busy on the other core, processing a step
+alone cost 2-3x its cost in a batch); a loop slower than this gets each step processed as
+soon as it ends."""
 
 _STALL_SEC = 60.0
 """A step whose components are still open this long after the step ended is processed with
@@ -46,12 +48,14 @@ class Pipeline:
         after_batch: Callable[[], None] | None = None,
         max_queued_steps: int = 4096,
         stall_sec: float = _STALL_SEC,
+        interval_sec: float = _KICK_SEC,
     ) -> None:
         self._process = process
         self._after_batch = after_batch
         self._queue: collections.deque[StepRecord] = collections.deque()
         self._max = max_queued_steps
         self._stall = stall_sec
+        self._interval = interval_sec
         self._wake = threading.Event()
         self._last_kick = 0.0
         self._stopping = False
@@ -75,7 +79,7 @@ class Pipeline:
             return
         now = record.submitted_at = time.monotonic()
         self._queue.append(record)
-        if now - self._last_kick >= _KICK_SEC:
+        if now - self._last_kick >= self._interval:
             self._last_kick = now
             self._wake.set()
 
@@ -106,7 +110,7 @@ class Pipeline:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(_KICK_SEC if self._queue else 1.0)
+            self._wake.wait(self._interval if self._queue else 1.0)
             self._wake.clear()
             self._drain(force=self._stopping)
             if self._stopping and not self._queue:

@@ -29,7 +29,7 @@ from otel_tunix.attributes import KIND_BLOCKED
 _NS = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SpanInfo:
     """One component span of a step, in the form the local files and user functions see.
 

@@ -49,6 +49,11 @@ OTEL_TUNIX_PERFETTO_DIR: Final = "OTEL_TUNIX_PERFETTO_DIR"
 them off. Default: unset; the local run folder then gets ``trace.pftrace`` translated from
 its spans JSONL at shutdown, when the ``perfetto`` package is installed."""
 
+OTEL_TUNIX_PROCESS_INTERVAL_MS: Final = "OTEL_TUNIX_PROCESS_INTERVAL_MS"
+"""Longest time in milliseconds between two batches of finished steps being processed off
+the training thread (and the local files flushed); a hard kill loses at most about this much
+of the most recent steps. Default: ``100``."""
+
 OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
 """``true`` / ``false``: evaluate the default alert rules on every logged metric
 (:mod:`otel_tunix.metrics.alerts`). Default: ``true``."""

@@ -310,7 +310,7 @@ class JsonlBackend:
         rec: dict[str, Any] = {"step": step, "time": time.time(), "metrics": dict(values)}
         if not all(math.isfinite(v) for v in values.values()):
             rec["nonfinite"] = True
-        self._file.write(json.dumps(rec) + "\n")
+        self._file.write(_encode(rec) + "\n")
         if step is None or self._last_flush_step is None:
             self._last_flush_step = step if step is not None else self._last_flush_step
             self._file.flush()
@@ -322,6 +322,9 @@ class JsonlBackend:
         if not self._file.closed:
             self._file.close()
 
+
+# One encoder for every record; the records are fresh trees, so no cycle check is needed.
+_encode = json.JSONEncoder(check_circular=False).encode
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_./\-]")
 

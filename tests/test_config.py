@@ -43,6 +43,36 @@ def test_bad_env_sampling_rate_fails_at_configure(monkeypatch):
         otel_tunix.configure()
 
 
+@pytest.mark.parametrize("bad", [0, -5, 60_001, "100", True])
+def test_bad_process_interval_names_the_field(bad):
+    with pytest.raises(ConfigurationError, match=r"process_interval_ms must be a number"):
+        PerformanceMetricsConfig(process_interval_ms=bad)
+
+
+def test_process_interval_from_argument_env_and_default(monkeypatch):
+    from otel_tunix import _tracer
+
+    def interval() -> float:
+        runtime = _tracer.get_runtime()
+        assert runtime is not None
+        return runtime.pipeline._interval
+
+    otel_tunix.configure(output_dir="none")
+    assert interval() == 0.1
+    monkeypatch.setenv("OTEL_TUNIX_PROCESS_INTERVAL_MS", "20")
+    otel_tunix.configure(output_dir="none")
+    assert interval() == 0.02
+    otel_tunix.configure(output_dir="none", perf=PerformanceMetricsConfig(process_interval_ms=7))
+    assert interval() == 0.007
+    otel_tunix.shutdown()
+    monkeypatch.setenv("OTEL_TUNIX_PROCESS_INTERVAL_MS", "soon")
+    with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_PROCESS_INTERVAL_MS='soon'"):
+        otel_tunix.configure()
+    monkeypatch.setenv("OTEL_TUNIX_PROCESS_INTERVAL_MS", "0")
+    with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_PROCESS_INTERVAL_MS must be"):
+        otel_tunix.configure()
+
+
 def test_bad_env_boolean_and_export_fn(monkeypatch):
     monkeypatch.setenv("OTEL_TUNIX_ENABLED", "maybe")
     with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_ENABLED='maybe'"):

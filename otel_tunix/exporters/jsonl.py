@@ -6,9 +6,10 @@ included). Each ``type: "step"`` line is :meth:`otel_tunix.accounting.StepSummar
 step, start/end (Unix ns), the busy / blocked / idle counters, per-component times and every
 component span (name, kind, start/end, thread, span id, parent). At shutdown one
 ``type: "session"`` line per scope carries the totals. A ``.gz`` path writes gzip. The file
-is flushed after every batch of steps the worker processes (each step on its own when steps
-take longer than the worker's 20 ms hand-off interval), so a crash loses only the steps
-still in flight.
+is flushed after every batch of steps the worker processes (at most
+``OTEL_TUNIX_PROCESS_INTERVAL_MS``, 100 ms, apart; each step on its own when steps take
+longer), so a hard kill loses only the most recent steps; an exception or a normal exit
+loses none (shutdown processes everything queued).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from otel_tunix.accounting import ScopeSession, StepSummary
 from otel_tunix.metrics_logger import open_text
 
 _logger = logging.getLogger(__name__)
+# One encoder for every line; the objects are fresh trees, so no cycle check is needed.
+_encode = json.JSONEncoder(check_circular=False, default=str).encode
 
 
 class StepJsonlWriter:
@@ -46,7 +49,7 @@ class StepJsonlWriter:
             self._write(s.to_json())
 
     def _write(self, obj: dict[str, object]) -> None:
-        line = json.dumps(obj, default=str) + "\n"
+        line = _encode(obj) + "\n"
         with self._lock:
             if self._file.closed:
                 return
