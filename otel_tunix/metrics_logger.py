@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from otel_tunix._json import all_finite, dumps_line
 from otel_tunix.config import ConfigurationError
 
 __all__ = [
@@ -308,9 +309,10 @@ class JsonlBackend:
         """Write several scalars of one step as one record."""
         step = kwargs.get("step")
         rec: dict[str, Any] = {"step": step, "time": time.time(), "metrics": dict(values)}
-        if not all(math.isfinite(v) for v in values.values()):
+        finite = all_finite(values.values())
+        if not finite:
             rec["nonfinite"] = True
-        self._file.write(_encode(rec) + "\n")
+        self._file.write(dumps_line(rec, finite=finite) + "\n")
         if step is None or self._last_flush_step is None:
             self._last_flush_step = step if step is not None else self._last_flush_step
             self._file.flush()
@@ -322,9 +324,6 @@ class JsonlBackend:
         if not self._file.closed:
             self._file.close()
 
-
-# One encoder for every record; the records are fresh trees, so no cycle check is needed.
-_encode = json.JSONEncoder(check_circular=False).encode
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_./\-]")
 

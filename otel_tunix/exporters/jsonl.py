@@ -14,19 +14,17 @@ loses none (shutdown processes everything queued).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from otel_tunix._json import all_finite, dumps_line
 from otel_tunix.accounting import ScopeSession, StepSummary
 from otel_tunix.metrics_logger import open_text
 
 _logger = logging.getLogger(__name__)
-# One encoder for every line; the objects are fresh trees, so no cycle check is needed.
-_encode = json.JSONEncoder(check_circular=False, default=str).encode
 
 
 class StepJsonlWriter:
@@ -42,14 +40,15 @@ class StepJsonlWriter:
             self._write({"type": "run", **header})
 
     def on_step(self, summary: StepSummary) -> None:
-        self._write(summary.to_json())
+        # Our numbers are finite; an attribute a user set on the step might not be.
+        self._write(summary.to_json(), finite=all_finite(summary.attributes.values()))
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:
             self._write(s.to_json())
 
-    def _write(self, obj: dict[str, object]) -> None:
-        line = _encode(obj) + "\n"
+    def _write(self, obj: dict[str, object], finite: bool = False) -> None:
+        line = dumps_line(obj, finite=finite) + "\n"
         with self._lock:
             if self._file.closed:
                 return
