@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 
@@ -61,10 +61,21 @@ def dumps_line(obj: Any, *, finite: bool = True) -> str:
     return _std_encode(obj)
 
 
+def floats_finite(values: Collection[float]) -> bool:
+    """True when every float of this collection is finite: one C-level sum (a NaN or an
+    infinity makes it non-finite) and an exact check only when the sum is not finite."""
+    try:
+        if math.isfinite(sum(values)):
+            return True
+    except (TypeError, OverflowError):
+        pass
+    return all_finite(values)
+
+
 def all_finite(values: Any) -> bool:
     """True when no value of this iterable is a NaN or infinite float (other types pass)."""
     isfinite = math.isfinite
     return all(isfinite(v) for v in values if isinstance(v, float))
 
 
-__all__ = ["all_finite", "dumps_line"]
+__all__ = ["all_finite", "dumps_line", "floats_finite"]

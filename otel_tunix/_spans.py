@@ -14,7 +14,8 @@ import inspect
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -244,12 +245,14 @@ class SpanBuilder:
         out: list[SpanInfo] = []
         for c, (name, blocked, start, end) in zip(step.components, step.intervals, strict=True):
             tid, tname = self.thread(c.thread)
-            extra: dict[str, object] = {}
-            if c.end_ns != c.host_end_ns:
-                extra[attr.DEVICE_END] = True
-                extra[attr.HOST_DURATION] = (c.host_end_ns - c.start_ns) * 1e-9
-            if c.incomplete:
-                extra[attr.INCOMPLETE] = True
+            extra: Mapping[str, object] = _NO_ATTRIBUTES
+            if c.end_ns != c.host_end_ns or c.incomplete:
+                extra = {}
+                if c.end_ns != c.host_end_ns:
+                    extra[attr.DEVICE_END] = True
+                    extra[attr.HOST_DURATION] = (c.host_end_ns - c.start_ns) * 1e-9
+                if c.incomplete:
+                    extra[attr.INCOMPLETE] = True
             err = c.error
             out.append(
                 SpanInfo(
@@ -337,6 +340,7 @@ def _start_ns(s: SpanRecord) -> int:
 
 
 _INTERNAL = SpanKind.INTERNAL
+_NO_ATTRIBUTES: Mapping[str, object] = MappingProxyType({})  # shared, read-only
 readable_span = _readable_span_factory()
 _SPAN_TYPE, _COMPONENT = attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT
 _STEP, _SCOPE, _COMPONENT_NAME, _TIME_KIND = attr.STEP, attr.SCOPE, attr.COMPONENT, attr.TIME_KIND

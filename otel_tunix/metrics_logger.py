@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from otel_tunix._json import all_finite, dumps_line
+from otel_tunix._json import dumps_line, floats_finite
 from otel_tunix.config import ConfigurationError
 
 __all__ = [
@@ -309,7 +309,7 @@ class JsonlBackend:
         """Write several scalars of one step as one record."""
         step = kwargs.get("step")
         rec: dict[str, Any] = {"step": step, "time": time.time(), "metrics": dict(values)}
-        finite = all_finite(values.values())
+        finite = floats_finite(values.values())
         if not finite:
             rec["nonfinite"] = True
         self._file.write(dumps_line(rec, finite=finite) + "\n")

@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from otel_tunix._json import floats_finite
+
 __all__ = ["MetricsSummary", "get_metrics_summary", "install", "track_sampler"]
 
 
@@ -48,10 +50,9 @@ class MetricsSummary:
             if self.first_time is None:
                 self.first_time = now
             self.last_time = now
-            for name, v in values.items():
-                self.counts[name] += 1
-                if not math.isfinite(v):
-                    self.nonfinite[name] += 1
+            self.counts.update(values.keys())
+            if not floats_finite(values.values()):
+                self.nonfinite.update(k for k, v in values.items() if not math.isfinite(v))
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         """Count one value."""
