@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import operator
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_tunix import attributes as attr
-from otel_tunix._tracer import SpanRecord, StepRecord, new_span_context
+from otel_tunix._tracer import StepRecord, new_span_context
 from otel_tunix.accounting import SpanInfo
 
 _logger = logging.getLogger(__name__)
@@ -335,10 +336,7 @@ class SpanBuilder:
         return out
 
 
-def _start_ns(s: SpanRecord) -> int:
-    return s.start_ns
-
-
+_start_ns = operator.attrgetter("start_ns")
 _INTERNAL = SpanKind.INTERNAL
 _NO_ATTRIBUTES: Mapping[str, object] = MappingProxyType({})  # shared, read-only
 readable_span = _readable_span_factory()

@@ -66,6 +66,29 @@ def _otel_context_getter() -> Callable[[], Any]:
 _otel_context = _otel_context_getter()
 
 
+def _span_attacher() -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
+    """``(attach_span, detach)``: make a span the current OTel span and undo it.
+
+    With the standard contextvars runtime context this is one ``ContextVar.set`` of a new
+    ``Context`` holding the span (what ``attach(set_span_in_context(span))`` does, without
+    its four Python calls); otherwise the public API.
+    """
+    from opentelemetry import context as otel_context
+
+    var = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    if not isinstance(var, contextvars.ContextVar) or _SPAN_KEY is None:
+        return (lambda span: attach(set_span_in_context(span))), detach
+    key, get, set_, new = _SPAN_KEY, var.get, var.set, otel_context.Context
+
+    def attach_span(span: Any) -> Any:
+        return set_(new({**get(), key: span}))
+
+    return attach_span, var.reset
+
+
+_attach_span, _detach = _span_attacher()
+
+
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
@@ -146,7 +169,13 @@ class SpanRecord:
     )
 
     def __init__(
-        self, name: str, blocked: bool, trace_id: int, span_id: int, parent_id: int
+        self,
+        name: str,
+        blocked: bool,
+        trace_id: int,
+        span_id: int,
+        parent_id: int,
+        device_end: Any = None,
     ) -> None:
         self.name = name
         self.blocked = blocked
@@ -156,7 +185,7 @@ class SpanRecord:
         self._ctx: SpanContext | None = None
         self.end_ns = self.host_end_ns = 0
         self.error: BaseException | None = None
-        self.device_end: Any = None
+        self.device_end = device_end
         self.incomplete = False
         self.attributes: dict[str, Any] | None = None
         self.thread = _threads_by_ident.get(_get_ident()) or _current_thread()
@@ -212,9 +241,10 @@ class StepRecord(NonRecordingSpan):
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
-        self.thread = _current_thread()
+        self.thread = _threads_by_ident.get(_get_ident()) or _current_thread()
         self.view: StepView | None = None
-        parent = get_current_span().get_span_context()
+        current = _otel_context().get(_SPAN_KEY) or get_current_span()
+        parent = current.get_span_context()
         if parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.
             self.trace_id = parent.trace_id
@@ -369,7 +399,7 @@ class step:
             self._record = rec
             self._token = _current_step.set(rec)
             self._comp_token = _current_component.set(None)
-            self._otel_token = attach(set_span_in_context(rec))
+            self._otel_token = _attach_span(rec)
             rt.open_steps.append(rec)
         except Exception:  # never hurt the training loop
             _logger.exception("otel-tunix: step() failed; this step is not recorded")
@@ -382,7 +412,7 @@ class step:
             if self._stats is not None:
                 self._stats.last_end_ns = end
             if self._otel_token is not None:
-                detach(self._otel_token)
+                _detach(self._otel_token)
                 self._otel_token = None
             if self._comp_token is not None:
                 _current_component.reset(self._comp_token)
@@ -450,10 +480,9 @@ class component:
         self._blocked = blocked
         self._device_end = device_end
         self._start_ns = start_ns
-        self._step: StepRecord | None = None
         self._record: SpanRecord | None = None
-        self._token: object = None
-        self._ctoken: contextvars.Token[SpanRecord | None] | None = None
+        # _step, _token and _ctoken are set by __enter__ when it records (and read by
+        # __exit__ only then): fewer assignments for every component created.
 
     @property
     def recording(self) -> bool:
@@ -514,16 +543,16 @@ class component:
                 cur_ctx = (cur or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == trace_id else st.span_id
                 attach_proxy = True
-            rec = SpanRecord(name, self._blocked, trace_id, getrandbits(64) or 1, parent)
-            rec.device_end = self._device_end
+            rec = SpanRecord(
+                name, self._blocked, trace_id, getrandbits(64) or 1, parent, self._device_end
+            )
             if self._start_ns is not None:
                 rec.start_ns = self._start_ns
             st.spans.append(rec)
-            self._record = rec
             self._step = st
             self._ctoken = _current_component.set(rec)
-            if attach_proxy:
-                self._token = attach(set_span_in_context(st))
+            self._token = _attach_span(st) if attach_proxy else None
+            self._record = rec
         except Exception:
             _logger.exception("otel-tunix: component() failed; it is not recorded")
             self._record = None
@@ -534,18 +563,16 @@ class component:
         if rec is None:
             return
         rec.end_ns = rec.host_end_ns = _clock()
+        self._record = None
         try:
-            rec.error = exc
-            if self._token is not None:
-                detach(self._token)
-                self._token = None
-            if self._ctoken is not None:
-                _current_component.reset(self._ctoken)
-                self._ctoken = None
-            self._record = None
-            st = self._step
-            self._step = None
-            if rec.device_end is not None and st is not None:
+            if exc is not None:
+                rec.error = exc
+            token = self._token
+            if token is not None:
+                _detach(token)
+            _current_component.reset(self._ctoken)
+            if rec.device_end is not None:
+                st = self._step
                 if st.end_ns:  # the step already ended (a component in another thread)
                     st.runtime.pipeline.wait_for_device([rec])
                 elif st.device_pending is None:  # handed to the device waiter with the

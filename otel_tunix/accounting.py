@@ -21,6 +21,7 @@ How time is counted (all intervals are clipped to the step window):
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -218,9 +219,7 @@ def union_ns(intervals: Sequence[tuple[int, int]], *, presorted: bool = False) -
 Interval = tuple[str, bool, int, int]
 """``(component name, blocked, start_ns, end_ns)``."""
 
-
-def _by_start(iv: Interval) -> int:
-    return iv[2]
+_by_start = operator.itemgetter(2)
 
 
 def account_step(

@@ -39,6 +39,7 @@ No method raises into the training loop; a failing action is reported once.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import json
 import logging
@@ -364,8 +365,9 @@ class SpikeRule(Rule):
 
 
 def _median(values: Iterable[float]) -> float:
-    """The median (``statistics.median`` without its overhead: rules take one per value)."""
-    s = sorted(values)
+    """The median (``statistics.median`` without its overhead: rules take one per value);
+    a :class:`_Window` brings its values sorted already."""
+    s = values.sorted if isinstance(values, _Window) else sorted(values)
     n = len(s)
     if not n:
         raise ValueError("median of no values")
@@ -480,6 +482,21 @@ class Alert:
         return a
 
 
+class _Window(deque[float]):
+    """The last ``maxlen`` values of a series, with the same values kept sorted alongside,
+    so a rule's median costs a lookup per value instead of a sort of the window."""
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__(maxlen=maxlen)
+        self.sorted: list[float] = []
+
+    def append(self, value: float) -> None:
+        if len(self) == self.maxlen:
+            del self.sorted[bisect.bisect_left(self.sorted, self[0])]
+        super().append(value)
+        bisect.insort(self.sorted, value)
+
+
 @dataclass(slots=True)
 class _Series:
     level: Severity = Severity.OK
@@ -584,7 +601,7 @@ class AlertEngine:
         key = (rule.name, metric)
         s = self._series.get(key)
         if s is None:
-            s = self._series[key] = _Series(history=deque(maxlen=max(rule.window, 1)))
+            s = self._series[key] = _Series(history=_Window(max(rule.window, 1)))
         hist = s.history  # the values before this one (v is appended on the way out)
         try:
             return self._transition(rule, s, metric, v, step, hist)

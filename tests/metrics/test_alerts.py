@@ -359,3 +359,18 @@ def test_install_before_configure_warns_and_attaches_nothing(caplog):
     e = al.install()
     assert isinstance(e, AlertEngine)
     assert any("before otel_tunix.configure()" in r.getMessage() for r in caplog.records)
+
+
+def test_rule_window_keeps_its_values_sorted_and_the_median_exact():
+    import random
+    import statistics
+
+    from otel_tunix.metrics.alerts import _median, _Window
+
+    rng = random.Random(7)
+    w = _Window(50)
+    for i in range(400):
+        w.append(rng.choice([rng.random() * 10, 1.0, 2.5]))  # ties included
+        assert w.sorted == sorted(w), i
+        assert _median(w) == statistics.median(w)
+    assert len(w) == len(w.sorted) == 50
