@@ -285,6 +285,9 @@ class SpanBuilder:
         last_thread: Any = None
         tid, tname = 0, ""
         make, new_ctx = readable_span, new_span_context
+        # Components with the same name, kind and thread share one attribute dict (spans
+        # hand out read-only views of it): micro-batches and repeated layers repeat names.
+        shared: dict[tuple[str, bool, Any], dict[str, Any]] = {}
         for s, (name, blocked, start, end) in zip(step.components, step.intervals, strict=True):
             ctx = s._ctx
             if ctx is None:
@@ -296,22 +299,29 @@ class SpanBuilder:
             if s.thread is not last_thread:
                 last_thread = s.thread
                 tid, tname = self.thread(last_thread)
-            attrs: dict[str, Any] = {
-                _SPAN_TYPE: _COMPONENT,
-                _STEP: number,
-                _SCOPE: scope,
-                _COMPONENT_NAME: name,
-                _TIME_KIND: _BLOCKED if blocked else _BUSY,
-                _THREAD_ID: tid,
-                _THREAD_NAME: tname,
-            }
-            if s.end_ns != s.host_end_ns:
-                attrs[attr.DEVICE_END] = True
-                attrs[attr.HOST_DURATION] = (s.host_end_ns - s.start_ns) * 1e-9
-            if s.incomplete:
-                attrs[attr.INCOMPLETE] = True
-            if s.attributes:
-                attrs = {**s.attributes, **attrs}
+            plain = s.end_ns == s.host_end_ns and not s.incomplete and not s.attributes
+            key = (name, blocked, last_thread)
+            attrs = shared.get(key) if plain else None
+            if attrs is None:
+                attrs = {
+                    _SPAN_TYPE: _COMPONENT,
+                    _STEP: number,
+                    _SCOPE: scope,
+                    _COMPONENT_NAME: name,
+                    _TIME_KIND: _BLOCKED if blocked else _BUSY,
+                    _THREAD_ID: tid,
+                    _THREAD_NAME: tname,
+                }
+                if plain:
+                    shared[key] = attrs
+                else:
+                    if s.end_ns != s.host_end_ns:
+                        attrs[attr.DEVICE_END] = True
+                        attrs[attr.HOST_DURATION] = (s.host_end_ns - s.start_ns) * 1e-9
+                    if s.incomplete:
+                        attrs[attr.INCOMPLETE] = True
+                    if s.attributes:
+                        attrs = {**s.attributes, **attrs}
             if s.error is not None:
                 status, events = _error(s.error, s.host_end_ns + off)
             else:

@@ -376,3 +376,21 @@ def test_span_infos_from_records_match_those_read_from_the_sdk_spans():
     assert from_records[1].kind == "blocked" and from_records[2].error == "ValueError: boom"
     assert from_records[3].attributes[attr.DEVICE_END] is True
     assert from_records[1].parent == from_records[0].span_id
+
+
+def test_repeated_components_share_attributes_but_one_with_its_own_keeps_them():
+    exp = InMemorySpanExporter()
+    otel_tunix.configure(output_dir="none", span_exporters=[exp])
+    with otel_tunix.step(4):
+        for i in range(3):
+            with otel_tunix.component("micro_batch") as c:
+                if i == 1:
+                    c.set_attribute("micro", i)
+    otel_tunix.shutdown()
+    spans = [s for s in exp.get_finished_spans() if s.name == "micro_batch"]
+    assert [s.attributes.get("micro") for s in spans] == [None, 1, None]
+    assert all(s.attributes[attr.STEP] == 4 and s.attributes[attr.TIME_KIND] == "busy"
+               for s in spans)  # fmt: skip
+    assert len({s.context.span_id for s in spans}) == 3
+    with pytest.raises(TypeError):  # what a span hands out cannot change the shared dict
+        spans[0].attributes["x"] = 1  # type: ignore[index]
