@@ -15,8 +15,7 @@ import logging
 import operator
 import time
 import traceback
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -123,6 +122,7 @@ class FinishedStep:
     __slots__ = (
         "_builder",
         "_infos",
+        "_json",
         "_spans",
         "attributes",
         "components",
@@ -138,6 +138,7 @@ class FinishedStep:
         self._builder = builder
         self._spans: list[ReadableSpan] | None = None
         self._infos: list[SpanInfo] | None = None
+        self._json: list[dict[str, object]] | None = None
         self.record = rec
         comps = self.components = sorted(rec.spans, key=_start_ns)
         step_end = rec.end_ns
@@ -176,12 +177,19 @@ class FinishedStep:
         return spans
 
     def span_infos(self) -> list[SpanInfo]:
-        """The components as :class:`~otel_tunix.accounting.SpanInfo` (local files, export
-        functions)."""
+        """The components as :class:`~otel_tunix.accounting.SpanInfo` (export functions)."""
         infos = self._infos
         if infos is None:
-            infos = self._infos = self._builder.span_infos(self)
+            infos = self._infos = [SpanInfo(**d) for d in self.span_json()]  # type: ignore[arg-type]
         return infos
+
+    def span_json(self) -> list[dict[str, object]]:
+        """The components as the ``spans`` entries of the spans JSONL file (what
+        ``SpanInfo.to_json()`` gives), made straight from the records."""
+        dicts = self._json
+        if dicts is None:
+            dicts = self._json = self._builder.span_json(self)
+        return dicts
 
 
 class SpanBuilder:
@@ -241,34 +249,33 @@ class SpanBuilder:
             found = self._threads[thread] = (thread.native_id or thread.ident or 0, thread.name)
         return found
 
-    def span_infos(self, step: FinishedStep) -> list[SpanInfo]:
-        """The :class:`SpanInfo` of each component of a step."""
-        out: list[SpanInfo] = []
+    def span_json(self, step: FinishedStep) -> list[dict[str, object]]:
+        """The components of a step as the ``spans`` entries of the spans JSONL file (the
+        fields of :class:`SpanInfo`, which is made from them when asked for)."""
+        out: list[dict[str, object]] = []
         for c, (name, blocked, start, end) in zip(step.components, step.intervals, strict=True):
             tid, tname = self.thread(c.thread)
-            extra: Mapping[str, object] = _NO_ATTRIBUTES
+            d: dict[str, object] = {
+                "name": name,
+                "kind": _BLOCKED if blocked else _BUSY,
+                "start_ns": start,
+                "end_ns": end,
+                "thread": tname,
+                "thread_id": tid,
+                "span_id": f"{c.span_id:016x}",
+                "parent": f"{c.parent_id:016x}",
+            }
+            if c.error is not None:
+                d["error"] = f"{type(c.error).__qualname__}: {c.error}"
             if c.end_ns != c.host_end_ns or c.incomplete:
-                extra = {}
+                extra: dict[str, object] = {}
                 if c.end_ns != c.host_end_ns:
                     extra[attr.DEVICE_END] = True
                     extra[attr.HOST_DURATION] = (c.host_end_ns - c.start_ns) * 1e-9
                 if c.incomplete:
                     extra[attr.INCOMPLETE] = True
-            err = c.error
-            out.append(
-                SpanInfo(
-                    name=name,
-                    kind=_BLOCKED if blocked else _BUSY,
-                    start_ns=start,
-                    end_ns=end,
-                    thread=tname,
-                    thread_id=tid,
-                    span_id=f"{c.span_id:016x}",
-                    parent=f"{c.parent_id:016x}",
-                    error=None if err is None else f"{type(err).__qualname__}: {err}",
-                    attributes=extra,
-                )
-            )
+                d["attributes"] = extra
+            out.append(d)
         return out
 
     def build_spans(self, step: FinishedStep) -> list[ReadableSpan]:
@@ -348,7 +355,6 @@ class SpanBuilder:
 
 _start_ns = operator.attrgetter("start_ns")
 _INTERNAL = SpanKind.INTERNAL
-_NO_ATTRIBUTES: Mapping[str, object] = MappingProxyType({})  # shared, read-only
 readable_span = _readable_span_factory()
 _SPAN_TYPE, _COMPONENT = attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT
 _STEP, _SCOPE, _COMPONENT_NAME, _TIME_KIND = attr.STEP, attr.SCOPE, attr.COMPONENT, attr.TIME_KIND

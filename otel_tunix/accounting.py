@@ -108,6 +108,7 @@ class StepSummary:
     """
 
     __slots__ = (
+        "_span_json",
         "_span_source",
         "_spans",
         "attributes",
@@ -138,6 +139,7 @@ class StepSummary:
         spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
         trace_id: str = "",
         attributes: Mapping[str, object] | None = None,
+        span_json: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
         self.scope = scope
         self.step = step
@@ -150,6 +152,9 @@ class StepSummary:
         self.components = components
         self.trace_id = trace_id
         self.attributes = dict(attributes or {})
+        # What to_json() writes for the spans when they were not needed as SpanInfo
+        # objects (the same dicts as SpanInfo.to_json(), made straight from the records).
+        self._span_json = span_json
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -187,7 +192,11 @@ class StepSummary:
             "blocked_time_sec": self.blocked_time_sec,
             "idle_time_sec": self.idle_time_sec,
             "components": {k: v.to_json() for k, v in self.components.items()},
-            "spans": [s.to_json() for s in self.spans],
+            "spans": (
+                self._span_json()
+                if self._span_json is not None and self._spans is None
+                else [s.to_json() for s in self.spans]
+            ),
         }
         if self.attributes:
             out["attributes"] = dict(self.attributes)
@@ -258,8 +267,10 @@ def account_intervals(
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
     trace_id: str = "",
     attributes: Mapping[str, object] | None = None,
+    span_json: Callable[[], list[dict[str, object]]] | None = None,
 ) -> StepSummary:
-    """:func:`account_step` on plain intervals; ``spans`` may be a factory (made lazily)."""
+    """:func:`account_step` on plain intervals; ``spans`` may be a factory (made lazily),
+    ``span_json`` a factory of their JSON dicts (see :meth:`StepSummary.to_json`)."""
     intervals = sorted(intervals, key=_by_start)  # in order already, from the span builder
     window_end = end_ns
     for iv in intervals:
@@ -305,6 +316,7 @@ def account_intervals(
         spans=spans,
         trace_id=trace_id,
         attributes=attributes,
+        span_json=span_json,
     )
 
 

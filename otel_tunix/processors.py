@@ -140,6 +140,7 @@ class StepAccountingProcessor(SpanProcessor):
                 step.end_ns,
                 step.intervals,
                 spans=step.span_infos,
+                span_json=step.span_json,
                 trace_id=f"{step.trace_id:032x}",
                 attributes=step.attributes,
             )

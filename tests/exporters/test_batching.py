@@ -369,9 +369,11 @@ def test_span_infos_from_records_match_those_read_from_the_sdk_spans():
             resolve_device_end(s)
     step = _spans.FinishedStep(pipe._process, rec)
     otel_tunix.shutdown()
+    json_first = step.span_json()
     from_records = step.span_infos()
     from_spans = [span_info(s) for s in step.spans()[:-1]]
     assert from_records == from_spans
+    assert json_first == [i.to_json() for i in from_spans]  # the JSONL file's entries
     assert [i.name for i in from_records] == ["outer", "wait", "bad", "dev"]
     assert from_records[1].kind == "blocked" and from_records[2].error == "ValueError: boom"
     assert from_records[3].attributes[attr.DEVICE_END] is True
