@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from _common import steps_set_aside
+
 import otel_tunix
 from otel_tunix import _tracer
 from otel_tunix.demo import DemoConfig, train
@@ -85,31 +87,26 @@ def hot_path_per_step(steps: int = 3000) -> float:
     two of them nested), with the finished steps set aside instead of processed: the cost
     the loop itself pays."""
     otel_tunix.configure(output_dir="none", perf=otel_tunix.PerformanceMetricsConfig())
-    runtime = _tracer.get_runtime()
-    assert runtime is not None
-    kept: list[object] = []
-    submit = runtime.pipeline.submit
-    runtime.pipeline.submit = kept.append  # type: ignore[method-assign]
     step, component = otel_tunix.step, otel_tunix.component
     best = float("inf")
     try:
-        for _ in range(5):
-            kept.clear()
-            t = time.perf_counter()
-            for n in range(steps):
-                with step(n):
-                    with component("train_data_load", blocked=True):
-                        pass
-                    with component("train_step_compute"):
-                        with component("forward"):
+        with steps_set_aside() as kept:
+            for _ in range(5):
+                kept.clear()
+                t = time.perf_counter()
+                for n in range(steps):
+                    with step(n):
+                        with component("train_data_load", blocked=True):
                             pass
-                        with component("backward"):
-                            pass
-                        with component("optimizer_step"):
-                            pass
-            best = min(best, (time.perf_counter() - t) / steps)
+                        with component("train_step_compute"):
+                            with component("forward"):
+                                pass
+                            with component("backward"):
+                                pass
+                            with component("optimizer_step"):
+                                pass
+                best = min(best, (time.perf_counter() - t) / steps)
     finally:
-        runtime.pipeline.submit = submit  # type: ignore[method-assign]
         otel_tunix.shutdown()
     return best
 

@@ -1,0 +1,51 @@
+"""The benchmark scripts run (tiny sizes) and print their ratios. No timing is asserted:
+these machines are shared and noisy; the numbers live in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _run(script: str, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_bench_overhead_prints_every_row_and_ratio():
+    text = _run("bench_overhead.py", "--spans", "400", "--repeats", "1")
+    for row in (
+        "OTel SDK, ALWAYS_ON + batch(null)",
+        "otel-tunix, step not sampled",
+        "otel-tunix, sampled: training thread alone",
+        "otel-tunix, sampled (+ processing)",
+        "same, joined to an app provider + SDK batch(null)",
+    ):
+        assert re.search(re.escape(row) + r"\s+\d+\.\d{3}", text), row
+    assert re.search(r"sampled\+processing / SDK ALWAYS_ON = \d+\.\d{3}", text)
+    assert re.search(r"unsampled / SDK ALWAYS_OFF\s+= \d+\.\d{3}", text)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_bench_demo_prints_the_direct_and_wall_clock_measurements():
+    pytest.importorskip("torch")
+    text = _run(
+        "bench_demo.py", "--steps", "6", "--rounds", "1", "--block", "2", "--blocks", "2",
+        "--hidden", "64",
+    )  # fmt: skip
+    assert re.search(r"otel-tunix threads \(CPU\):\s+\d+\.\d us", text)
+    assert re.search(r"total:\s+\d+\.\d us = \d+\.\d\d% of the step", text)
+    assert re.search(r"wall clock, interleaved blocks of 2 steps.*median of \d+ pairs", text)
