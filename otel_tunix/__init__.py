@@ -26,6 +26,7 @@ from otel_tunix._configure import (
     last_step_summary,
     shutdown,
 )
+from otel_tunix._spans import FinishedStep
 from otel_tunix._tracer import (
     StepView,
     component,
@@ -42,6 +43,7 @@ from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 __all__ = [
     "ComponentTime",
     "ConfigurationError",
+    "FinishedStep",
     "MetricsLogger",
     "MetricsLoggerOptions",
     "PerformanceMetricsConfig",

@@ -396,3 +396,31 @@ def test_repeated_components_share_attributes_but_one_with_its_own_keeps_them():
     assert len({s.context.span_id for s in spans}) == 3
     with pytest.raises(TypeError):  # what a span hands out cannot change the shared dict
         spans[0].attributes["x"] = 1  # type: ignore[index]
+
+
+def test_a_user_processor_with_on_finished_step_gets_whole_steps():
+    got: list[otel_tunix.FinishedStep] = []
+
+    class Whole(SpanProcessor):
+        def on_finished_step(self, step):
+            got.append(step)
+
+        def on_end(self, span):  # pragma: no cover - not called for otel-tunix's steps
+            raise AssertionError("on_end called for a step otel-tunix built")
+
+    with capture() as cap:
+        cap.tracer_provider.add_span_processor(Whole())
+        with otel_tunix.step(6, scope="eval"):
+            with otel_tunix.component("load", blocked=True):
+                time.sleep(0.002)
+            with otel_tunix.component("compute"):
+                pass
+        cap.flush()
+    (step,) = got
+    assert (step.scope, step.number, step.span_count) == ("eval", 6, 3)
+    names = [(n, b) for n, b, _, _ in step.intervals]
+    assert names == [("load", True), ("compute", False)]
+    load = step.intervals[0]
+    assert load[3] - load[2] >= 2_000_000  # ns, the sleep
+    assert [s.name for s in step.spans()] == ["load", "compute", "eval_step"]
+    assert step.spans() is step.spans()  # built once
