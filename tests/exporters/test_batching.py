@@ -424,3 +424,26 @@ def test_a_user_processor_with_on_finished_step_gets_whole_steps():
     assert load[3] - load[2] >= 2_000_000  # ns, the sleep
     assert [s.name for s in step.spans()] == ["load", "compute", "eval_step"]
     assert step.spans() is step.spans()  # built once
+
+
+def test_a_forked_child_gets_its_own_export_thread_and_empty_queue():
+    import os
+
+    exp = _Recorder()
+    p = BatchExportProcessor(exp, schedule_delay_millis=60_000)
+    p.on_end(_span(1))  # queued in the parent: must not be exported twice
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh queue and a live export thread
+        code = 1
+        try:
+            p.on_end(_span(2))
+            p.force_flush()
+            alive = p._thread.is_alive()
+            code = 0 if _names(exp) == ["s2"] and alive else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    p.force_flush()
+    assert _names(exp) == ["s1"]
+    p.shutdown()
