@@ -47,7 +47,9 @@ class StepJsonlWriter:
         for s in sessions:
             self._write(s.to_json())
 
-    def _write(self, obj: dict[str, object], finite: bool = False) -> None:
+    def _write(self, obj: dict[str, object], finite: bool | None = None) -> None:
+        if finite is None:  # the run and session lines: sums and attributes, checked here
+            finite = all_finite(obj.values())
         line = dumps_line(obj, finite=finite) + "\n"
         with self._lock:
             if self._file.closed:
