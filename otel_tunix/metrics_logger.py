@@ -223,7 +223,13 @@ class MetricsLogger:
         if not self.active or self._closed:
             return
         values = self._convert(metrics, step)
-        if not values:
+        if values:
+            self.log_floats(values, step, **kwargs)
+
+    def log_floats(self, values: dict[str, float], step: int | None = None, **kwargs: Any) -> None:
+        """:meth:`log_dict` for values that are Python floats already (otel-tunix's own
+        ``perf/...`` scalars): no conversion or checks per value."""
+        if not self.active or self._closed:
             return
         source = kwargs.get("source")
         with self._lock:

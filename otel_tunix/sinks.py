@@ -26,20 +26,38 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 boundaries are shaped for milliseconds)."""
 
 
+_NAMES: dict[tuple[str, str], tuple[str, str]] = {}
+"""``(scope, component or "") -> (busy name, blocked name)`` of the ``perf/...`` scalars,
+made once (a handful per run)."""
+
+
+def _names(scope: str, component: str) -> tuple[str, str]:
+    names = _NAMES.get((scope, component))
+    if names is None:
+        if len(_NAMES) > 4096:  # names made up per step would otherwise pile up
+            _NAMES.clear()
+        p = f"perf/{scope}/{component}/" if component else f"perf/{scope}/"
+        names = _NAMES[(scope, component)] = (p + "busy_time_sec", p + "blocked_time_sec")
+    return names
+
+
 def perf_metrics(summary: StepSummary) -> dict[str, float]:
     """The Tunix-style ``perf/<scope>/...`` scalars of one step."""
-    p = f"perf/{summary.scope}"
+    scope = summary.scope
+    busy, blocked = _names(scope, "")
+    p = busy[: -len("busy_time_sec")]
     out = {
-        f"{p}/step_time_sec": summary.step_time_sec,
-        f"{p}/busy_time_sec": summary.busy_time_sec,
-        f"{p}/blocked_time_sec": summary.blocked_time_sec,
-        f"{p}/idle_time_sec": summary.idle_time_sec,
+        p + "step_time_sec": summary.step_time_sec,
+        busy: summary.busy_time_sec,
+        blocked: summary.blocked_time_sec,
+        p + "idle_time_sec": summary.idle_time_sec,
     }
     for name, ct in summary.components.items():
+        c_busy, c_blocked = _names(scope, name)
         if ct.busy_time_sec or not ct.blocked_time_sec:
-            out[f"{p}/{name}/busy_time_sec"] = ct.busy_time_sec
+            out[c_busy] = ct.busy_time_sec
         if ct.blocked_time_sec:
-            out[f"{p}/{name}/blocked_time_sec"] = ct.blocked_time_sec
+            out[c_blocked] = ct.blocked_time_sec
     return out
 
 
@@ -114,7 +132,7 @@ class MetricsLoggerSink:
 
     def on_step(self, summary: StepSummary) -> None:
         if self._logger.wants(PERF_SOURCE):
-            self._logger.log_dict(perf_metrics(summary), step=summary.step, source=PERF_SOURCE)
+            self._logger.log_floats(perf_metrics(summary), step=summary.step, source=PERF_SOURCE)
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:
