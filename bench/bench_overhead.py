@@ -166,6 +166,9 @@ def main() -> None:
     rows["otel-tunix, sampled: training thread alone"] = own["training thread"]
     rows["otel-tunix, sampled (+ processing)"] = own["processed"]
     rows["  same, joined to an app provider + SDK batch(null)"] = joined["processed"]
+    # No span exporter at all (OTEL_TRACES_EXPORTER=none): no SDK span is built; what is
+    # left is the accounting and the metrics (the local run folder's files come on top).
+    rows["  same, no span exporter"] = measure_ours(n, r, args.per_step)["processed"]
     tunix = tunix_span()
     if tunix is not None:
         rows["Tunix PerfTracer.span"] = best_of(tunix, n, r)
@@ -182,6 +185,7 @@ def main() -> None:
     print(f"unsampled absolute                = {unsampled:.3f} us (target <= 0.5)")
     print(f"sampled+processing / SDK ALWAYS_ON = {sampled / on:.3f}  (target <= 0.25)")
     print(f"  joined to an app's SDK batch     = {joined['processed'] / on:.3f}")
+    print(f"  no span exporter                 = {rows['  same, no span exporter'] / on:.3f}")
     hot = rows["otel-tunix, sampled: training thread alone"]
     print(f"sampled, training thread / SDK ON  = {hot / on:.3f}")
     if "Tunix PerfTracer.span" in rows:

@@ -33,6 +33,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         "otel-tunix, sampled: training thread alone",
         "otel-tunix, sampled (+ processing)",
         "same, joined to an app provider + SDK batch(null)",
+        "same, no span exporter",
     ):
         assert re.search(re.escape(row) + r"\s+\d+\.\d{3}", text), row
     assert re.search(r"sampled\+processing / SDK ALWAYS_ON = \d+\.\d{3}", text)
