@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_tunix import _otel_setup, _resource, _tracer
+from otel_tunix import _otel_setup, _resource, _signals, _tracer
 from otel_tunix import attributes as attr
 from otel_tunix import environment_variables as env
 from otel_tunix._pipeline import Pipeline
@@ -339,6 +339,7 @@ def configure(
         _tracer.set_runtime(state.runtime)
         _state = state
         _register_atexit()
+        _signals.install(shutdown)
         _logger.info("otel-tunix: run %s, local folder %s", rid, out_dir)
         for kind, url in endpoints.items():
             _logger.info("otel-tunix: %s endpoint at %s", kind, url)
@@ -625,6 +626,7 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             return []
         _state = None
         _tracer.set_runtime(None)
+        _signals.uninstall()
         sessions: list[ScopeSession] = []
         if st.sampler is not None:
             st.sampler.stop()
