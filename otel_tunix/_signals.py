@@ -39,9 +39,15 @@ def install(shutdown: Callable[[float], Any]) -> bool:
         if current is not signal.SIG_DFL:  # the application handles SIGTERM itself
             return False
 
+        pid = os.getpid()
+
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             try:
-                shutdown(_SHUTDOWN_TIMEOUT_SEC)
+                # A forked child (a DataLoader worker that its parent terminates) inherits
+                # the handler and a copy of the run: only the process that configured it
+                # may finish it, or the files would get the parent's lines twice.
+                if os.getpid() == pid:
+                    shutdown(_SHUTDOWN_TIMEOUT_SEC)
             except Exception:
                 _logger.exception("otel-tunix: finishing the run on SIGTERM failed")
             finally:

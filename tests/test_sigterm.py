@@ -80,3 +80,23 @@ def test_configure_from_a_thread_sets_no_handler():
     t.join()
     otel_tunix.shutdown()
     assert seen == [signal.SIG_DFL]
+
+
+def test_a_forked_child_terminated_by_sigterm_does_not_finish_the_parents_run(tmp_path):
+    import os
+
+    otel_tunix.configure(output_dir=tmp_path)
+    with otel_tunix.step(0):
+        pass
+    pid = os.fork()
+    if pid == 0:  # a DataLoader-like worker, terminated by its parent
+        time.sleep(30)
+        os._exit(0)
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGTERM
+    assert not (tmp_path / "summary.json").exists()  # the child wrote nothing
+    otel_tunix.shutdown()
+    lines = (tmp_path / "spans.jsonl").read_text().splitlines()
+    assert sum(json.loads(x)["type"] == "session" for x in lines) == 1
