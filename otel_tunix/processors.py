@@ -149,6 +149,7 @@ class StepAccountingProcessor(SpanProcessor):
             _logger.exception("otel-tunix: accounting of step %s failed", step.number)
 
     def _finish_step(self, span: ReadableSpan, components: Sequence[ReadableSpan]) -> None:
+        components = sorted(components, key=lambda c: c.start_time or 0)  # arrival order varies
         a = span.attributes or {}
         scope = str(a[attr.SCOPE])
         extra = {k: v for k, v in a.items() if k not in _STEP_KEYS}

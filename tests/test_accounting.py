@@ -234,3 +234,35 @@ def test_export_fn_that_raises_is_reported_once_and_never_reaches_the_loop(caplo
     reports = [r for r in caplog.records if "export function" in r.getMessage()]
     assert len(reports) == 1
     assert "ZeroDivisionError" in (reports[0].exc_text or "")
+
+
+def test_the_processor_gives_the_same_summary_from_sdk_spans_as_from_whole_steps():
+    """StepAccountingProcessor is a real SpanProcessor: fed the SDK spans of a step one at a
+    time (as from any span pipeline) it derives what it derives from the step itself."""
+    from otel_tunix import _spans, _tracer
+    from otel_tunix.processors import StepAccountingProcessor
+
+    recs = []
+    otel_tunix.configure(output_dir="none")
+    pipe = _tracer.get_runtime().pipeline
+    pipe.submit = recs.append
+    with otel_tunix.step(9, scope="rl/learner"):
+        with otel_tunix.component("outer"):
+            time.sleep(0.003)
+            with otel_tunix.component("inner"):
+                time.sleep(0.002)
+        with otel_tunix.component("wait", blocked=True):
+            time.sleep(0.002)
+    step = _spans.FinishedStep(pipe._process, recs[0])
+    otel_tunix.shutdown()
+
+    whole, by_span = StepAccountingProcessor(), StepAccountingProcessor()
+    whole.on_finished_step(step)
+    for span in reversed(step.spans()[:-1]):  # any order of components, the step last
+        by_span.on_end(span)
+    by_span.on_end(step.spans()[-1])
+    a, b = whole.last_summary, by_span.last_summary
+    assert a is not None and b is not None
+    assert a.to_json() == b.to_json()
+    assert a.busy_time_sec == pytest.approx(0.005, abs=0.003)
+    assert set(a.components) == {"outer", "inner", "wait"}
