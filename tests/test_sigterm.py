@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 import otel_tunix
 
 CHILD = textwrap.dedent(
@@ -82,6 +84,7 @@ def test_configure_from_a_thread_sets_no_handler():
     assert seen == [signal.SIG_DFL]
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, if imported earlier
 def test_a_forked_child_terminated_by_sigterm_does_not_finish_the_parents_run(tmp_path):
     import os
 

@@ -426,6 +426,7 @@ def test_a_user_processor_with_on_finished_step_gets_whole_steps():
     assert step.spans() is step.spans()  # built once
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, if imported earlier
 def test_a_forked_child_gets_its_own_export_thread_and_empty_queue():
     import os
 
