@@ -1,12 +1,12 @@
-"""Off the hot path: the worker that turns finished step records into spans, and the
-device-end waiter.
+"""Off the hot path: the worker that hands finished step records to the span processors,
+and the device-end waiter.
 
 The training thread hands each finished sampled step to :meth:`Pipeline.submit` (a deque
-append and an event set). A daemon worker thread waits until every component of the step has
-ended (components in other threads, device ends still resolving) and then calls the
-``process`` callback, which builds the OTel spans and feeds the span processors. The queue is
-bounded: when the worker falls behind, new steps are dropped and counted, never blocking the
-training loop.
+append; the worker is woken at most every ``interval_sec``). A daemon worker thread waits
+until every component of the step has ended (components in other threads, device ends still
+resolving) and then calls the ``process`` callback (the span builder, ``_spans.py``), a batch
+of steps at a time. The queue is bounded: when the worker falls behind, new steps are dropped
+and counted, never blocking the training loop.
 
 Device ends are resolved on a second daemon thread, one resolver at a time in FIFO order, so
 a blocking ``block_until_ready`` reads the clock as soon as the device finishes instead of

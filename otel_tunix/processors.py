@@ -1,9 +1,11 @@
 """Span processors of otel-tunix.
 
-:class:`StepAccountingProcessor` is a real OTel ``SpanProcessor``: it watches the spans that
-otel-tunix emits (``tunix.span.type`` = ``component`` / ``step``), groups the components of
-each step, and when the step span ends derives the busy / blocked / idle counters with
-:func:`otel_tunix.accounting.account_step`. The resulting :class:`StepSummary` goes to
+:class:`StepAccountingProcessor` is a real OTel ``SpanProcessor``. otel-tunix's span
+builder hands it each finished step whole (:meth:`~StepAccountingProcessor.on_finished_step`,
+no SDK spans needed); fed SDK spans one at a time instead (``on_end``, from any span
+pipeline), it groups the components of each step by the ``tunix.*`` attributes and derives
+the same numbers when the step span ends. The busy / blocked / idle counters come from
+:func:`otel_tunix.accounting.account_intervals`; the resulting :class:`StepSummary` goes to
 *sinks*: OTel instruments, the MetricsLogger, the spans JSONL file, a user's export function.
 Spans from other code pass through untouched.
 """
