@@ -147,7 +147,6 @@ class BatchExportProcessor(SpanProcessor):
     def _start_thread(self) -> None:
         """(Re)start the export thread: at construction and in a forked child, where
         threads do not survive."""
-        self._pid = os.getpid()
         self._queue.clear()
         self._queued = 0
         self._count_lock = threading.Lock()
