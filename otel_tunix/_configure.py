@@ -645,6 +645,12 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             if st.alerts in st.logger.backends:
                 st.logger.backends.remove(st.alerts)
             st.alerts.close()
+        summary_path = st.info.files.get("summary")
+        if summary_path is not None and rt is not None:
+            # Written now and again below: exporters may take up to their timeout to shut
+            # down (a collector that is down), and a job given a short grace period after
+            # SIGTERM keeps at least this one, with the export counts so far.
+            _write_summary(summary_path, st, sessions, complete=False)
         if not st.owns_tracer_provider:  # ours in an application's provider: close them
             for proc in st.export_processors:
                 try:
@@ -674,9 +680,8 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             trace_file = _perfetto_from_jsonl(spans_file, st.info.rank)
             if trace_file is not None:
                 st.info.files["perfetto"] = trace_file
-        summary_path = st.info.files.get("summary")
         if summary_path is not None and rt is not None:
-            _write_summary(summary_path, st, sessions)
+            _write_summary(summary_path, st, sessions, complete=True)
         for name, stats in st.export_stats.items():
             if stats.failed or stats.dropped:
                 _logger.warning(
@@ -689,9 +694,14 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         return sessions
 
 
-def _write_summary(path: Path, st: _State, sessions: list[ScopeSession]) -> None:
+def _write_summary(
+    path: Path, st: _State, sessions: list[ScopeSession], *, complete: bool
+) -> None:
+    """``summary.json``; ``complete`` is false while exporters are still shutting down
+    (spans still queued then count as dropped)."""
     rt = st.runtime
     data = {
+        "complete": complete,
         "run_id": st.info.run_id,
         "resource": dict(st.info.resource.attributes),
         "sampling_rate": st.config.sampling_rate,

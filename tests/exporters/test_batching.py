@@ -448,3 +448,33 @@ def test_a_forked_child_gets_its_own_export_thread_and_empty_queue():
     p.force_flush()
     assert _names(exp) == ["s1"]
     p.shutdown()
+
+
+def test_summary_is_written_before_a_hanging_exporter_finishes_shutting_down(tmp_path):
+    class Hanging(SpanExporter):
+        def __init__(self) -> None:
+            self.release = threading.Event()
+
+        def export(self, spans):
+            self.release.wait(20)
+            return SpanExportResult.SUCCESS
+
+    exp = Hanging()
+    otel_tunix.configure(output_dir=tmp_path, span_exporters=[exp])
+    with otel_tunix.step(0):
+        pass
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (otel_tunix.shutdown(), done.set()))
+    t.start()
+    summary = tmp_path / "summary.json"
+    deadline = time.monotonic() + 10
+    while not summary.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    first = json.loads(summary.read_text())
+    assert first["complete"] is False and not done.is_set()  # the exporter still hangs
+    assert first["scopes"][0]["steps"] == 1
+    exp.release.set()
+    t.join(30)
+    final = json.loads(summary.read_text())
+    assert final["complete"] is True
+    assert final["export"]["Hanging"]["spans_exported"] == 1
