@@ -29,11 +29,10 @@ import threading
 import time
 from pathlib import Path
 
-from _common import steps_set_aside
-
 import otel_tunix
 from otel_tunix import _tracer
 from otel_tunix.demo import DemoConfig, train
+from otel_tunix.testing import steps_set_aside
 
 
 def _otel_threads_cpu() -> float:

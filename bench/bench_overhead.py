@@ -20,7 +20,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from _common import steps_set_aside
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -30,6 +29,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
 import otel_tunix
+from otel_tunix.testing import steps_set_aside
 
 
 class NullExporter(SpanExporter):

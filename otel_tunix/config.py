@@ -154,15 +154,9 @@ def _check_interval(value: object, field: str) -> float:
 
 def env_process_interval_ms() -> float:
     """Read ``OTEL_TUNIX_PROCESS_INTERVAL_MS`` (default 100)."""
-    raw = os.environ.get(env.OTEL_TUNIX_PROCESS_INTERVAL_MS)
-    if raw is None or not raw.strip():
-        return 100.0
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise ConfigurationError(
-            f"{env.OTEL_TUNIX_PROCESS_INTERVAL_MS}={raw!r} is not a number of milliseconds"
-        ) from None
+    value = _env_number(
+        env.OTEL_TUNIX_PROCESS_INTERVAL_MS, 100.0, float, "a number of milliseconds"
+    )
     return _check_interval(value, env.OTEL_TUNIX_PROCESS_INTERVAL_MS)
 
 
@@ -193,18 +187,26 @@ def env_bool(name: str, default: bool) -> bool:
     raise ConfigurationError(f"{name}={raw!r} is not a boolean; use true or false")
 
 
+def _env_number(name: str, default: float, parse: Callable[[str], float], what: str) -> float:
+    """The environment variable ``name`` parsed with ``parse`` (``default`` when unset or
+    empty); a value that does not parse fails naming the variable and ``what`` it must be."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return parse(raw.strip())
+    except ValueError:
+        raise ConfigurationError(f"{name}={raw!r} is not {what}") from None
+
+
 def env_sampling_rate() -> int:
     """Read ``OTEL_TUNIX_SAMPLING_RATE`` (default 1)."""
-    raw = os.environ.get(env.OTEL_TUNIX_SAMPLING_RATE)
-    if raw is None or not raw.strip():
-        return 1
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigurationError(
-            f"{env.OTEL_TUNIX_SAMPLING_RATE}={raw!r} is not a positive integer "
-            "(1 = every step, N = every N-th step)"
-        ) from None
+    value = _env_number(
+        env.OTEL_TUNIX_SAMPLING_RATE,
+        1,
+        int,
+        "a positive integer (1 = every step, N = every N-th step)",
+    )
     return _check_sampling_rate(value, env.OTEL_TUNIX_SAMPLING_RATE)
 
 

@@ -26,34 +26,36 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 boundaries are shaped for milliseconds)."""
 
 
-_NAMES: dict[tuple[str, str], tuple[str, str]] = {}
-"""``(scope, component or "") -> (busy name, blocked name)`` of the ``perf/...`` scalars,
-made once (a handful per run)."""
+_NAMES: dict[tuple[str, str], tuple[str, ...]] = {}
+"""``(scope, "")`` -> the step's four ``perf/...`` names; ``(scope, component)`` -> its busy
+and blocked names. Made once each (a handful per run) instead of formatted per step."""
+
+_STEP_LEAVES = ("step_time_sec", "busy_time_sec", "blocked_time_sec", "idle_time_sec")
+_COMPONENT_LEAVES = ("busy_time_sec", "blocked_time_sec")
 
 
-def _names(scope: str, component: str) -> tuple[str, str]:
+def _names(scope: str, component: str = "") -> tuple[str, ...]:
     names = _NAMES.get((scope, component))
     if names is None:
         if len(_NAMES) > 4096:  # names made up per step would otherwise pile up
             _NAMES.clear()
-        p = f"perf/{scope}/{component}/" if component else f"perf/{scope}/"
-        names = _NAMES[(scope, component)] = (p + "busy_time_sec", p + "blocked_time_sec")
+        prefix = f"perf/{scope}/{component}/" if component else f"perf/{scope}/"
+        leaves = _COMPONENT_LEAVES if component else _STEP_LEAVES
+        names = _NAMES[(scope, component)] = tuple(prefix + leaf for leaf in leaves)
     return names
 
 
 def perf_metrics(summary: StepSummary) -> dict[str, float]:
     """The Tunix-style ``perf/<scope>/...`` scalars of one step."""
-    scope = summary.scope
-    busy, blocked = _names(scope, "")
-    p = busy[: -len("busy_time_sec")]
+    step_time, busy, blocked, idle = _names(summary.scope)
     out = {
-        p + "step_time_sec": summary.step_time_sec,
+        step_time: summary.step_time_sec,
         busy: summary.busy_time_sec,
         blocked: summary.blocked_time_sec,
-        p + "idle_time_sec": summary.idle_time_sec,
+        idle: summary.idle_time_sec,
     }
     for name, ct in summary.components.items():
-        c_busy, c_blocked = _names(scope, name)
+        c_busy, c_blocked = _names(summary.scope, name)
         if ct.busy_time_sec or not ct.blocked_time_sec:
             out[c_busy] = ct.busy_time_sec
         if ct.blocked_time_sec:

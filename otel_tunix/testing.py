@@ -26,10 +26,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_tunix import _configure
+from otel_tunix import _configure, _tracer
+from otel_tunix._spans import FinishedStep
 from otel_tunix.accounting import ScopeSession, StepSummary
 
-__all__ = ["Capture", "capture", "reset"]
+__all__ = ["Capture", "StepsSetAside", "capture", "reset", "steps_set_aside"]
 
 
 def reset() -> None:
@@ -136,3 +137,34 @@ def capture(
     finally:
         cap.flush()
         reset()
+
+
+class StepsSetAside(list[Any]):
+    """The sampled steps :func:`steps_set_aside` kept, as recorded on the hot path."""
+
+    def __init__(self, builder: Any) -> None:
+        super().__init__()
+        self._builder = builder
+
+    def finished(self) -> list[FinishedStep]:
+        """The kept steps as the span processors would get them (components ended)."""
+        return [FinishedStep(self._builder, rec) for rec in self]
+
+
+@contextmanager
+def steps_set_aside() -> Iterator[StepsSetAside]:
+    """While active, finished sampled steps are kept in the yielded list instead of going to
+    otel-tunix's worker: for timing the training thread's own cost (the benchmarks) and for
+    looking at steps exactly as recorded (tests). Needs :func:`otel_tunix.configure` first.
+    """
+    runtime = _tracer.get_runtime()
+    if runtime is None:
+        raise RuntimeError("steps_set_aside() needs otel_tunix.configure() first")
+    pipeline = runtime.pipeline
+    kept = StepsSetAside(pipeline._process)
+    submit = pipeline.submit
+    pipeline.submit = kept.append  # type: ignore[method-assign]
+    try:
+        yield kept
+    finally:
+        pipeline.submit = submit  # type: ignore[method-assign]

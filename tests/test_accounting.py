@@ -239,21 +239,18 @@ def test_export_fn_that_raises_is_reported_once_and_never_reaches_the_loop(caplo
 def test_the_processor_gives_the_same_summary_from_sdk_spans_as_from_whole_steps():
     """StepAccountingProcessor is a real SpanProcessor: fed the SDK spans of a step one at a
     time (as from any span pipeline) it derives what it derives from the step itself."""
-    from otel_tunix import _spans, _tracer
     from otel_tunix.processors import StepAccountingProcessor
+    from otel_tunix.testing import steps_set_aside
 
-    recs = []
     otel_tunix.configure(output_dir="none")
-    pipe = _tracer.get_runtime().pipeline
-    pipe.submit = recs.append
-    with otel_tunix.step(9, scope="rl/learner"):
+    with steps_set_aside() as kept, otel_tunix.step(9, scope="rl/learner"):
         with otel_tunix.component("outer"):
             time.sleep(0.003)
             with otel_tunix.component("inner"):
                 time.sleep(0.002)
         with otel_tunix.component("wait", blocked=True):
             time.sleep(0.002)
-    step = _spans.FinishedStep(pipe._process, recs[0])
+    (step,) = kept.finished()
     otel_tunix.shutdown()
 
     whole, by_span = StepAccountingProcessor(), StepAccountingProcessor()

@@ -18,8 +18,9 @@ from opentelemetry.trace import SpanContext, TraceFlags
 import otel_tunix
 from otel_tunix import _spans, _tracer
 from otel_tunix import attributes as attr
+from otel_tunix._pipeline import resolve_device_end
 from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
-from otel_tunix.testing import capture
+from otel_tunix.testing import capture, steps_set_aside
 
 
 def _span(i: int, sampled: bool = True) -> ReadableSpan:
@@ -29,21 +30,29 @@ def _span(i: int, sampled: bool = True) -> ReadableSpan:
 
 def _finished(*names: str, step: int = 0):
     """A real FinishedStep: one step recorded by otel-tunix with these components."""
-    recs = []
     otel_tunix.configure(output_dir="none")
-    pipe = _tracer.get_runtime().pipeline
-    pipe.submit = recs.append
-    with otel_tunix.step(step):
-        for name in names:
-            with otel_tunix.component(name):
-                pass
-    builder = pipe._process
+    with steps_set_aside() as kept:
+        with otel_tunix.step(step):
+            for name in names:
+                with otel_tunix.component(name):
+                    pass
     otel_tunix.shutdown()
-    return _spans.FinishedStep(builder, recs[0])
+    return kept.finished()[0]
 
 
 def _names(exp) -> list[str]:
     return [n for b in exp.batches for n in b]
+
+
+class Hanging(SpanExporter):
+    """A collector that does not answer: export() blocks until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def export(self, spans):
+        self.release.wait(30)
+        return SpanExportResult.SUCCESS
 
 
 class _Recorder(SpanExporter):
@@ -157,14 +166,6 @@ def test_shutdown_exports_what_is_left_then_drops_and_counts_late_spans():
 
 
 def test_shutdown_gives_up_after_the_export_timeout_when_the_exporter_hangs():
-    class Hanging(SpanExporter):
-        def __init__(self) -> None:
-            self.release = threading.Event()
-
-        def export(self, spans):
-            self.release.wait(30)
-            return SpanExportResult.SUCCESS
-
     exp = Hanging()
     p = BatchExportProcessor(exp, schedule_delay_millis=10, export_timeout_millis=300)
     p.on_end(_span(1))
@@ -346,11 +347,8 @@ def test_spans_are_built_only_for_exporters_and_then_once_per_step(monkeypatch, 
 def test_span_infos_from_records_match_those_read_from_the_sdk_spans():
     from otel_tunix.processors import span_info
 
-    recs = []
     otel_tunix.configure(output_dir="none")
-    pipe = _tracer.get_runtime().pipeline
-    pipe.submit = recs.append
-    with otel_tunix.step(3, scope="eval"):
+    with steps_set_aside() as kept, otel_tunix.step(3, scope="eval"):
         with otel_tunix.component("outer"):
             with otel_tunix.component("wait", blocked=True):
                 pass
@@ -361,13 +359,10 @@ def test_span_infos_from_records_match_those_read_from_the_sdk_spans():
             pass
         with otel_tunix.component("dev", device_end=lambda: time.perf_counter_ns() + 10**6):
             pass
-    rec = recs[0]
-    for s in rec.spans:  # what the device waiter does before the step is processed
+    for s in kept[0].spans:  # what the device waiter does before the step is processed
         if s.device_end is not None:
-            from otel_tunix._pipeline import resolve_device_end
-
             resolve_device_end(s)
-    step = _spans.FinishedStep(pipe._process, rec)
+    (step,) = kept.finished()
     otel_tunix.shutdown()
     json_first = step.span_json()
     from_records = step.span_infos()
@@ -451,14 +446,6 @@ def test_a_forked_child_gets_its_own_export_thread_and_empty_queue():
 
 
 def test_summary_is_written_before_a_hanging_exporter_finishes_shutting_down(tmp_path):
-    class Hanging(SpanExporter):
-        def __init__(self) -> None:
-            self.release = threading.Event()
-
-        def export(self, spans):
-            self.release.wait(20)
-            return SpanExportResult.SUCCESS
-
     exp = Hanging()
     otel_tunix.configure(output_dir=tmp_path, span_exporters=[exp])
     with otel_tunix.step(0):
@@ -478,3 +465,19 @@ def test_summary_is_written_before_a_hanging_exporter_finishes_shutting_down(tmp
     final = json.loads(summary.read_text())
     assert final["complete"] is True
     assert final["export"]["Hanging"]["spans_exported"] == 1
+
+
+def test_steps_set_aside_needs_a_configured_run_and_restores_the_worker():
+    otel_tunix.shutdown()
+    with pytest.raises(RuntimeError, match="configure"):
+        with steps_set_aside():
+            pass
+    exp = InMemorySpanExporter()
+    otel_tunix.configure(output_dir="none", span_exporters=[exp])
+    with steps_set_aside() as kept, otel_tunix.step(0):
+        pass
+    with otel_tunix.step(1):  # after the block: processed and exported again
+        pass
+    otel_tunix.shutdown()
+    assert [r.number for r in kept] == [0]
+    assert [s.attributes["tunix.step"] for s in exp.get_finished_spans()] == [1]
