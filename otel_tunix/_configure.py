@@ -332,7 +332,7 @@ def configure(
                     InstrumentationScope(cfg.otel_scope or "tunix", __version__),
                 ),
                 after_batch=processor.flush_sinks,
-                interval_sec=(cfg.process_interval_ms or 100.0) / 1e3,
+                interval_sec=cfg.process_interval_ms / 1e3,  # type: ignore[operator]
             )
             state.runtime = runtime
             _register_observables(mp.get_meter(cfg.otel_scope, __version__), state)
