@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from otel_tunix._tracer import SpanRecord, StepRecord
+from otel_tunix._tracer import StepRecord, step_extras
 
 _logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Pipeline:
         self.dropped_steps = 0
         self.failed_steps = 0
         self.processed_steps = 0
-        self._device_queue: queue.SimpleQueue[list[SpanRecord] | None] | None = None
+        self._device_queue: queue.SimpleQueue[tuple[StepRecord, list[int]] | None] | None = None
         self._device_thread: threading.Thread | None = None
         self._device_lock = threading.Lock()
         self._idle = threading.Condition()
@@ -83,9 +83,9 @@ class Pipeline:
             self._last_kick = now
             self._wake.set()
 
-    def wait_for_device(self, records: list[SpanRecord]) -> None:
-        """Resolve the ``device_end`` of these components, in order, on the device-waiter
-        thread (one hand-off for all the device components of a step)."""
+    def wait_for_device(self, step: StepRecord, span_ids: list[int]) -> None:
+        """Resolve the device ends of these components of ``step``, in order, on the
+        device-waiter thread (one hand-off for all the device components of a step)."""
         if self._device_queue is None:
             with self._device_lock:
                 if self._device_queue is None:
@@ -94,18 +94,17 @@ class Pipeline:
                         target=self._resolve_devices, name="otel-tunix-device-waiter", daemon=True
                     )
                     self._device_thread.start()
-        self._device_queue.put(records)
+        self._device_queue.put((step, span_ids))
 
     # --- threads --------------------------------------------------------------------------
     def _resolve_devices(self) -> None:
         q = self._device_queue
         assert q is not None
         while True:
-            batch = q.get()
-            if batch is None:
+            item = q.get()
+            if item is None:
                 return
-            for rec in batch:
-                resolve_device_end(rec)
+            resolve_device_ends(*item)
             self._wake.set()
 
     def _run(self) -> None:
@@ -184,35 +183,49 @@ class Pipeline:
             _logger.warning("otel-tunix: the worker did not finish within %.1f s", timeout)
 
 
-def resolve_device_end(rec: SpanRecord) -> None:
-    """Run a component's device-end resolver and store the device end time."""
-    resolver = rec.device_end
-    try:
-        value = resolver.result() if hasattr(resolver, "result") else resolver()
-        if value is not None:
-            rec.end_ns = int(value)
-    except Exception:
-        _logger.warning(
-            "otel-tunix: the device-end resolver of %r failed; using the host end time",
-            rec.name,
-            exc_info=True,
-        )
-    rec.device_end = None
+def resolve_device_ends(step: StepRecord, span_ids: list[int]) -> None:
+    """Run the device-end resolvers of these components of ``step``, in order, and store
+    their device end times (a failing resolver keeps the host end)."""
+    ex = step_extras(step)
+    for sid in span_ids:
+        resolver = ex.device.get(sid)
+        if resolver is None:  # already given up on (the step was processed without it)
+            continue
+        try:
+            value = resolver.result() if hasattr(resolver, "result") else resolver()
+            if value is not None:
+                ex.device_ends[sid] = int(value)
+        except Exception:
+            name = next((c[0] for c in step.spans if c[2] == sid), "?")
+            _logger.warning(
+                "otel-tunix: the device-end resolver of %r failed; using the host end time",
+                name,
+                exc_info=True,
+            )
+        ex.device.pop(sid, None)
 
 
 def _ready(rec: StepRecord) -> bool:
-    return all(s.end_ns and s.device_end is None for s in rec.spans)
+    """Every component has ended, device ends included."""
+    if len(rec.ends) < len(rec.spans):
+        return False
+    ex = rec.extras
+    return ex is None or not ex.device
 
 
 def _host_done(rec: StepRecord) -> bool:
-    return all(s.end_ns for s in rec.spans)
+    return len(rec.ends) >= len(rec.spans)
 
 
 def _close_open_spans(rec: StepRecord) -> None:
+    """Process a step anyway: components still open end now, device ends still resolving
+    keep the host end; both are marked incomplete."""
     now = time.perf_counter_ns()
-    for s in rec.spans:
-        if not s.end_ns or s.device_end is not None:
-            s.end_ns = s.end_ns or now
-            s.host_end_ns = s.host_end_ns or now
-            s.device_end = None
-            s.incomplete = True
+    ends = rec.ends
+    ex = step_extras(rec)
+    for c in list(rec.spans):
+        sid = c[2]
+        if sid not in ends or sid in ex.device:
+            ends.setdefault(sid, now)
+            ex.device.pop(sid, None)
+            ex.incomplete.add(sid)

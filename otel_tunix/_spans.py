@@ -24,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_tunix import attributes as attr
-from otel_tunix._tracer import StepRecord, new_span_context
+from otel_tunix._tracer import ComponentExtras, ComponentStart, StepRecord, new_span_context
 from otel_tunix.accounting import SpanInfo
 
 _logger = logging.getLogger(__name__)
@@ -110,7 +110,8 @@ class FinishedStep:
 
     Attributes:
         record: The step as recorded on the hot path.
-        components: Its component records, in start order.
+        components: Its components as recorded (:data:`~otel_tunix._tracer.ComponentStart`
+            tuples), in start order.
         intervals: ``(name, blocked, start, end)`` per component, Unix epoch ns, each end
             at least its start.
         start_ns: Start of the step (Unix epoch ns).
@@ -140,16 +141,23 @@ class FinishedStep:
         self._infos: list[SpanInfo] | None = None
         self._json: list[dict[str, object]] | None = None
         self.record = rec
-        comps = self.components = sorted(rec.spans, key=_start_ns)
+        comps = rec.spans
+        comps = sorted(comps, key=_start_ns) if len(comps) > 1 else comps[:]
+        self.components: list[ComponentStart] = comps
+        ends = rec.ends
+        ex = rec.extras
+        device_ends = ex.device_ends if ex is not None and ex.device_ends else None
         step_end = rec.end_ns
         intervals: list[Interval] = []
-        for c in comps:
-            start, end = c.start_ns, c.end_ns
+        for name, blocked, sid, _, start, _ in comps:
+            end = ends.get(sid, start)
+            if device_ends is not None:
+                end = device_ends.get(sid, end)
             if end < start:
                 end = start
             if end > step_end:
                 step_end = end
-            intervals.append((c.name, c.blocked, start + off, end + off))
+            intervals.append((name, blocked, start + off, end + off))
         self.intervals = intervals
         self.start_ns = rec.start_ns + off
         self.end_ns = step_end + off
@@ -253,8 +261,11 @@ class SpanBuilder:
         """The components of a step as the ``spans`` entries of the spans JSONL file (the
         fields of :class:`SpanInfo`, which is made from them when asked for)."""
         out: list[dict[str, object]] = []
-        for c, (name, blocked, start, end) in zip(step.components, step.intervals, strict=True):
-            tid, tname = self.thread(c.thread)
+        rec = step.record
+        ex = rec.extras
+        comps = zip(step.components, step.intervals, strict=True)
+        for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
+            tid, tname = self.thread(thread or rec.thread)
             d: dict[str, object] = {
                 "name": name,
                 "kind": _BLOCKED if blocked else _BUSY,
@@ -262,19 +273,16 @@ class SpanBuilder:
                 "end_ns": end,
                 "thread": tname,
                 "thread_id": tid,
-                "span_id": f"{c.span_id:016x}",
-                "parent": f"{c.parent_id:016x}",
+                "span_id": f"{sid:016x}",
+                "parent": f"{parent_id:016x}",
             }
-            if c.error is not None:
-                d["error"] = f"{type(c.error).__qualname__}: {c.error}"
-            if c.end_ns != c.host_end_ns or c.incomplete:
-                extra: dict[str, object] = {}
-                if c.end_ns != c.host_end_ns:
-                    extra[attr.DEVICE_END] = True
-                    extra[attr.HOST_DURATION] = (c.host_end_ns - c.start_ns) * 1e-9
-                if c.incomplete:
-                    extra[attr.INCOMPLETE] = True
-                d["attributes"] = extra
+            if ex is not None:
+                error = ex.errors.get(sid)
+                if error is not None:
+                    d["error"] = f"{type(error).__qualname__}: {error}"
+                extra = _extra_attributes(ex, rec, sid, start_pc, own=False)
+                if extra:
+                    d["attributes"] = extra
             out.append(d)
         return out
 
@@ -295,20 +303,21 @@ class SpanBuilder:
         # Components with the same name, kind and thread share one attribute dict (spans
         # hand out read-only views of it): micro-batches and repeated layers repeat names.
         shared: dict[tuple[str, bool, Any], dict[str, Any]] = {}
-        for s, (name, blocked, start, end) in zip(step.components, step.intervals, strict=True):
-            ctx = s._ctx
-            if ctx is None:
-                ctx = s._ctx = new_ctx(trace_id, s.span_id)
-            contexts[s.span_id] = ctx
-            parent_ctx = contexts.get(s.parent_id)
+        ex = rec.extras
+        comps = zip(step.components, step.intervals, strict=True)
+        for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
+            ctx = contexts[sid] = new_ctx(trace_id, sid)
+            parent_ctx = contexts.get(parent_id)
             if parent_ctx is None:  # a foreign span (or a parent recorded after the fact)
-                parent_ctx = new_ctx(trace_id, s.parent_id)
-            if s.thread is not last_thread:
-                last_thread = s.thread
-                tid, tname = self.thread(last_thread)
-            plain = s.end_ns == s.host_end_ns and not s.incomplete and not s.attributes
-            key = (name, blocked, last_thread)
-            attrs = shared.get(key) if plain else None
+                parent_ctx = new_ctx(trace_id, parent_id)
+            if thread is None:
+                thread = rec.thread
+            if thread is not last_thread:
+                last_thread = thread
+                tid, tname = self.thread(thread)
+            extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
+            key = (name, blocked, thread)
+            attrs = shared.get(key) if extra is None else None
             if attrs is None:
                 attrs = {
                     _SPAN_TYPE: _COMPONENT,
@@ -319,18 +328,13 @@ class SpanBuilder:
                     _THREAD_ID: tid,
                     _THREAD_NAME: tname,
                 }
-                if plain:
+                if extra is None:
                     shared[key] = attrs
                 else:
-                    if s.end_ns != s.host_end_ns:
-                        attrs[attr.DEVICE_END] = True
-                        attrs[attr.HOST_DURATION] = (s.host_end_ns - s.start_ns) * 1e-9
-                    if s.incomplete:
-                        attrs[attr.INCOMPLETE] = True
-                    if s.attributes:
-                        attrs = {**s.attributes, **attrs}
-            if s.error is not None:
-                status, events = _error(s.error, s.host_end_ns + off)
+                    attrs = {**extra, **attrs}
+            error = ex.errors.get(sid) if ex is not None else None
+            if error is not None:
+                status, events = _error(error, rec.ends.get(sid, start_pc) + off)
             else:
                 status, events = _UNSET, ()
             span = make(
@@ -353,7 +357,29 @@ class SpanBuilder:
         return out
 
 
-_start_ns = operator.attrgetter("start_ns")
+def _extra_attributes(
+    ex: ComponentExtras, rec: StepRecord, sid: int, start_pc: int, *, own: bool = True
+) -> dict[str, object] | None:
+    """A component's attributes beyond the standard ones, or ``None``: its own (given by
+    code in the block or a device-end resolver; not with ``own=False``, what the spans JSONL
+    keeps), then device end and incompleteness."""
+    mine = ex.attributes.get(sid) if own else None
+    device_end = ex.device_ends.get(sid)
+    host_end = rec.ends.get(sid, start_pc)
+    device = device_end is not None and device_end != host_end
+    incomplete = sid in ex.incomplete
+    if not (mine or device or incomplete):
+        return None
+    out: dict[str, object] = dict(mine) if mine else {}
+    if device:
+        out[attr.DEVICE_END] = True
+        out[attr.HOST_DURATION] = (host_end - start_pc) * 1e-9
+    if incomplete:
+        out[attr.INCOMPLETE] = True
+    return out
+
+
+_start_ns = operator.itemgetter(4)
 _INTERNAL = SpanKind.INTERNAL
 readable_span = _readable_span_factory()
 _SPAN_TYPE, _COMPONENT = attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT

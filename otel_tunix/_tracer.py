@@ -148,55 +148,46 @@ class _ScopeStats:
         self.last_end_ns = 0
 
 
-class SpanRecord:
-    """A component as recorded on the hot path (perf_counter nanoseconds)."""
+ComponentStart = tuple[str, bool, int, int, int, "threading.Thread | None"]
+"""A component as recorded when it starts: ``(name, blocked, span_id, parent_id, start_ns,
+thread)`` (perf_counter ns; ``thread`` is ``None`` for the step's own thread).
 
-    __slots__ = (
-        "_ctx",
-        "attributes",
-        "blocked",
-        "device_end",
-        "end_ns",
-        "error",
-        "host_end_ns",
-        "incomplete",
-        "name",
-        "parent_id",
-        "span_id",
-        "start_ns",
-        "thread",
-        "trace_id",
-    )
+A plain tuple, not an object: a tuple of atoms is dropped from the garbage collector's
+lists at its first collection, and a loop that records spans fast keeps thousands of them
+queued. Per-component objects were walked by every collection until processed, about a
+third of the cost of a span in such a loop."""
 
-    def __init__(
-        self,
-        name: str,
-        blocked: bool,
-        trace_id: int,
-        span_id: int,
-        parent_id: int,
-        device_end: Any = None,
-    ) -> None:
-        self.name = name
-        self.blocked = blocked
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent_id = parent_id
-        self._ctx: SpanContext | None = None
-        self.end_ns = self.host_end_ns = 0
-        self.error: BaseException | None = None
-        self.device_end = device_end
-        self.incomplete = False
-        self.attributes: dict[str, Any] | None = None
-        self.thread = _threads_by_ident.get(_get_ident()) or _current_thread()
-        self.start_ns = _clock()
+_NAME, _BLOCKED, _SPAN_ID, _PARENT_ID, _START, _THREAD = range(6)
 
-    def span_context(self) -> SpanContext:
-        """The OTel SpanContext of this component (built on first use)."""
-        ctx = self._ctx
-        if ctx is None:
-            ctx = self._ctx = new_span_context(self.trace_id, self.span_id)
-        return ctx
+
+class ComponentExtras:
+    """What few components have, per span id (one per step, made when first needed)."""
+
+    __slots__ = ("attributes", "device", "device_ends", "errors", "incomplete")
+
+    def __init__(self) -> None:
+        self.attributes: dict[int, dict[str, Any]] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.device: dict[int, Any] = {}
+        """Device-end resolvers not yet resolved."""
+        self.device_ends: dict[int, int] = {}
+        """Resolved device ends (perf_counter ns)."""
+        self.incomplete: set[int] = set()
+        """Components still open (or resolving) when the step was processed anyway."""
+
+
+_extras_lock = threading.Lock()
+
+
+def step_extras(rec: StepRecord) -> ComponentExtras:
+    """The step's :class:`ComponentExtras`, made on first use (from any thread)."""
+    ex = rec.extras
+    if ex is None:
+        with _extras_lock:
+            ex = rec.extras
+            if ex is None:
+                ex = rec.extras = ComponentExtras()
+    return ex
 
 
 class StepRecord(NonRecordingSpan):
@@ -213,8 +204,11 @@ class StepRecord(NonRecordingSpan):
         "attributes",
         "device_pending",
         "end_ns",
+        "ends",
         "error",
         "events",
+        "extras",
+        "ident",
         "number",
         "parent_id",
         "runtime",
@@ -235,13 +229,18 @@ class StepRecord(NonRecordingSpan):
         self.number = number
         self.start_ns = start_ns
         self.end_ns = 0
-        self.spans: list[SpanRecord] = []
-        self.device_pending: list[SpanRecord] | None = None
+        self.spans: list[ComponentStart] = []
+        self.ends: dict[int, int] = {}
+        """Host end (perf_counter ns) per component span id, set as each one exits."""
+        self.extras: ComponentExtras | None = None
+        self.device_pending: list[int] | None = None
+        """Span ids of components with a device end, handed to the waiter with the step."""
         self.attributes: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
-        self.thread = _threads_by_ident.get(_get_ident()) or _current_thread()
+        ident = self.ident = _get_ident()
+        self.thread = _threads_by_ident.get(ident) or _current_thread()
         self.view: StepView | None = None
         current = _otel_context().get(_SPAN_KEY) or get_current_span()
         parent = current.get_span_context()
@@ -265,9 +264,9 @@ class StepRecord(NonRecordingSpan):
     def get_span_context(self) -> SpanContext:
         """As the current OTel span: the innermost open component's context, else the
         step's (what a span started by other code inside the step gets as its parent)."""
-        rec = _current_component.get()
-        if rec is not None and rec.trace_id == self.trace_id:
-            return rec.span_context()
+        comp = _current_component.get()
+        if comp is not None and comp._step.trace_id == self.trace_id:
+            return comp.span_context()
         return self.span_context()
 
     def __repr__(self) -> str:
@@ -298,7 +297,7 @@ _NOT_SET: Any = object()
 _current_step: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "otel_tunix_step", default=_NOT_SET
 )
-_current_component: contextvars.ContextVar[SpanRecord | None] = contextvars.ContextVar(
+_current_component: contextvars.ContextVar[component | None] = contextvars.ContextVar(
     "otel_tunix_component", default=None
 )
 _warned: set[str] = set()
@@ -426,7 +425,7 @@ class step:
                 rec.error = exc
                 rt = rec.runtime
                 if rec.device_pending:
-                    rt.pipeline.wait_for_device(rec.device_pending)
+                    rt.pipeline.wait_for_device(rec, rec.device_pending)
                 try:
                     rt.open_steps.remove(rec)
                 except ValueError:
@@ -460,9 +459,11 @@ class component:
     __slots__ = (
         "_blocked",
         "_ctoken",
+        "_ctx",
         "_device_end",
         "_name",
-        "_record",
+        "_sid",
+        "_span_id",
         "_start_ns",
         "_step",
         "_token",
@@ -480,14 +481,15 @@ class component:
         self._blocked = blocked
         self._device_end = device_end
         self._start_ns = start_ns
-        self._record: SpanRecord | None = None
-        # _step, _token and _ctoken are set by __enter__ when it records (and read by
-        # __exit__ only then): fewer assignments for every component created.
+        self._sid = 0  # the span id while recorded, else 0
+        # _step, _span_id (the span id, kept after exit: a task or thread that copied the
+        # context may still parent spans to it), _token, _ctoken and _ctx are set by
+        # __enter__ when it records (and read only then): fewer assignments per component.
 
     @property
     def recording(self) -> bool:
         """True when this component is being recorded."""
-        return self._record is not None
+        return self._sid != 0
 
     def set_attribute(self, key: str, value: Any) -> None:
         """Add an attribute to the component's span (ignored when it is not recorded)."""
@@ -502,20 +504,25 @@ class component:
         A live dict: a device-end resolver may add to it later (e.g. the device duration),
         until the step is processed.
         """
-        rec = self._record
-        if rec is None:
+        sid = self._sid
+        if not sid:
             return None
-        if rec.attributes is None:
-            rec.attributes = {}
-        return rec.attributes
+        return step_extras(self._step).attributes.setdefault(sid, {})
 
     def end_on_device(self, resolver: Any) -> None:
         """End the span at device completion, as resolved later by ``resolver``.
 
         See :data:`DeviceEnd`. Does nothing when the component is not recorded.
         """
-        if self._record is not None:
-            self._record.device_end = resolver
+        if self._sid:
+            self._device_end = resolver
+
+    def span_context(self) -> SpanContext:
+        """The OTel SpanContext of this component once recorded (built on first use)."""
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = new_span_context(self._step.trace_id, self._span_id)
+        return ctx
 
     def __enter__(self) -> component:
         st = _current_step.get()
@@ -533,52 +540,60 @@ class component:
             name = self._name
             if allowed is not None and name not in allowed:
                 return self
-            trace_id = st.trace_id
             cur = _otel_context().get(_SPAN_KEY)  # the current OTel span, read directly
             if cur is st:  # the usual case: no foreign span in between
                 outer = _current_component.get()
-                parent = outer.span_id if outer is not None else st.span_id
+                parent = outer._span_id if outer is not None else st.span_id
                 attach_proxy = False
             else:  # a foreign span is current, or a thread that did not inherit the context
                 cur_ctx = (cur or get_current_span()).get_span_context()
-                parent = cur_ctx.span_id if cur_ctx.trace_id == trace_id else st.span_id
+                parent = cur_ctx.span_id if cur_ctx.trace_id == st.trace_id else st.span_id
                 attach_proxy = True
-            rec = SpanRecord(
-                name, self._blocked, trace_id, getrandbits(64) or 1, parent, self._device_end
-            )
-            if self._start_ns is not None:
-                rec.start_ns = self._start_ns
-            st.spans.append(rec)
+            sid = getrandbits(64) or 1
+            ident = _get_ident()
+            thread = None  # the step's thread
+            if ident != st.ident:
+                thread = _threads_by_ident.get(ident) or _current_thread()
             self._step = st
-            self._ctoken = _current_component.set(rec)
+            self._ctx = None
+            self._ctoken = _current_component.set(self)
             self._token = _attach_span(st) if attach_proxy else None
-            self._record = rec
+            self._sid = self._span_id = sid
+            st.spans.append((name, self._blocked, sid, parent, self._start_ns or _clock(), thread))
         except Exception:
             _logger.exception("otel-tunix: component() failed; it is not recorded")
-            self._record = None
+            self._sid = 0
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        rec = self._record
-        if rec is None:
-            return
-        rec.end_ns = rec.host_end_ns = _clock()
-        self._record = None
+        if self._sid:
+            self._finish(_clock(), exc)
+
+    def _finish(self, end_ns: int, exc: BaseException | None) -> None:
+        sid = self._sid
+        self._sid = 0
         try:
+            st = self._step
             if exc is not None:
-                rec.error = exc
+                step_extras(st).errors[sid] = exc
             token = self._token
             if token is not None:
                 _detach(token)
             _current_component.reset(self._ctoken)
-            if rec.device_end is not None:
-                st = self._step
+            resolver = self._device_end
+            if resolver is not None:
+                # Registered before the end below: the step is never seen complete with
+                # this device end still unknown.
+                step_extras(st).device[sid] = resolver
+                st.ends[sid] = end_ns
                 if st.end_ns:  # the step already ended (a component in another thread)
-                    st.runtime.pipeline.wait_for_device([rec])
+                    st.runtime.pipeline.wait_for_device(st, [sid])
                 elif st.device_pending is None:  # handed to the device waiter with the
-                    st.device_pending = [rec]  # step: one hand-off per step
+                    st.device_pending = [sid]  # step: one hand-off per step
                 else:
-                    st.device_pending.append(rec)
+                    st.device_pending.append(sid)
+            else:
+                st.ends[sid] = end_ns
         except Exception:
             _logger.exception("otel-tunix: closing a component failed")
 
@@ -619,13 +634,11 @@ def record_component(
     """
     c = component(name, blocked, start_ns=start_ns)
     c.__enter__()
-    rec = c._record
-    if rec is None:
+    if not c._sid:
         return
     if attributes:
-        rec.attributes = dict(attributes)
-    c.__exit__(None, None, None)
-    rec.end_ns = rec.host_end_ns = max(end_ns, start_ns)
+        step_extras(c._step).attributes[c._sid] = dict(attributes)
+    c._finish(max(end_ns, start_ns), None)
 
 
 class StepView:

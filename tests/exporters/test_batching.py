@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 import otel_tunix
 from otel_tunix import _spans, _tracer
 from otel_tunix import attributes as attr
-from otel_tunix._pipeline import resolve_device_end
+from otel_tunix._pipeline import resolve_device_ends
 from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
 from otel_tunix.testing import capture, steps_set_aside
 
@@ -359,9 +359,8 @@ def test_span_infos_from_records_match_those_read_from_the_sdk_spans():
             pass
         with otel_tunix.component("dev", device_end=lambda: time.perf_counter_ns() + 10**6):
             pass
-    for s in kept[0].spans:  # what the device waiter does before the step is processed
-        if s.device_end is not None:
-            resolve_device_end(s)
+    rec = kept[0]  # what the device waiter does before the step is processed:
+    resolve_device_ends(rec, list(rec.extras.device))
     (step,) = kept.finished()
     otel_tunix.shutdown()
     json_first = step.span_json()
