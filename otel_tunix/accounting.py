@@ -264,45 +264,64 @@ def account_intervals(
     end_ns: int,
     intervals: Sequence[Interval],
     *,
+    presorted: bool = False,
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
     trace_id: str = "",
     attributes: Mapping[str, object] | None = None,
     span_json: Callable[[], list[dict[str, object]]] | None = None,
 ) -> StepSummary:
-    """:func:`account_step` on plain intervals; ``spans`` may be a factory (made lazily),
-    ``span_json`` a factory of their JSON dicts (see :meth:`StepSummary.to_json`)."""
-    intervals = sorted(intervals, key=_by_start)  # in order already, from the span builder
+    """:func:`account_step` on plain intervals (``presorted``: they are in start order
+    already); ``spans`` may be a factory (made lazily), ``span_json`` a factory of their
+    JSON dicts (see :meth:`StepSummary.to_json`)."""
+    if not presorted:
+        intervals = sorted(intervals, key=_by_start)
+    # One pass, in start order: the union of busy intervals as a running merged run
+    # [run_start, run_end) (clipping starts to the step's keeps the order), the window end,
+    # and the intervals of each component. Written out rather than through union_ns: this
+    # runs for every step on the worker and the lists it would need cost as much again.
     window_end = end_ns
+    busy_ns = 0
+    run_start = run_end = start_ns
+    any_blocked = False
+    groups: dict[str, list[Interval]] = {}
     for iv in intervals:
-        if iv[3] > window_end:
-            window_end = iv[3]
-    busy: list[tuple[int, int]] = []
-    blocked: list[tuple[int, int]] = []
-    by_name: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
-    for name, is_blocked, s, e in intervals:
-        clipped = (s if s > start_ns else start_ns, e)  # e <= window_end by construction
-        kinds = by_name.get(name)
-        if kinds is None:
-            kinds = by_name[name] = ([], [])
-        if is_blocked:
-            blocked.append(clipped)
-            kinds[1].append(clipped)
+        name, is_blocked, s, e = iv
+        if e > window_end:
+            window_end = e
+        group = groups.get(name)
+        if group is None:
+            groups[name] = [iv]
         else:
-            busy.append(clipped)
-            kinds[0].append(clipped)
-    # Every list below is in start order (clipping the start to the step's keeps the order).
-    busy_ns = union_ns(busy, presorted=True) if busy else 0
-    blocked_ns = union_ns(busy + blocked) - busy_ns if blocked else 0
+            group.append(iv)
+        if is_blocked:
+            any_blocked = True
+            continue
+        if s < start_ns:
+            s = start_ns
+        if e <= s:
+            continue
+        if s > run_end:
+            busy_ns += run_end - run_start
+            run_start, run_end = s, e
+        elif e > run_end:
+            run_end = e
+    busy_ns += run_end - run_start
+    # Blocked: the time some component is open minus the busy time.
+    blocked_ns = _union_clipped(intervals, start_ns, None) - busy_ns if any_blocked else 0
     wall_ns = window_end - start_ns
     idle_ns = wall_ns - busy_ns - blocked_ns
-    components = {
-        name: ComponentTime(
-            union_ns(b, presorted=True) * _NS if b else 0.0,
-            union_ns(k, presorted=True) * _NS if k else 0.0,
-            len(b) + len(k),
-        )
-        for name, (b, k) in by_name.items()
-    }
+    if len(groups) == 1 and not any_blocked:  # one component, all busy: its time is busy_ns
+        ((name, group),) = groups.items()
+        components = {name: ComponentTime(busy_ns * _NS, 0.0, len(group))}
+    else:
+        components = {
+            name: ComponentTime(
+                _union_clipped(group, start_ns, False) * _NS,
+                _union_clipped(group, start_ns, True) * _NS,
+                len(group),
+            )
+            for name, group in groups.items()
+        }
     return StepSummary(
         scope=scope,
         step=step,
@@ -318,6 +337,26 @@ def account_intervals(
         attributes=attributes,
         span_json=span_json,
     )
+
+
+def _union_clipped(intervals: Sequence[Interval], start_ns: int, blocked: bool | None) -> int:
+    """Length of the union of ``intervals`` (in start order) of one kind (``blocked``; any
+    kind when ``None``), starts clipped to ``start_ns``."""
+    total = 0
+    run_start = run_end = start_ns
+    for _, is_blocked, s, e in intervals:
+        if blocked is not None and (not is_blocked) is blocked:  # the other kind
+            continue
+        if s < start_ns:
+            s = start_ns
+        if e <= s:
+            continue
+        if s > run_end:
+            total += run_end - run_start
+            run_start, run_end = s, e
+        elif e > run_end:
+            run_end = e
+    return total + run_end - run_start
 
 
 @dataclass(slots=True)

@@ -141,6 +141,7 @@ class StepAccountingProcessor(SpanProcessor):
                 step.start_ns,
                 step.end_ns,
                 step.intervals,
+                presorted=True,
                 spans=step.span_infos,
                 span_json=step.span_json,
                 trace_id=f"{step.trace_id:032x}",

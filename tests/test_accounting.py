@@ -45,6 +45,53 @@ def test_account_step_partitions_the_window_exactly():
     assert s.components["wait"].count == 1
 
 
+def test_account_intervals_matches_counting_every_nanosecond_on_random_steps():
+    """The one-pass accounting against the definition applied instant by instant (busy if
+    a busy component is open, else blocked if a blocked one is, else idle; per component the
+    instants it is open), on random overlapping, nested, clipped and empty intervals."""
+    import random
+
+    from otel_tunix.accounting import account_intervals
+
+    rng = random.Random(7)
+    for case in range(300):
+        start, end = 100, 100 + rng.randint(0, 120)
+        intervals = []
+        for _ in range(rng.randint(0, 9)):
+            s = rng.randint(60, 230)
+            e = s + rng.randint(-5, 60)  # some end before they start: empty
+            intervals.append((rng.choice("abc"), rng.random() < 0.4, s, e))
+        presorted = case % 2 == 0
+        given = sorted(intervals, key=lambda iv: iv[2]) if presorted else intervals
+        got = account_intervals("train", case, start, end, given, presorted=presorted)
+
+        window_end = max([end, *(e for *_, e in intervals)])
+        busy = blocked = idle = 0
+        per: dict[tuple[str, bool], int] = {}
+        for t in range(start, window_end):
+            open_ = [(n, b) for n, b, s, e in intervals if s <= t < e]
+            if any(not b for _, b in open_):
+                busy += 1
+            elif open_:
+                blocked += 1
+            else:
+                idle += 1
+            for key in set(open_):
+                per[key] = per.get(key, 0) + 1
+        assert got.end_ns == window_end
+        assert round(got.step_time_sec * 1e9) == window_end - start
+        assert (round(got.busy_time_sec * 1e9), round(got.blocked_time_sec * 1e9)) == (
+            busy,
+            blocked,
+        ), intervals
+        assert round(got.idle_time_sec * 1e9) == idle
+        assert set(got.components) == {n for n, *_ in intervals}
+        for name, ct in got.components.items():
+            assert round(ct.busy_time_sec * 1e9) == per.get((name, False), 0), (name, intervals)
+            assert round(ct.blocked_time_sec * 1e9) == per.get((name, True), 0), (name, intervals)
+            assert ct.count == sum(1 for n, *_ in intervals if n == name)
+
+
 def test_window_extends_to_a_component_that_outlives_the_step():
     spans = [_span("device", "busy", 10, 150)]
     s = account_step("train", 0, 0, 100 * MS, spans)
