@@ -293,32 +293,31 @@ class SpanBuilder:
         trace_id = rec.trace_id
         resource, iscope = self._resource, self._scope
         step_ctx = rec.span_context()
+        step_sid, step_thread = rec.span_id, rec.thread
         # A parent starts before its children, so in start order its context is made first.
-        contexts: dict[int, SpanContext] = {rec.span_id: step_ctx}
+        contexts: dict[int, SpanContext] = {}
         number, scope = rec.number, rec.scope
         out: list[ReadableSpan] = []
-        last_thread: Any = None
-        tid, tname = 0, ""
-        make, new_ctx = readable_span, new_span_context
+        make, new_ctx, append = readable_span, new_span_context, out.append
         # Components with the same name, kind and thread share one attribute dict (spans
         # hand out read-only views of it): micro-batches and repeated layers repeat names.
-        shared: dict[tuple[str, bool, Any], dict[str, Any]] = {}
+        shared: dict[str, tuple[bool, Any, dict[str, Any]]] = {}
         ex = rec.extras
         comps = zip(step.components, step.intervals, strict=True)
         for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
             ctx = contexts[sid] = new_ctx(trace_id, sid)
-            parent_ctx = contexts.get(parent_id)
-            if parent_ctx is None:  # a foreign span (or a parent recorded after the fact)
-                parent_ctx = new_ctx(trace_id, parent_id)
+            if parent_id == step_sid:
+                parent_ctx = step_ctx
+            else:  # a component, else a foreign span (or a parent recorded after the fact)
+                parent_ctx = contexts.get(parent_id) or new_ctx(trace_id, parent_id)
             if thread is None:
-                thread = rec.thread
-            if thread is not last_thread:
-                last_thread = thread
-                tid, tname = self.thread(thread)
+                thread = step_thread
             extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
-            key = (name, blocked, thread)
-            attrs = shared.get(key) if extra is None else None
-            if attrs is None:
+            found = shared.get(name) if extra is None else None
+            if found is not None and found[0] is blocked and found[1] is thread:
+                attrs = found[2]
+            else:
+                tid, tname = self.thread(thread)
                 attrs = {
                     _SPAN_TYPE: _COMPONENT,
                     _STEP: number,
@@ -329,19 +328,19 @@ class SpanBuilder:
                     _THREAD_NAME: tname,
                 }
                 if extra is None:
-                    shared[key] = attrs
+                    shared[name] = (blocked, thread, attrs)
                 else:
                     attrs = {**extra, **attrs}
-            error = ex.errors.get(sid) if ex is not None else None
-            if error is not None:
-                status, events = _error(error, rec.ends.get(sid, start_pc) + off)
+            if ex is not None and sid in ex.errors:
+                status, events = _error(ex.errors[sid], rec.ends.get(sid, start_pc) + off)
             else:
                 status, events = _UNSET, ()
-            span = make(
-                name, ctx, parent_ctx, resource, attrs, events, (), _INTERNAL, None,
-                status, start, end, iscope,
+            append(
+                make(
+                    name, ctx, parent_ctx, resource, attrs, events, (), _INTERNAL, None,
+                    status, start, end, iscope,
+                )
             )  # fmt: skip
-            out.append(span)
         step_end = step.end_ns - off
         status, events = _error(rec.error, rec.end_ns + off) if rec.error else (_UNSET, ())
         if rec.events:

@@ -100,10 +100,10 @@ def _span_context_factory() -> Callable[[int, int], SpanContext]:
     checks (about half its cost, paid per span). Used only when it yields exactly what the
     constructor does in this version of the API; otherwise the constructor itself.
     """
-    fields = (False, _SAMPLED, DEFAULT_TRACE_STATE, True)
+    new, cls, flags, state = _tuple_new, SpanContext, _SAMPLED, DEFAULT_TRACE_STATE
 
     def fast(trace_id: int, span_id: int) -> SpanContext:
-        return _tuple_new(SpanContext, (trace_id, span_id, *fields))  # type: ignore[no-any-return]
+        return new(cls, (trace_id, span_id, False, flags, state, True))  # type: ignore[no-any-return]
 
     def slow(trace_id: int, span_id: int) -> SpanContext:
         return SpanContext(trace_id, span_id, False, _SAMPLED)
