@@ -242,9 +242,11 @@ class StepRecord(NonRecordingSpan):
         ident = self.ident = _get_ident()
         self.thread = _threads_by_ident.get(ident) or _current_thread()
         self.view: StepView | None = None
-        current = _otel_context().get(_SPAN_KEY) or get_current_span()
-        parent = current.get_span_context()
-        if parent.is_valid:
+        current = _otel_context().get(_SPAN_KEY)
+        if current is None and _SPAN_KEY is None:  # no direct read: the public API
+            current = get_current_span()
+        parent = current.get_span_context() if current is not None else None
+        if parent is not None and parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.
             self.trace_id = parent.trace_id
             self.parent_id = parent.span_id

@@ -159,6 +159,7 @@ class MetricsLogger:
         self.last_values: dict[str, float] = {}
         self.last_step: int | None = None
         self.backends: list[LoggingBackend] = []
+        self._dispatch: dict[str | None, tuple[list[Any], list[tuple[Any, Any]]]] = {}
         if not self.active:
             return
         if opts.default_backends:
@@ -214,9 +215,23 @@ class MetricsLogger:
 
     def wants(self, source: str) -> bool:
         """False when no backend takes scalars of this ``source`` (they can be skipped)."""
-        return self.active and any(
-            source not in getattr(b, "skip_sources", ()) for b in self.backends
-        )
+        return self.active and bool(self._targets(source))
+
+    def _targets(self, source: str | None) -> list[tuple[Any, Any]]:
+        """``(backend, its log_scalars or None)`` for the backends that take scalars of
+        ``source``; worked out once per source and set of backends (``backends`` is a
+        public list that code may change: it is compared, element by element, per call)."""
+        backends = self.backends
+        cached = self._dispatch.get(source)
+        if cached is not None and cached[0] == backends:
+            return cached[1]
+        targets = [
+            (b, getattr(b, "log_scalars", None))
+            for b in backends
+            if source is None or source not in getattr(b, "skip_sources", ())
+        ]
+        self._dispatch[source] = (list(backends), targets)
+        return targets
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log several scalars at one step (one record in the JSONL backend)."""
@@ -231,16 +246,12 @@ class MetricsLogger:
         ``perf/...`` scalars): no conversion or checks per value."""
         if not self.active or self._closed:
             return
-        source = kwargs.get("source")
         with self._lock:
             self.last_values.update(values)
             if step is not None:
                 self.last_step = step
-            for backend in self.backends:
-                if source is not None and source in getattr(backend, "skip_sources", ()):
-                    continue
+            for backend, many in self._targets(kwargs.get("source")):
                 try:
-                    many = getattr(backend, "log_scalars", None)
                     if many is not None:
                         many(values, step=step, **kwargs)
                         continue
