@@ -568,11 +568,10 @@ class component:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if self._sid:
-            self._finish(_clock(), exc)
-
-    def _finish(self, end_ns: int, exc: BaseException | None) -> None:
         sid = self._sid
+        if not sid:
+            return
+        end_ns = _clock()
         self._sid = 0
         try:
             st = self._step
@@ -636,11 +635,14 @@ def record_component(
     """
     c = component(name, blocked, start_ns=start_ns)
     c.__enter__()
-    if not c._sid:
+    sid = c._sid
+    if not sid:
         return
+    st = c._step
     if attributes:
-        step_extras(c._step).attributes[c._sid] = dict(attributes)
-    c._finish(max(end_ns, start_ns), None)
+        step_extras(st).attributes[sid] = dict(attributes)
+    c.__exit__(None, None, None)
+    st.ends[sid] = max(end_ns, start_ns)
 
 
 class StepView:
