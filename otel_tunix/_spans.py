@@ -110,8 +110,9 @@ class FinishedStep:
 
     Attributes:
         record: The step as recorded on the hot path.
-        components: Its components as recorded (:data:`~otel_tunix._tracer.ComponentStart`
-            tuples), in start order.
+        components: Its components as recorded, in start order: ``(name, blocked, span_id,
+            parent_id, start, thread)`` tuples (start in ``perf_counter_ns``; ``thread`` is
+            ``None`` for the step's own thread).
         intervals: ``(name, blocked, start, end)`` per component, Unix epoch ns, each end
             at least its start.
         start_ns: Start of the step (Unix epoch ns).
