@@ -493,7 +493,7 @@ class _Window(deque[float]):
     def append(self, value: float) -> None:
         if len(self) == self.maxlen:
             del self.sorted[bisect.bisect_left(self.sorted, self[0])]
-        super().append(value)
+        deque.append(self, value)
         bisect.insort(self.sorted, value)
 
 
@@ -549,7 +549,8 @@ class AlertEngine:
         if len(set(names)) != len(names):
             raise ValueError(f"rule names must be unique: {names}")
         self._series: dict[tuple[str, str], _Series] = {}
-        self._routes: dict[str, list[Rule]] = {}
+        self._routes: dict[str, list[tuple[Rule, _Series]]] = {}
+        """Per metric name: the rules that watch it, each with its series."""
         self._lock = threading.RLock()
         self._logger_provider = logger_provider
         self._otel_logger: Any = None
@@ -568,25 +569,38 @@ class AlertEngine:
         self._closed = False
 
     # --- evaluation ---------------------------------------------------------------------
-    def _rules_for(self, metric: str) -> list[Rule]:
-        rules = self._routes.get(metric)
-        if rules is None:
-            rules = self._routes[metric] = [r for r in self.rules if r.matches(metric)]
-        return rules
+    def _routes_for(self, metric: str) -> list[tuple[Rule, _Series]]:
+        routes = self._routes.get(metric)
+        if routes is None:
+            routes = []
+            with self._lock:
+                for rule in self.rules:
+                    if rule.matches(metric):
+                        key = (rule.name, metric)
+                        s = self._series.get(key)
+                        if s is None:
+                            s = self._series[key] = _Series(
+                                history=_Window(max(rule.window, 1))
+                            )
+                        routes.append((rule, s))
+            self._routes[metric] = routes
+        return routes
 
     def observe(self, metric: str, value: float, step: int | None = None) -> list[Alert]:
         """Evaluate one value; returns the transitions it caused (usually none)."""
         if self._closed:
             return []
         try:
-            rules = self._rules_for(metric)
-            if not rules:
+            routes = self._routes.get(metric)
+            if routes is None:
+                routes = self._routes_for(metric)
+            if not routes:
                 return []
             v = float(value)
             out: list[Alert] = []
             with self._lock:
-                for rule in rules:
-                    alert = self._evaluate(rule, metric, v, step)
+                for rule, series in routes:
+                    alert = self._evaluate(rule, series, metric, v, step)
                     if alert is not None:
                         out.append(alert)
                         self.history.append(alert)
@@ -597,14 +611,16 @@ class AlertEngine:
             self._report("observe", "otel-tunix: alert evaluation failed (reported once)")
             return []
 
-    def _evaluate(self, rule: Rule, metric: str, v: float, step: int | None) -> Alert | None:
-        key = (rule.name, metric)
-        s = self._series.get(key)
-        if s is None:
-            s = self._series[key] = _Series(history=_Window(max(rule.window, 1)))
+    def _evaluate(
+        self, rule: Rule, s: _Series, metric: str, v: float, step: int | None
+    ) -> Alert | None:
         hist = s.history  # the values before this one (v is appended on the way out)
         try:
-            return self._transition(rule, s, metric, v, step, hist)
+            raw = rule.level(v, hist)
+            if raw is Severity.OK and s.level is Severity.OK:  # the quiet case: no change
+                s.streak_warning = s.streak_critical = 0
+                return None
+            return self._transition(rule, s, metric, v, step, hist, raw)
         finally:
             if rule.window and math.isfinite(v):
                 hist.append(v)
@@ -617,8 +633,8 @@ class AlertEngine:
         v: float,
         step: int | None,
         hist: Sequence[float],
+        raw: Severity,
     ) -> Alert | None:
-        raw = rule.level(v, hist)
         s.streak_warning = s.streak_warning + 1 if raw >= Severity.WARNING else 0
         s.streak_critical = s.streak_critical + 1 if raw >= Severity.CRITICAL else 0
         target = Severity.OK
