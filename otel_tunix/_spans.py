@@ -143,7 +143,10 @@ class FinishedStep:
         self._json: list[dict[str, object]] | None = None
         self.record = rec
         comps = rec.spans
-        comps = sorted(comps, key=_start_ns) if len(comps) > 1 else comps[:]
+        try:  # in place: usually in order already, and one list less to collect
+            comps.sort(key=_start_ns)
+        except ValueError:  # a component in another thread appended meanwhile
+            comps = sorted(list(comps), key=_start_ns)
         self.components: list[ComponentStart] = comps
         ends = rec.ends
         ex = rec.extras
