@@ -313,14 +313,22 @@ def account_intervals(
         ((name, group),) = groups.items()
         components = {name: ComponentTime(busy_ns * _NS, 0.0, len(group))}
     else:
-        components = {
-            name: ComponentTime(
-                _union_clipped(group, start_ns, False) * _NS,
-                _union_clipped(group, start_ns, True) * _NS,
-                len(group),
-            )
-            for name, group in groups.items()
-        }
+        components = {}
+        for name, group in groups.items():
+            if len(group) == 1:  # the usual case: a component once per step
+                _, is_blocked, s, e = group[0]
+                if s < start_ns:
+                    s = start_ns
+                length = (e - s) * _NS if e > s else 0.0
+                components[name] = (
+                    ComponentTime(0.0, length, 1) if is_blocked else ComponentTime(length, 0.0, 1)
+                )
+            else:
+                components[name] = ComponentTime(
+                    _union_clipped(group, start_ns, False) * _NS,
+                    _union_clipped(group, start_ns, True) * _NS,
+                    len(group),
+                )
     return StepSummary(  # positionally: ~0.4 us less per step than by keyword
         scope,
         step,
