@@ -14,6 +14,7 @@ Targets (issue #2):
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import statistics
@@ -64,9 +65,8 @@ def sdk_span(sampler: object, processor: bool) -> Callable[[int], float]:
         for _ in range(n):
             with tracer.start_as_current_span("train_step_compute"):
                 pass
-        elapsed = time.perf_counter() - t
-        tp.force_flush()
-        return elapsed
+        tp.force_flush()  # its export thread's work counts, as otel-tunix's processing does
+        return time.perf_counter() - t
 
     return run
 
@@ -125,11 +125,18 @@ def measure_ours(n: int, r: int, per_step: int, **configure: object) -> dict[str
         **configure,  # type: ignore[arg-type]
     )
     try:
-        return {
+        rows = {
             "not sampled": best_of(ours(False, per_step, False), n, r),
             "training thread": best_of(ours(True, per_step, False), n, r),
             "processed": best_of(ours(True, per_step, True), n, r),
         }
+        gc.collect()
+        gc.disable()  # diagnostic: how much of the cost is Python's garbage collector
+        try:
+            rows["processed, gc off"] = best_of(ours(True, per_step, True), n, r)
+        finally:
+            gc.enable()
+        return rows
     finally:
         otel_tunix.shutdown()
 
@@ -165,10 +172,13 @@ def main() -> None:
     rows["otel-tunix, step not sampled"] = own["not sampled"]
     rows["otel-tunix, sampled: training thread alone"] = own["training thread"]
     rows["otel-tunix, sampled (+ processing)"] = own["processed"]
+    rows["  same, garbage collector off (diagnostic)"] = own["processed, gc off"]
     rows["  same, joined to an app provider + SDK batch(null)"] = joined["processed"]
     # No span exporter at all (OTEL_TRACES_EXPORTER=none): no SDK span is built; what is
     # left is the accounting and the metrics (the local run folder's files come on top).
-    rows["  same, no span exporter"] = measure_ours(n, r, args.per_step)["processed"]
+    none = measure_ours(n, r, args.per_step)
+    rows["  same, no span exporter"] = none["processed"]
+    rows["  same, no span exporter, garbage collector off"] = none["processed, gc off"]
     tunix = tunix_span()
     if tunix is not None:
         rows["Tunix PerfTracer.span"] = best_of(tunix, n, r)
