@@ -56,7 +56,7 @@ class PerformanceMetricsConfig:
             steps being processed off the training thread (spans built, counters derived,
             local files written and flushed); a step longer than this is processed as soon
             as it ends. Shorter: a hard kill (SIGKILL) loses fewer recent steps; longer:
-            fewer, cheaper wake-ups (``OTEL_TUNIX_PROCESS_INTERVAL_MS``, default 100). A
+            fewer, cheaper wake-ups (``OTEL_TUNIX_PROCESS_INTERVAL_MS``, default 250). A
             Python exception or a normal exit loses nothing: shutdown processes every step.
     """
 
@@ -153,9 +153,9 @@ def _check_interval(value: object, field: str) -> float:
 
 
 def env_process_interval_ms() -> float:
-    """Read ``OTEL_TUNIX_PROCESS_INTERVAL_MS`` (default 100)."""
+    """Read ``OTEL_TUNIX_PROCESS_INTERVAL_MS`` (default 250)."""
     value = _env_number(
-        env.OTEL_TUNIX_PROCESS_INTERVAL_MS, 100.0, float, "a number of milliseconds"
+        env.OTEL_TUNIX_PROCESS_INTERVAL_MS, 250.0, float, "a number of milliseconds"
     )
     return _check_interval(value, env.OTEL_TUNIX_PROCESS_INTERVAL_MS)
 

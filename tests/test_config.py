@@ -58,7 +58,7 @@ def test_process_interval_from_argument_env_and_default(monkeypatch):
         return runtime.pipeline._interval
 
     otel_tunix.configure(output_dir="none")
-    assert interval() == 0.1
+    assert interval() == 0.25
     monkeypatch.setenv("OTEL_TUNIX_PROCESS_INTERVAL_MS", "20")
     otel_tunix.configure(output_dir="none")
     assert interval() == 0.02

@@ -7,7 +7,7 @@ step, start/end (Unix ns), the busy / blocked / idle counters, per-component tim
 component span (name, kind, start/end, thread, span id, parent). At shutdown one
 ``type: "session"`` line per scope carries the totals. A ``.gz`` path writes gzip. The file
 is flushed after every batch of steps the worker processes (at most
-``OTEL_TUNIX_PROCESS_INTERVAL_MS``, 100 ms, apart; each step on its own when steps take
+``OTEL_TUNIX_PROCESS_INTERVAL_MS``, 250 ms, apart; each step on its own when steps take
 longer), so a hard kill loses only the most recent steps; an exception or a normal exit
 loses none (shutdown processes everything queued).
 """
