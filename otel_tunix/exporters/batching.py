@@ -4,9 +4,10 @@ Why not the SDK's ``BatchSpanProcessor``: it takes spans one ``on_end`` call at 
 (~0.8 us each, plus ~0.4 us for a locked counter per span here), and they must exist as SDK
 span objects by then. otel-tunix's worker holds each sampled step whole:
 :meth:`BatchExportProcessor.on_finished_step` queues the step in one call, and its SDK spans
-are built on the export thread just before ``export()``, so they live for microseconds
-instead of a schedule delay (fewer objects for Python's garbage collector to walk, which in a
-loop that records spans fast is a third of the cost). Spans from other code still arrive one
+are built on the export thread, inside ``export()``, as the exporter iterates over the batch
+(:class:`SpanBatch`), so each lives for microseconds instead of a schedule delay or the
+length of a batch (fewer objects for Python's garbage collector to walk and promote, which
+in a loop that records spans fast was a third of the cost). Spans from other code still arrive one
 at a time through :meth:`on_end`. Otherwise it behaves like the SDK's: the same
 ``OTEL_BSP_*`` settings, a bounded queue that drops (and counts) when full, a daemon thread
 that exports in batches, exports with instrumentation suppressed, ``force_flush`` and
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, overload
 
 from opentelemetry.context import Context, attach, detach, set_value
 from opentelemetry.sdk.environment_variables import (
@@ -99,6 +102,78 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+class SpanBatch(Sequence[ReadableSpan]):
+    """One ``export()`` batch: spans ``start`` to ``start + length`` of the queued items,
+    a step's SDK spans built as the exporter iterates over them.
+
+    Why lazily: the spans of a step then live only while the exporter reads them. Built all
+    at once, the hundreds of span objects of a batch were alive through several of Python's
+    garbage collections, got promoted to its oldest generation and made full collections
+    frequent: a third of the export path's cost in a loop that records spans fast. An
+    exporter sees an ordinary sequence (``len``, iteration, indexing, slicing); iterating
+    it again builds the spans again, with the same content.
+    """
+
+    __slots__ = ("_items", "_length", "_start")
+
+    def __init__(
+        self, items: list[ReadableSpan | FinishedStep], start: int, length: int
+    ) -> None:
+        self._items = items
+        self._start = start
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[ReadableSpan]:
+        skip, left = self._start, self._length
+        for item in self._items:
+            if left <= 0:
+                return
+            if isinstance(item, ReadableSpan):
+                if skip:
+                    skip -= 1
+                    continue
+                yield item
+                left -= 1
+                continue
+            n = item.span_count
+            if skip >= n:
+                skip -= n
+                continue
+            spans = item.export_spans()
+            if skip or left < n:
+                spans = spans[skip : skip + left]
+                skip = 0
+            yield from spans
+            left -= len(spans)
+
+    @overload
+    def __getitem__(self, index: int) -> ReadableSpan: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ReadableSpan]: ...
+
+    def __getitem__(self, index: int | slice) -> ReadableSpan | list[ReadableSpan]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        i = operator.index(index)
+        if i < 0:
+            i += self._length
+        if not 0 <= i < self._length:
+            raise IndexError("span batch index out of range")
+        i += self._start
+        for item in self._items:
+            n = 1 if isinstance(item, ReadableSpan) else item.span_count
+            if i < n:
+                # spans(), not export_spans(): kept, so reading the batch afterwards does
+                # not build this step twice (exporters peek at the first span).
+                return item if isinstance(item, ReadableSpan) else item.spans()[i]
+            i -= n
+        raise IndexError("span batch index out of range")  # pragma: no cover
+
+
 class BatchExportProcessor(SpanProcessor):
     """Queues ended spans and exports them in batches on a daemon thread; counts them.
 
@@ -169,13 +244,17 @@ class BatchExportProcessor(SpanProcessor):
             self._offer(span, 1)
 
     def on_finished_step(self, step: FinishedStep) -> None:
-        """A finished otel-tunix step: queued whole; its spans are built when exported."""
-        self._offer(step, step.span_count)
+        """A finished otel-tunix step: queued whole; its spans are built as the exporter
+        reads them."""
+        step.queued_for_export()
+        if not self._offer(step, step.span_count):
+            step.queued_for_export(False)
 
-    def _offer(self, item: ReadableSpan | FinishedStep, n: int) -> None:
+    def _offer(self, item: ReadableSpan | FinishedStep, n: int) -> bool:
+        """Queue an item of ``n`` spans; False when it was dropped."""
         if self._shutdown:
             self.stats.add(offered=n, dropped=n)
-            return
+            return False
         with self._count_lock:
             fits = self._queued + n <= self._max_queue
             if fits:
@@ -195,6 +274,7 @@ class BatchExportProcessor(SpanProcessor):
                 )
         if queued >= self._batch and not self._wake.is_set():
             self._wake.set()
+        return fits
 
     # --- exporting ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -206,23 +286,19 @@ class BatchExportProcessor(SpanProcessor):
                 break
             self._export_all()
 
-    def _take(self) -> list[ReadableSpan]:
-        """Up to about one batch of queued spans (whole steps: a batch may run over by the
-        spans of its last step), oldest first, their spans built now."""
+    def _take(self) -> tuple[list[ReadableSpan | FinishedStep], int]:
+        """Queued items holding at least one batch of spans (whole steps: the last one may
+        run over), oldest first, and how many spans they hold."""
         q = self._queue
-        out: list[ReadableSpan] = []
+        out: list[ReadableSpan | FinishedStep] = []
         taken = 0
         while q and taken < self._batch:
             item = q.popleft()
-            if isinstance(item, ReadableSpan):
-                out.append(item)
-                taken += 1
-            else:
-                out.extend(item.spans())
-                taken += item.span_count
+            out.append(item)
+            taken += 1 if isinstance(item, ReadableSpan) else item.span_count
         with self._count_lock:
             self._queued -= taken
-        return out
+        return out, taken
 
     def _export_all(self, deadline: float | None = None) -> bool:
         """Export what is queued, a batch at a time; False if ``deadline`` passed first
@@ -235,14 +311,14 @@ class BatchExportProcessor(SpanProcessor):
             while self._queue:
                 if deadline is not None and time.monotonic() > deadline:
                     return False
-                spans = self._take()
-                for i in range(0, len(spans), self._batch):
-                    self._export(spans[i : i + self._batch])
+                items, count = self._take()
+                for start in range(0, count, self._batch):
+                    self._export(SpanBatch(items, start, min(self._batch, count - start)))
         finally:
             lock.release()
         return True
 
-    def _export(self, batch: list[ReadableSpan]) -> None:
+    def _export(self, batch: Sequence[ReadableSpan]) -> None:
         token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
             result = self.exporter.export(batch)

@@ -86,6 +86,67 @@ def test_exports_in_order_in_batches_of_the_configured_size_and_counts():
     assert exp.shut
 
 
+def test_a_span_batch_is_a_sequence_whose_step_spans_are_built_as_they_are_read():
+    from otel_tunix.exporters.batching import SpanBatch
+
+    first, second = _finished("a", "b", "c", step=1), _finished("d", "e", step=2)
+    foreign = _span(9)
+    eager = [s.name for s in [*first.spans(), foreign, *second.spans()]]
+    first._spans = second._spans = None  # as queued: nothing built yet
+    for step in (first, second):
+        step.queued_for_export()
+    items = [first, foreign, second]
+
+    whole = SpanBatch(items, 0, 8)
+    assert len(whole) == 8 and [s.name for s in whole] == eager
+    assert first._spans is None and second._spans is None  # read, not kept
+    part = SpanBatch(items, 2, 4)  # from inside the first step into the second
+    assert len(part) == 4
+    assert [s.name for s in part] == eager[2:6]
+    assert [s.name for s in part] == eager[2:6]  # read twice: built again, same spans
+    assert part[0].name == "c" and part[-1].name == "d" and part[2] is foreign
+    assert [s.name for s in part[1:3]] == eager[3:5]
+    with pytest.raises(IndexError):
+        part[4]
+    with pytest.raises(IndexError):
+        part[-5]
+    tail = SpanBatch(items, 5, 3)
+    assert [s.name for s in tail] == eager[5:]
+    assert tail[0].context.span_id == second.spans()[0].context.span_id
+
+
+def test_one_exporter_does_not_keep_the_spans_two_share_them():
+    step = _finished("a", "b")
+    one = _Recorder()
+    p = BatchExportProcessor(one, schedule_delay_millis=60_000)
+    p.on_finished_step(step)
+    assert p.force_flush()
+    assert one.batches == [["a", "b", "train_step"]] and step._spans is None
+    p.shutdown()
+
+    step = _finished("a", "b")
+    seen: list[list[ReadableSpan]] = []
+
+    class Keep(SpanExporter):
+        def export(self, spans):
+            seen.append(list(spans))
+            return SpanExportResult.SUCCESS
+
+    p1, p2 = (BatchExportProcessor(Keep(), schedule_delay_millis=60_000) for _ in range(2))
+    p1.on_finished_step(step)
+    p2.on_finished_step(step)
+    assert p1.force_flush() and p2.force_flush()
+    assert [[id(s) for s in b] for b in seen[:1]] == [[id(s) for s in seen[1]]]  # built once
+    p1.shutdown()
+    p2.shutdown()
+
+    full = BatchExportProcessor(_Recorder(), max_queue_size=2, schedule_delay_millis=60_000)
+    step = _finished("a", "b")  # three spans: more than the queue holds
+    full.on_finished_step(step)
+    assert step._exports == 0  # dropped: no export will read it
+    full.shutdown()
+
+
 def test_a_full_batch_wakes_the_export_thread_before_the_delay():
     exp = _Recorder()
     p = BatchExportProcessor(exp, schedule_delay_millis=60_000, max_export_batch_size=5)
