@@ -197,7 +197,7 @@ def resolve_device_ends(step: StepRecord, span_ids: list[int]) -> None:
             if value is not None:
                 ex.device_ends[sid] = int(value)
         except Exception:
-            name = next((c[0] for c in step.spans if c[2] == sid), "?")
+            name = next((name for name, _, s, *_ in step.spans if s == sid), "?")
             _logger.warning(
                 "otel-tunix: the device-end resolver of %r failed; using the host end time",
                 name,
@@ -224,8 +224,7 @@ def _close_open_spans(rec: StepRecord) -> None:
     now = time.perf_counter_ns()
     ends = rec.ends
     ex = step_extras(rec)
-    for c in list(rec.spans):
-        sid = c[2]
+    for _, _, sid, *_ in list(rec.spans):
         if sid not in ends or sid in ex.device:
             ends.setdefault(sid, now)
             ex.device.pop(sid, None)

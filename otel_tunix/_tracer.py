@@ -1,8 +1,9 @@
 """The hot path: ``step()`` and ``component()``.
 
-Inside the training loop otel-tunix only reads the clock, draws a span id and appends a small
-record to the step. Real OTel spans are built from those records later, on the pipeline's
-worker thread (``_pipeline.py``), and fed to the span processors and exporters there.
+Inside the training loop otel-tunix only reads the clock, draws a span id and appends a tuple
+(:data:`ComponentStart`) to the step. Real OTel spans are built from those records later,
+off the training thread (``_pipeline.py``, ``_spans.py``), for the processors and exporters
+that want them.
 
 OTel context propagation costs about 1.5 us per attach (a SpanContext, a span object, a new
 Context, the context-var set), too much per component. So a sampled step attaches, once, a
@@ -156,8 +157,6 @@ A plain tuple, not an object: a tuple of atoms is dropped from the garbage colle
 lists at its first collection, and a loop that records spans fast keeps thousands of them
 queued. Per-component objects were walked by every collection until processed, about a
 third of the cost of a span in such a loop."""
-
-_NAME, _BLOCKED, _SPAN_ID, _PARENT_ID, _START, _THREAD = range(6)
 
 
 class ComponentExtras:

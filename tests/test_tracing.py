@@ -303,6 +303,43 @@ def test_device_end_accepts_a_future_and_a_failing_resolver_keeps_host_time(capl
     assert any("device-end resolver" in r.message for r in caplog.records)
 
 
+def test_a_component_still_open_at_shutdown_is_closed_then_and_marked_incomplete(tmp_path):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    otel_tunix.configure(output_dir=tmp_path / "run", span_exporters=[exporter])
+    started, release = threading.Event(), threading.Event()
+
+    def straggle() -> None:
+        with otel_tunix.component("straggler"):
+            started.set()
+            release.wait(10)
+
+    with otel_tunix.step(0):
+        with otel_tunix.component("done") as c:
+            c.set_attribute("rows", 3)
+        t = threading.Thread(target=contextvars.copy_context().run, args=(straggle,))
+        t.start()
+        assert started.wait(5)
+    before_shutdown = time.time_ns()
+    otel_tunix.shutdown()  # the step is processed with its straggler still open
+    release.set()
+    t.join(5)
+    by = _by_name(exporter.get_finished_spans())
+    straggler, done = by["straggler"][0], by["done"][0]
+    assert straggler.attributes[attr.INCOMPLETE] is True
+    assert before_shutdown <= straggler.end_time <= time.time_ns()
+    assert attr.INCOMPLETE not in done.attributes and done.attributes["rows"] == 3
+    assert straggler.attributes[attr.THREAD_NAME] == t.name != done.attributes[attr.THREAD_NAME]
+    import json
+
+    lines = [json.loads(x) for x in (tmp_path / "run" / "spans.jsonl").read_text().splitlines()]
+    (step,) = [x for x in lines if x["type"] == "step"]
+    spans = {sp["name"]: sp for sp in step["spans"]}
+    assert spans["straggler"]["attributes"] == {attr.INCOMPLETE: True}
+    assert "attributes" not in spans["done"]  # the JSONL keeps otel-tunix's own extras only
+
+
 def test_otel_sdk_disabled_keeps_api_working_and_exports_nothing(monkeypatch, tmp_path):
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     info = otel_tunix.configure(output_dir=tmp_path / "run")
