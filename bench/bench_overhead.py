@@ -9,17 +9,25 @@ Targets (issue #2):
 * a component in a sampled step, including otel-tunix's processors and a null exporter:
   <= 0.25x a raw OTel SDK span (ALWAYS_ON + BatchSpanProcessor to a null exporter), and no
   more than Tunix's ``PerfTracer.span`` when google-tunix is installed.
+
+Rows are measured in rounds (each round measures every row once; a row's value is its median
+over the rounds), so a burst of load on this shared VM lands on all rows alike. The heap
+matters: Python's garbage collector walks every tracked object at each full collection, and
+the SDK's spans live long enough to trigger many. Importing google-tunix (for its row) loads
+JAX, which makes the heap that of a real training process; ``--no-tunix`` measures a bare
+process instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -45,9 +53,24 @@ class NullExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def best_of(fn: Callable[[int], float], n: int, repeats: int) -> float:
-    """Median of ``repeats`` runs of ``fn(n)``, in microseconds per span."""
-    return statistics.median(fn(n) / n * 1e6 for _ in range(repeats))
+class Rounds:
+    """Samples of every row, taken in rounds: each round measures each row once, so a burst
+    of load from a neighbour on this shared VM lands on all rows alike instead of on
+    whichever row happened to run then. Each row's value is its median over the rounds."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.samples: dict[str, list[float]] = {}
+
+    def take(self, row: str, fn: Callable[[int], float]) -> None:
+        """One sample of ``row``: ``fn(n)`` seconds, in microseconds per span."""
+        self.samples.setdefault(row, []).append(fn(self.n) / self.n * 1e6)
+
+    def medians(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.samples.items()}
+
+    def spreads(self) -> dict[str, tuple[float, float]]:
+        return {k: (min(v), max(v)) for k, v in self.samples.items()}
 
 
 def bare_clock(n: int) -> float:
@@ -121,8 +144,10 @@ def ours(sampled: bool, per_step: int, processed: bool) -> Callable[[int], float
     return run
 
 
-def measure_ours(n: int, r: int, per_step: int, **configure: object) -> dict[str, float]:
-    """The three otel-tunix rows for one way of configuring it."""
+@contextlib.contextmanager
+def configured(**configure: object) -> Iterator[None]:
+    """otel-tunix configured for the block (sampling_rate=2, no local run folder), settled:
+    its threads started and the previous run's garbage collected before anything is timed."""
     otel_tunix.configure(
         service_name="bench",
         output_dir="none",
@@ -130,20 +155,25 @@ def measure_ours(n: int, r: int, per_step: int, **configure: object) -> dict[str
         **configure,  # type: ignore[arg-type]
     )
     try:
-        rows = {
-            "not sampled": best_of(ours(False, per_step, False), n, r),
-            "training thread": best_of(ours(True, per_step, False), n, r),
-            "processed": best_of(ours(True, per_step, True), n, r),
-        }
         gc.collect()
-        gc.disable()  # diagnostic: how much of the cost is Python's garbage collector
-        try:
-            rows["processed, gc off"] = best_of(ours(True, per_step, True), n, r)
-        finally:
-            gc.enable()
-        return rows
+        time.sleep(0.05)
+        yield
     finally:
         otel_tunix.shutdown()
+
+
+def gc_off(fn: Callable[[int], float]) -> Callable[[int], float]:
+    """``fn`` run with Python's garbage collector off (a diagnostic row)."""
+
+    def run(n: int) -> float:
+        gc.collect()
+        gc.disable()
+        try:
+            return fn(n)
+        finally:
+            gc.enable()
+
+    return run
 
 
 def main() -> None:
@@ -151,6 +181,12 @@ def main() -> None:
     ap.add_argument("--spans", type=int, default=20000, help="spans per measurement")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--per-step", type=int, default=10, help="components per step")
+    ap.add_argument(
+        "--no-tunix",
+        action="store_true",
+        help="skip Tunix's tracer and its import (JAX): a bare process with a small heap, "
+        "where Python's garbage collector costs the SDK span much less",
+    )
     args = ap.parse_args()
     n, r = args.spans, args.repeats
     # The step-time spike rule is on (it is part of the processing) but the bench's steps
@@ -160,38 +196,63 @@ def main() -> None:
     # (dropped spans would cost nothing to export).
     os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(1 << 16)
 
-    rows = {
-        "bare clock pair": best_of(bare_clock, n, r),
-        "OTel SDK, ALWAYS_OFF": best_of(sdk_span(ALWAYS_OFF, False), n, r),
-        "OTel SDK, ALWAYS_ON + batch(null)": best_of(sdk_span(ALWAYS_ON, True), n, r),
-    }
-    # otel-tunix as configured with an exporter of its own (OTEL_TRACES_EXPORTER or
-    # span_exporters=): its processors, its batch processor, a null exporter. No local run
-    # folder: file writing is an exporter of its own, measured by bench_demo.py.
-    own = measure_ours(n, r, args.per_step, span_exporters=[NullExporter()])
+    sdk_off, sdk_on = sdk_span(ALWAYS_OFF, False), sdk_span(ALWAYS_ON, True)
+    # Importing google-tunix loads JAX: the heap then holds ~350k objects, as in a real
+    # training process (torch alone: ~170k), and every full collection walks them all.
+    tunix = None if args.no_tunix else tunix_span()
+    print(f"objects tracked by the garbage collector: {len(gc.get_objects())}")
     # otel-tunix joining an application's provider whose exporter sits behind the SDK's
     # BatchSpanProcessor (which takes spans one at a time).
     app = TracerProvider()
     app.add_span_processor(BatchSpanProcessor(NullExporter(), max_queue_size=1 << 16))
-    joined = measure_ours(n, r, args.per_step, tracer_provider=app)
-    rows["otel-tunix, step not sampled"] = own["not sampled"]
-    rows["otel-tunix, sampled: training thread alone"] = own["training thread"]
-    rows["otel-tunix, sampled (+ processing)"] = own["processed"]
-    rows["  same, garbage collector off (diagnostic)"] = own["processed, gc off"]
-    rows["  same, joined to an app provider + SDK batch(null)"] = joined["processed"]
-    # No span exporter at all (OTEL_TRACES_EXPORTER=none): no SDK span is built; what is
-    # left is the accounting and the metrics (the local run folder's files come on top).
-    none = measure_ours(n, r, args.per_step)
-    rows["  same, no span exporter"] = none["processed"]
-    rows["  same, no span exporter, garbage collector off"] = none["processed, gc off"]
-    tunix = tunix_span()
-    if tunix is not None:
-        rows["Tunix PerfTracer.span"] = best_of(tunix, n, r)
-
+    per = args.per_step
+    rounds = Rounds(n)
+    for i in range(r + 1):  # the first round warms up and is dropped
+        if i == 1:
+            rounds.samples.clear()
+        rounds.take("bare clock pair", bare_clock)
+        rounds.take("OTel SDK, ALWAYS_OFF", sdk_off)
+        rounds.take("OTel SDK, ALWAYS_ON + batch(null)", sdk_on)
+        if tunix is not None:
+            rounds.take("Tunix PerfTracer.span", tunix)
+        # otel-tunix as configured with an exporter of its own (OTEL_TRACES_EXPORTER or
+        # span_exporters=): its processors, its batch processor, a null exporter. No local
+        # run folder: file writing is an exporter of its own, measured by bench_demo.py.
+        with configured(span_exporters=[NullExporter()]):
+            rounds.take("otel-tunix, step not sampled", ours(False, per, False))
+            rounds.take("otel-tunix, sampled: training thread alone", ours(True, per, False))
+            rounds.take("otel-tunix, sampled (+ processing)", ours(True, per, True))
+            rounds.take(
+                "  same, garbage collector off (diagnostic)", gc_off(ours(True, per, True))
+            )
+        with configured(tracer_provider=app):
+            rounds.take(
+                "  same, joined to an app provider + SDK batch(null)", ours(True, per, True)
+            )
+        # No span exporter at all (OTEL_TRACES_EXPORTER=none): no SDK span is built; what
+        # is left is the accounting and the metrics (the local run folder's files come on
+        # top).
+        with configured():
+            rounds.take("  same, no span exporter", ours(True, per, True))
+            rounds.take(
+                "  same, no span exporter, garbage collector off", gc_off(ours(True, per, True))
+            )
+    rows = rounds.medians()
+    spreads = rounds.spreads()
+    order = [
+        "bare clock pair", "OTel SDK, ALWAYS_OFF", "OTel SDK, ALWAYS_ON + batch(null)",
+        "otel-tunix, step not sampled", "otel-tunix, sampled: training thread alone",
+        "otel-tunix, sampled (+ processing)", "  same, garbage collector off (diagnostic)",
+        "  same, joined to an app provider + SDK batch(null)", "  same, no span exporter",
+        "  same, no span exporter, garbage collector off", "Tunix PerfTracer.span",
+    ]  # fmt: skip
+    rows = {k: rows[k] for k in order if k in rows}
     width = max(len(k) for k in rows)
-    print(f"{'what':<{width}}  us/span")
+    print(f"median of {r} rounds (each round measures every row once)")
+    print(f"{'what':<{width}}  us/span   (min - max)")
     for k, v in rows.items():
-        print(f"{k:<{width}}  {v:7.3f}")
+        lo, hi = spreads[k]
+        print(f"{k:<{width}}  {v:7.3f}   ({lo:.3f} - {hi:.3f})")
     off, on = rows["OTel SDK, ALWAYS_OFF"], rows["OTel SDK, ALWAYS_ON + batch(null)"]
     unsampled = rows["otel-tunix, step not sampled"]
     sampled = rows["otel-tunix, sampled (+ processing)"]
@@ -199,7 +260,8 @@ def main() -> None:
     print(f"unsampled / SDK ALWAYS_OFF        = {unsampled / off:.3f}  (target <= 0.1)")
     print(f"unsampled absolute                = {unsampled:.3f} us (target <= 0.5)")
     print(f"sampled+processing / SDK ALWAYS_ON = {sampled / on:.3f}  (target <= 0.25)")
-    print(f"  joined to an app's SDK batch     = {joined['processed'] / on:.3f}")
+    joined = rows["  same, joined to an app provider + SDK batch(null)"]
+    print(f"  joined to an app's SDK batch     = {joined / on:.3f}")
     print(f"  no span exporter                 = {rows['  same, no span exporter'] / on:.3f}")
     hot = rows["otel-tunix, sampled: training thread alone"]
     print(f"sampled, training thread / SDK ON  = {hot / on:.3f}")
