@@ -463,6 +463,7 @@ class component:
         "_ctx",
         "_device_end",
         "_name",
+        "_resolver",
         "_sid",
         "_span_id",
         "_start_ns",
@@ -484,8 +485,9 @@ class component:
         self._start_ns = start_ns
         self._sid = 0  # the span id while recorded, else 0
         # _step, _span_id (the span id, kept after exit: a task or thread that copied the
-        # context may still parent spans to it), _token, _ctoken and _ctx are set by
-        # __enter__ when it records (and read only then): fewer assignments per component.
+        # context may still parent spans to it), _resolver (this use's device end), _token,
+        # _ctoken and _ctx are set by __enter__ when it records (and read only then): fewer
+        # assignments per component.
 
     @property
     def recording(self) -> bool:
@@ -516,7 +518,7 @@ class component:
         See :data:`DeviceEnd`. Does nothing when the component is not recorded.
         """
         if self._sid:
-            self._device_end = resolver
+            self._resolver = resolver
 
     def span_context(self) -> SpanContext:
         """The OTel SpanContext of this component once recorded (built on first use)."""
@@ -557,6 +559,7 @@ class component:
                 thread = _threads_by_ident.get(ident) or _current_thread()
             self._step = st
             self._ctx = None
+            self._resolver = self._device_end
             self._ctoken = _current_component.set(self)
             self._token = _attach_span(st) if attach_proxy else None
             self._sid = self._span_id = sid
@@ -573,14 +576,12 @@ class component:
         end_ns = _clock()
         self._sid = 0
         try:
+            # The span is complete before the context is restored (which can fail: a block
+            # left in another asyncio task or context than it was entered in).
             st = self._step
             if exc is not None:
                 step_extras(st).errors[sid] = exc
-            token = self._token
-            if token is not None:
-                _detach(token)
-            _current_component.reset(self._ctoken)
-            resolver = self._device_end
+            resolver = self._resolver
             if resolver is not None:
                 # Registered before the end below: the step is never seen complete with
                 # this device end still unknown.
@@ -594,6 +595,10 @@ class component:
                     st.device_pending.append(sid)
             else:
                 st.ends[sid] = end_ns
+            token = self._token
+            if token is not None:
+                _detach(token)
+            _current_component.reset(self._ctoken)
         except Exception:
             _logger.exception("otel-tunix: closing a component failed")
 

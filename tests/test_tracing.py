@@ -303,6 +303,37 @@ def test_device_end_accepts_a_future_and_a_failing_resolver_keeps_host_time(capl
     assert any("device-end resolver" in r.message for r in caplog.records)
 
 
+def test_a_component_left_in_another_context_still_ends_its_span(caplog):
+    """Exiting in another context than the one entered in cannot restore the context
+    variables (reported), but the span ends and the step is processed at once."""
+    with capture() as cap:
+        with otel_tunix.step(0):
+            c = otel_tunix.component("crossed")
+            c.__enter__()
+            contextvars.copy_context().run(c.__exit__, None, None, None)
+        t0 = time.perf_counter()
+        (span,) = _by_name(cap.spans())["crossed"]
+        assert time.perf_counter() - t0 < 5  # not held back as still open
+    assert attr.INCOMPLETE not in span.attributes
+    assert any("closing a component failed" in r.message for r in caplog.records)
+
+
+def test_a_reused_component_object_does_not_carry_a_device_end_into_its_next_use():
+    with capture() as cap:
+        c = otel_tunix.component("reused")
+        with otel_tunix.step(0):
+            with c:
+                c.end_on_device(lambda: time.perf_counter_ns() + 50_000_000)
+            with c:
+                pass
+        first, second = sorted(_by_name(cap.spans())["reused"], key=lambda s: s.start_time)
+    assert first.attributes[attr.DEVICE_END] is True
+    assert first.end_time - first.start_time >= 40_000_000
+    assert attr.DEVICE_END not in second.attributes
+    assert second.end_time - second.start_time < 40_000_000
+    assert first.context.span_id != second.context.span_id
+
+
 def test_a_component_still_open_at_shutdown_is_closed_then_and_marked_incomplete(tmp_path):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
