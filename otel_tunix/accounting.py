@@ -274,17 +274,13 @@ def account_intervals(
     JSON dicts (see :meth:`StepSummary.to_json`)."""
     if not presorted:
         intervals = sorted(intervals, key=_by_start)
-    # One pass, in start order: the union of busy intervals as a running merged run
-    # [run_start, run_end) (clipping starts to the step's keeps the order), the window end,
-    # and the intervals of each component. Written out rather than through union_ns: this
-    # runs for every step on the worker and the lists it would need cost as much again.
+    # In start order: the window end and the intervals of each component, then the union
+    # of the busy intervals (clipping starts to the step's keeps the order).
     window_end = end_ns
-    busy_ns = 0
-    run_start = run_end = start_ns
     any_blocked = False
     groups: dict[str, list[Interval]] = {}
     for iv in intervals:
-        name, is_blocked, s, e = iv
+        name, is_blocked, _, e = iv
         if e > window_end:
             window_end = e
         group = groups.get(name)
@@ -294,17 +290,7 @@ def account_intervals(
             group.append(iv)
         if is_blocked:
             any_blocked = True
-            continue
-        if s < start_ns:
-            s = start_ns
-        if e <= s:
-            continue
-        if s > run_end:
-            busy_ns += run_end - run_start
-            run_start, run_end = s, e
-        elif e > run_end:
-            run_end = e
-    busy_ns += run_end - run_start
+    busy_ns = _union_clipped(intervals, start_ns, False if any_blocked else None)
     # Blocked: the time some component is open minus the busy time.
     blocked_ns = _union_clipped(intervals, start_ns, None) - busy_ns if any_blocked else 0
     wall_ns = window_end - start_ns
