@@ -208,10 +208,8 @@ def resolve_device_ends(step: StepRecord, span_ids: list[int]) -> None:
 
 def _ready(rec: StepRecord) -> bool:
     """Every component has ended, device ends included."""
-    if len(rec.ends) < len(rec.spans):
-        return False
     ex = rec.extras
-    return ex is None or not ex.device
+    return _host_done(rec) and (ex is None or not ex.device)
 
 
 def _host_done(rec: StepRecord) -> bool:

@@ -22,14 +22,14 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from otel_tunix import attributes as attr
+from otel_tunix._once import ReportOnce
 from otel_tunix._tracer import ComponentExtras, ComponentStart, StepRecord, new_span_context
 from otel_tunix.accounting import SpanInfo
 
 _logger = logging.getLogger(__name__)
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
 
 
@@ -51,7 +51,13 @@ def _error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Event,
         },
         timestamp=end_ns,
     )
-    return Status(StatusCode.ERROR, f"{type(exc).__qualname__}: {exc}"), (event,)
+    return Status(StatusCode.ERROR, error_text(exc)), (event,)
+
+
+def error_text(exc: BaseException) -> str:
+    """``"Type: message"``: the error status description of a span, and the ``error`` of
+    its spans JSONL entry."""
+    return f"{type(exc).__qualname__}: {exc}"
 
 
 def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
@@ -146,10 +152,9 @@ class FinishedStep:
         self._json: list[dict[str, object]] | None = None
         self.record = rec
         comps = rec.spans
-        try:  # in place: usually in order already, and one list less to collect
-            comps.sort(key=_start_ns)
-        except ValueError:  # a component in another thread appended meanwhile
-            comps = sorted(list(comps), key=_start_ns)
+        # In place: usually in order already, and one list less to collect. The sort holds
+        # the GIL throughout (a C key function), so a late append cannot interleave.
+        comps.sort(key=_start_ns)
         self.components: list[ComponentStart] = comps
         ends = rec.ends
         ex = rec.extras
@@ -254,7 +259,7 @@ class SpanBuilder:
         self._targets_key: object = None
         self._targets: list[tuple[SpanProcessor, Any]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
-        self._failed: set[int] = set()
+        self._report = ReportOnce(_logger)
 
     def __call__(self, rec: StepRecord) -> None:
         step = FinishedStep(self, rec)
@@ -270,12 +275,10 @@ class SpanBuilder:
                     for span in step.spans():
                         on_end(span)
             except Exception:
-                if id(proc) not in self._failed:
-                    self._failed.add(id(proc))
-                    _logger.exception(
-                        "otel-tunix: span processor %s raised (reported once)",
-                        type(proc).__name__,
-                    )
+                self._report(
+                    id(proc), "otel-tunix: span processor %s raised (reported once)",
+                    type(proc).__name__,
+                )  # fmt: skip
 
     def thread(self, thread: Any) -> tuple[int, str]:
         """(native id, name) of a recorded thread, cached: the lookups cost per span."""
@@ -308,7 +311,7 @@ class SpanBuilder:
             if ex is not None:
                 error = ex.errors.get(sid)
                 if error is not None:
-                    d["error"] = f"{type(error).__qualname__}: {error}"
+                    d["error"] = error_text(error)
                 extra = _extra_attributes(ex, rec, sid, start_pc, own=False)
                 if extra:
                     d["attributes"] = extra
@@ -371,7 +374,7 @@ class SpanBuilder:
                 )
             )  # fmt: skip
         step_end = step.end_ns - off
-        status, events = _error(rec.error, rec.end_ns + off) if rec.error else (_UNSET, ())
+        status, events = _error(rec.error, rec.end_ns + off)
         if rec.events:
             events += _step_events(rec, step_end, off)
         parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None

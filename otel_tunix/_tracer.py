@@ -521,9 +521,10 @@ class component:
             self._resolver = resolver
 
     def span_context(self) -> SpanContext:
-        """The OTel SpanContext of this component once recorded (built on first use)."""
-        ctx = self._ctx
-        if ctx is None:
+        """The OTel SpanContext of this component once recorded (built on first use; only
+        spans that other code starts inside the component ask for it)."""
+        ctx: SpanContext | None = getattr(self, "_ctx", None)
+        if ctx is None or ctx.span_id != self._span_id:  # none yet, or from an earlier use
             ctx = self._ctx = new_span_context(self._step.trace_id, self._span_id)
         return ctx
 
@@ -558,7 +559,6 @@ class component:
             if ident != st.ident:
                 thread = _threads_by_ident.get(ident) or _current_thread()
             self._step = st
-            self._ctx = None
             self._resolver = self._device_end
             self._ctoken = _current_component.set(self)
             self._token = _attach_span(st) if attach_proxy else None

@@ -22,7 +22,7 @@ How time is counted (all intervals are clipped to the step window):
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from otel_tunix.attributes import KIND_BLOCKED
@@ -202,15 +202,11 @@ class StepSummary:
         return out
 
 
-def union_ns(intervals: Sequence[tuple[int, int]], *, presorted: bool = False) -> int:
-    """Total length of the union of half-open ``(start, end)`` intervals (``presorted``:
-    they are already in start order)."""
-    if len(intervals) == 1:  # the usual case for one component in one step
-        start, end = intervals[0]
-        return end - start if end > start else 0
+def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    """Total length of the union of half-open ``(start, end)`` intervals."""
     total = 0
     cur_start = cur_end = None
-    for start, end in intervals if presorted else sorted(intervals):
+    for start, end in sorted(intervals):
         if end <= start:
             continue
         if cur_end is None or start > cur_end:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from otel_tunix._json import dumps_line, floats_finite
+from otel_tunix._once import ReportOnce
 from otel_tunix.config import ConfigurationError
 
 __all__ = [
@@ -153,13 +154,12 @@ class MetricsLogger:
         )
         self.active = log_all or self.rank == 0
         self._lock = threading.Lock()
-        self._failed: set[int] = set()
+        self._report = ReportOnce(_logger)
         self._warned: set[str] = set()
         self._closed = False
         self.last_values: dict[str, float] = {}
         self.last_step: int | None = None
         self.backends: list[LoggingBackend] = []
-        self._dispatch: dict[str | None, tuple[list[Any], list[tuple[Any, Any]]]] = {}
         if not self.active:
             return
         if opts.default_backends:
@@ -215,23 +215,9 @@ class MetricsLogger:
 
     def wants(self, source: str) -> bool:
         """False when no backend takes scalars of this ``source`` (they can be skipped)."""
-        return self.active and bool(self._targets(source))
-
-    def _targets(self, source: str | None) -> list[tuple[Any, Any]]:
-        """``(backend, its log_scalars or None)`` for the backends that take scalars of
-        ``source``; worked out once per source and set of backends (``backends`` is a
-        public list that code may change: it is compared, element by element, per call)."""
-        backends = self.backends
-        cached = self._dispatch.get(source)
-        if cached is not None and cached[0] == backends:
-            return cached[1]
-        targets = [
-            (b, getattr(b, "log_scalars", None))
-            for b in backends
-            if source is None or source not in getattr(b, "skip_sources", ())
-        ]
-        self._dispatch[source] = (list(backends), targets)
-        return targets
+        return self.active and any(
+            source not in getattr(b, "skip_sources", ()) for b in self.backends
+        )
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log several scalars at one step (one record in the JSONL backend)."""
@@ -250,8 +236,12 @@ class MetricsLogger:
             self.last_values.update(values)
             if step is not None:
                 self.last_step = step
-            for backend, many in self._targets(kwargs.get("source")):
+            source = kwargs.get("source")
+            for backend in self.backends:
+                if source is not None and source in getattr(backend, "skip_sources", ()):
+                    continue
                 try:
+                    many = getattr(backend, "log_scalars", None)
                     if many is not None:
                         many(values, step=step, **kwargs)
                         continue
@@ -261,12 +251,11 @@ class MetricsLogger:
                         else:
                             backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
                 except Exception:
-                    if id(backend) not in self._failed:
-                        self._failed.add(id(backend))
-                        _logger.exception(
-                            "otel-tunix: backend %s failed (reported once)",
-                            type(backend).__name__,
-                        )
+                    self._report(
+                        id(backend),
+                        "otel-tunix: backend %s failed (reported once)",
+                        type(backend).__name__,
+                    )
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from otel_tunix import attributes as attr
+from otel_tunix._once import ReportOnce
 from otel_tunix.accounting import (
     ScopeSession,
     SpanInfo,
@@ -90,7 +91,7 @@ class StepAccountingProcessor(SpanProcessor):
         self._max_open = max_open_steps
         self._sessions: dict[str, ScopeSession] = {}
         self._lock = threading.Lock()
-        self._failed: set[int] = set()
+        self._report = ReportOnce(_logger)
         self._closed = False
         self.last_summary: StepSummary | None = None
 
@@ -192,13 +193,12 @@ class StepAccountingProcessor(SpanProcessor):
         try:
             getattr(sink, method)(arg)
         except Exception:
-            if id(sink) not in self._failed:
-                self._failed.add(id(sink))
-                _logger.exception(
-                    "otel-tunix: %s.%s failed (reported once; the run goes on)",
-                    type(sink).__name__,
-                    method,
-                )
+            self._report(
+                id(sink),
+                "otel-tunix: %s.%s failed (reported once; the run goes on)",
+                type(sink).__name__,
+                method,
+            )
 
     def flush_sinks(self) -> None:
         """Call ``flush()`` on every sink that has one (after a batch of steps)."""
@@ -208,9 +208,7 @@ class StepAccountingProcessor(SpanProcessor):
                 try:
                     flush()
                 except Exception:
-                    if id(sink) not in self._failed:
-                        self._failed.add(id(sink))
-                        _logger.exception("otel-tunix: flushing %s failed", type(sink).__name__)
+                    self._report(id(sink), "otel-tunix: flushing %s failed", type(sink).__name__)
 
     def sessions(
         self, step_counts: Mapping[str, tuple[int, int, int]] | None = None

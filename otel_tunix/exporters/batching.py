@@ -102,6 +102,10 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def _span_count(item: ReadableSpan | FinishedStep) -> int:
+    return 1 if isinstance(item, ReadableSpan) else item.span_count
+
+
 class SpanBatch(Sequence[ReadableSpan]):
     """One ``export()`` batch: spans ``start`` to ``start + length`` of the queued items,
     a step's SDK spans built as the exporter iterates over them.
@@ -165,7 +169,7 @@ class SpanBatch(Sequence[ReadableSpan]):
             raise IndexError("span batch index out of range")
         i += self._start
         for item in self._items:
-            n = 1 if isinstance(item, ReadableSpan) else item.span_count
+            n = _span_count(item)
             if i < n:
                 # spans(), not export_spans(): kept, so reading the batch afterwards does
                 # not build this step twice (exporters peek at the first span).
@@ -295,7 +299,7 @@ class BatchExportProcessor(SpanProcessor):
         while q and taken < self._batch:
             item = q.popleft()
             out.append(item)
-            taken += 1 if isinstance(item, ReadableSpan) else item.span_count
+            taken += _span_count(item)
         with self._count_lock:
             self._queued -= taken
         return out, taken
