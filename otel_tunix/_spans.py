@@ -95,13 +95,31 @@ def _readable_span_factory() -> Callable[..., ReadableSpan]:
     return ReadableSpan if params == _POSITIONAL else by_keyword
 
 
-def _dispatch_targets(sink: SpanProcessor) -> list[tuple[SpanProcessor, Any]]:
+def _each_span(on_end: Callable[[ReadableSpan], object]) -> Callable[[FinishedStep], None]:
+    """``on_end`` applied to every span of a step, in order."""
+
+    def deliver(step: FinishedStep) -> None:
+        for span in step.spans():
+            on_end(span)
+
+    return deliver
+
+
+def _dispatch_targets(sink: SpanProcessor) -> list[tuple[SpanProcessor, Any, Any]]:
     """The processors behind ``sink`` (a provider's multi-processor is unpacked), each with
-    its ``on_finished_step(step)`` method when it has one."""
+    its ``on_finished_steps(steps)`` method (or ``None``) and what takes one step: its
+    ``on_finished_step(step)``, else its ``on_end`` applied to each span of the step."""
     procs = getattr(sink, "_span_processors", None)
     if not isinstance(procs, tuple):
         procs = (sink,)
-    return [(p, getattr(p, "on_finished_step", None)) for p in procs]
+    return [
+        (
+            p,
+            getattr(p, "on_finished_steps", None),
+            getattr(p, "on_finished_step", None) or _each_span(p.on_end),
+        )
+        for p in procs
+    ]
 
 
 Interval = tuple[str, bool, int, int]
@@ -109,7 +127,8 @@ Interval = tuple[str, bool, int, int]
 
 class FinishedStep:
     """One processed step, as the span builder hands it to processors that take whole steps
-    (an ``on_finished_step(step)`` method: otel-tunix's accounting and export processors).
+    (an ``on_finished_steps(steps)`` or ``on_finished_step(step)`` method: otel-tunix's
+    accounting and export processors).
 
     The numbers are ready; the SDK spans and the :class:`~otel_tunix.accounting.SpanInfo`
     list are built on first use (:meth:`spans`, :meth:`span_infos`), so a run that exports
@@ -235,15 +254,17 @@ class FinishedStep:
 
 
 class SpanBuilder:
-    """Callable given to the pipeline: step record in, spans out to the span processors.
+    """Callable given to the pipeline: a batch of step records in, spans out to the span
+    processors.
 
-    Processors that have an ``on_finished_step(step)`` method (otel-tunix's accounting and
-    export processors) get one :class:`FinishedStep` per step, whose spans are built only
-    if asked for. The others get SDK spans the usual way, one ``on_end`` call per span,
-    components in start order, then the step span. When ``processor`` is a TracerProvider's
-    multi-processor, its processors are called directly, in its order; processors added to
-    the provider later are picked up. A processor that raises is reported once and does not
-    stop the others.
+    Processors that have an ``on_finished_steps(steps)`` method (otel-tunix's accounting and
+    export processors) get each batch as a list of :class:`FinishedStep`, in order; those
+    with an ``on_finished_step(step)`` method get them one at a time; either way spans are
+    built only if asked for. The others get SDK spans the usual way, one ``on_end`` call per
+    span, components in start order, then the step span. When ``processor`` is a
+    TracerProvider's multi-processor, its processors are called directly, in its order;
+    processors added to the provider later are picked up. A processor that raises is
+    reported once and does not stop the others.
     """
 
     def __init__(
@@ -257,28 +278,37 @@ class SpanBuilder:
         self._scope = scope
         self.offset = epoch_offset_ns()
         self._targets_key: object = None
-        self._targets: list[tuple[SpanProcessor, Any]] = []
+        self._targets: list[tuple[SpanProcessor, Any, Any]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
         self._report = ReportOnce(_logger)
 
-    def __call__(self, rec: StepRecord) -> None:
-        step = FinishedStep(self, rec)
+    def __call__(self, records: list[StepRecord]) -> int:
+        """Hand these steps to the processors; returns how many could not be read."""
+        steps = []
+        for rec in records:
+            try:
+                steps.append(FinishedStep(self, rec))
+            except Exception:
+                self._report("step", "otel-tunix: reading a recorded step failed")
         key = getattr(self._processor, "_span_processors", self._processor)
         if key is not self._targets_key:
             self._targets, self._targets_key = _dispatch_targets(self._processor), key
-        for proc, bulk in self._targets:
-            try:
-                if bulk is not None:
-                    bulk(step)
-                else:
-                    on_end = proc.on_end
-                    for span in step.spans():
-                        on_end(span)
-            except Exception:
-                self._report(
-                    id(proc), "otel-tunix: span processor %s raised (reported once)",
-                    type(proc).__name__,
-                )  # fmt: skip
+        for proc, many, one in self._targets:
+            if many is not None:
+                self._deliver(proc, many, steps)
+                continue
+            for step in steps:
+                self._deliver(proc, one, step)
+        return len(records) - len(steps)
+
+    def _deliver(self, proc: SpanProcessor, method: Callable[[Any], object], arg: Any) -> None:
+        try:
+            method(arg)
+        except Exception:
+            self._report(
+                id(proc), "otel-tunix: span processor %s raised (reported once)",
+                type(proc).__name__,
+            )  # fmt: skip
 
     def thread(self, thread: Any) -> tuple[int, str]:
         """(native id, name) of a recorded thread, cached: the lookups cost per span."""

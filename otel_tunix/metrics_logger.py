@@ -230,26 +230,37 @@ class MetricsLogger:
     def log_floats(self, values: dict[str, float], step: int | None = None, **kwargs: Any) -> None:
         """:meth:`log_dict` for values that are Python floats already (otel-tunix's own
         ``perf/...`` scalars): no conversion or checks per value."""
-        if not self.active or self._closed:
+        self.log_rows(((step, values),), **kwargs)
+
+    def log_rows(
+        self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any
+    ) -> None:
+        """:meth:`log_floats` for several steps at once, ``(step, values)`` in order: one
+        lock and one pass over the backends for the lot (the worker logs a batch of steps'
+        ``perf/...`` scalars this way)."""
+        if not self.active or self._closed or not rows:
             return
         with self._lock:
-            self.last_values.update(values)
-            if step is not None:
-                self.last_step = step
+            last = self.last_values
+            for step, values in rows:
+                last.update(values)
+                if step is not None:
+                    self.last_step = step
             source = kwargs.get("source")
             for backend in self.backends:
                 if source is not None and source in getattr(backend, "skip_sources", ()):
                     continue
                 try:
                     many = getattr(backend, "log_scalars", None)
-                    if many is not None:
-                        many(values, step=step, **kwargs)
-                        continue
-                    for name, v in values.items():
-                        if math.isfinite(v):
-                            backend.log_scalar(name, v, step=step, **kwargs)
-                        else:
-                            backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
+                    for step, values in rows:
+                        if many is not None:
+                            many(values, step=step, **kwargs)
+                            continue
+                        for name, v in values.items():
+                            if math.isfinite(v):
+                                backend.log_scalar(name, v, step=step, **kwargs)
+                            else:
+                                backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
                 except Exception:
                     self._report(
                         id(backend),

@@ -42,7 +42,11 @@ _STEP_KEYS = frozenset((attr.SPAN_TYPE, attr.SCOPE, attr.STEP))
 
 @runtime_checkable
 class StepSink(Protocol):
-    """Receives what the accounting processor derives. Implementations must not raise."""
+    """Receives what the accounting processor derives. Implementations must not raise.
+
+    A sink may also have ``on_steps(summaries)``: it then gets the summaries of a batch of
+    steps in one call (in order) instead of ``on_step`` per step.
+    """
 
     def on_step(self, summary: StepSummary) -> None:
         """One sampled step finished."""
@@ -131,26 +135,35 @@ class StepAccountingProcessor(SpanProcessor):
             _logger.exception("otel-tunix: accounting of span %r failed", span.name)
 
     def on_finished_step(self, step: FinishedStep) -> None:
-        """A whole otel-tunix step at once: the span builder's path, with no per-span
-        buffering and no SDK spans needed."""
+        """A whole otel-tunix step at once (see :meth:`on_finished_steps`)."""
+        self.on_finished_steps((step,))
+
+    def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
+        """Whole otel-tunix steps, in order: the span builder's path, with no per-span
+        buffering and no SDK spans needed; the sinks get the batch's summaries together."""
         if self._closed:
             return
-        try:
-            summary = account_intervals(
-                step.scope,
-                step.number,
-                step.start_ns,
-                step.end_ns,
-                step.intervals,
-                presorted=True,
-                spans=step.span_infos,
-                span_json=step.span_json,
-                trace_id=f"{step.trace_id:032x}",
-                attributes=step.attributes,
-            )
-            self._publish(summary)
-        except Exception:
-            _logger.exception("otel-tunix: accounting of step %s failed", step.number)
+        summaries = []
+        for step in steps:
+            try:
+                summaries.append(
+                    account_intervals(
+                        step.scope,
+                        step.number,
+                        step.start_ns,
+                        step.end_ns,
+                        step.intervals,
+                        presorted=True,
+                        spans=step.span_infos,
+                        span_json=step.span_json,
+                        trace_id=f"{step.trace_id:032x}",
+                        attributes=step.attributes,
+                    )
+                )
+            except Exception:
+                _logger.exception("otel-tunix: accounting of step %s failed", step.number)
+        if summaries:
+            self._publish(summaries)
 
     def _finish_step(self, span: ReadableSpan, components: Sequence[ReadableSpan]) -> None:
         components = sorted(components, key=lambda c: c.start_time or 0)  # arrival order varies
@@ -176,18 +189,25 @@ class StepAccountingProcessor(SpanProcessor):
             trace_id=f"{span.context.trace_id:032x}" if span.context else "",
             attributes=extra,
         )
-        self._publish(summary)
+        self._publish((summary,))
 
-    def _publish(self, summary: StepSummary) -> None:
-        scope = summary.scope
+    def _publish(self, summaries: Sequence[StepSummary]) -> None:
+        """Session totals, then every sink: ``on_steps(summaries)`` where it has one, else
+        ``on_step`` per summary."""
         with self._lock:
-            session = self._sessions.get(scope)
-            if session is None:
-                session = self._sessions[scope] = ScopeSession(scope)
-            session.add(summary)
-        self.last_summary = summary
+            sessions = self._sessions
+            for summary in summaries:
+                session = sessions.get(summary.scope)
+                if session is None:
+                    session = sessions[summary.scope] = ScopeSession(summary.scope)
+                session.add(summary)
+        self.last_summary = summaries[-1]
         for sink in self._sinks:
-            self._call(sink, "on_step", summary)
+            if hasattr(sink, "on_steps"):
+                self._call(sink, "on_steps", summaries)
+            else:
+                for summary in summaries:
+                    self._call(sink, "on_step", summary)
 
     def _call(self, sink: StepSink, method: str, arg: object) -> None:
         try:

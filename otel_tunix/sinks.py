@@ -7,7 +7,7 @@ thread, never on the training thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.metrics import Histogram, Meter
@@ -133,8 +133,13 @@ class MetricsLoggerSink:
         self._logger = logger
 
     def on_step(self, summary: StepSummary) -> None:
+        self.on_steps((summary,))
+
+    def on_steps(self, summaries: Sequence[StepSummary]) -> None:
+        """A batch of steps, logged with one :meth:`MetricsLogger.log_rows` call."""
         if self._logger.wants(PERF_SOURCE):
-            self._logger.log_floats(perf_metrics(summary), step=summary.step, source=PERF_SOURCE)
+            rows = [(s.step, perf_metrics(s)) for s in summaries]
+            self._logger.log_rows(rows, source=PERF_SOURCE)
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:

@@ -211,9 +211,10 @@ def test_queue_full_drops_and_counts_without_blocking():
     release = __import__("threading").Event()
     processed = []
 
-    def slow(rec):
+    def slow(recs):
         release.wait(5)
-        processed.append(rec.number)
+        processed.extend(rec.number for rec in recs)
+        return 0
 
     p = Pipeline(slow, max_queued_steps=2)
     rt = Runtime(1, None, p)

@@ -3,15 +3,15 @@
 Why not the SDK's ``BatchSpanProcessor``: it takes spans one ``on_end`` call at a time
 (~0.8 us each, plus ~0.4 us for a locked counter per span here), and they must exist as SDK
 span objects by then. otel-tunix's worker holds each sampled step whole:
-:meth:`BatchExportProcessor.on_finished_step` queues the step in one call, and its SDK spans
-are built on the export thread, inside ``export()``, as the exporter iterates over the batch
-(:class:`SpanBatch`), so each lives for microseconds instead of a schedule delay or the
-length of a batch (fewer objects for Python's garbage collector to walk and promote, which
-in a loop that records spans fast was a third of the cost). Spans from other code still arrive one
-at a time through :meth:`on_end`. Otherwise it behaves like the SDK's: the same
-``OTEL_BSP_*`` settings, a bounded queue that drops (and counts) when full, a daemon thread
-that exports in batches, exports with instrumentation suppressed, ``force_flush`` and
-``shutdown``, and a fresh thread in a forked child.
+:meth:`BatchExportProcessor.on_finished_steps` queues a batch of steps in one call, and
+their SDK spans are built on the export thread, inside ``export()``, as the exporter
+iterates over the batch (:class:`SpanBatch`), so each lives for microseconds instead of a
+schedule delay or the length of a batch (fewer objects for Python's garbage collector to
+walk and promote, which in a loop that records spans fast was a third of the cost). Spans
+from other code still arrive one at a time through :meth:`on_end`. Otherwise it behaves like
+the SDK's: the same ``OTEL_BSP_*`` settings, a bounded queue that drops (and counts) when
+full, a daemon thread that exports in batches, exports with instrumentation suppressed,
+``force_flush`` and ``shutdown``, and a fresh thread in a forked child.
 
 A collector that is down or slow must never raise into or stall the training loop: the queue
 is bounded, exports happen on the processor's own thread, and what is lost is counted in the
@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from opentelemetry.context import Context, attach, detach, set_value
 from opentelemetry.sdk.environment_variables import (
@@ -245,40 +245,50 @@ class BatchExportProcessor(SpanProcessor):
         :meth:`on_finished_step`)."""
         ctx = span.context
         if ctx is not None and ctx.trace_flags.sampled:
-            self._offer(span, 1)
+            self._offer((span,))
 
     def on_finished_step(self, step: FinishedStep) -> None:
-        """A finished otel-tunix step: queued whole; its spans are built as the exporter
-        reads them."""
-        step.queued_for_export()
-        if not self._offer(step, step.span_count):
+        """A finished otel-tunix step (see :meth:`on_finished_steps`)."""
+        self.on_finished_steps((step,))
+
+    def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
+        """Finished otel-tunix steps, in order: queued whole, with one lock and one count
+        for the lot; their spans are built as the exporter reads them."""
+        for step in steps:
+            step.queued_for_export()
+        dropped = self._offer(steps)
+        for step in dropped:
             step.queued_for_export(False)
 
-    def _offer(self, item: ReadableSpan | FinishedStep, n: int) -> bool:
-        """Queue an item of ``n`` spans; False when it was dropped."""
+    def _offer(self, items: Sequence[ReadableSpan | FinishedStep]) -> list[Any]:
+        """Queue these items, in order, while they fit; returns those dropped."""
         if self._shutdown:
-            self.stats.add(offered=n, dropped=n)
-            return False
-        with self._count_lock:
-            fits = self._queued + n <= self._max_queue
-            if fits:
-                self._queued += n
-                self._queue.append(item)
-            queued = self._queued
-        if fits:
-            self.stats.add(offered=n)
+            dropped = list(items)
         else:
-            self.stats.add(offered=n, dropped=n)
-            if self.stats.dropped_full == n:  # the first loss of the run
-                _logger.warning(
-                    "otel-tunix: the export queue of %s is full (%d spans); dropping spans "
-                    "(counted in summary.json and tunix.telemetry.spans)",
-                    type(self.exporter).__name__,
-                    self._max_queue,
-                )
-        if queued >= self._batch and not self._wake.is_set():
-            self._wake.set()
-        return fits
+            dropped = []
+            with self._count_lock:
+                queued, cap, append = self._queued, self._max_queue, self._queue.append
+                for item in items:
+                    n = _span_count(item)
+                    if queued + n <= cap:
+                        queued += n
+                        append(item)
+                    else:
+                        dropped.append(item)
+                self._queued = queued
+            if queued >= self._batch and not self._wake.is_set():
+                self._wake.set()
+        lost = sum(_span_count(item) for item in dropped) if dropped else 0
+        first = self.stats.dropped_full == 0
+        self.stats.add(offered=sum(_span_count(item) for item in items), dropped=lost)
+        if lost and first and not self._shutdown:  # the first loss of the run
+            _logger.warning(
+                "otel-tunix: the export queue of %s is full (%d spans); dropping spans "
+                "(counted in summary.json and tunix.telemetry.spans)",
+                type(self.exporter).__name__,
+                self._max_queue,
+            )
+        return dropped
 
     # --- exporting ------------------------------------------------------------------------
     def _run(self) -> None:

@@ -1,0 +1,228 @@
+"""The worker hands steps on in batches: processors, sinks and the MetricsLogger each get a
+batch in one call where they can take one, the rest step by step, with failures isolated."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_tunix
+from otel_tunix import MetricsLogger, MetricsLoggerOptions, _spans, _tracer
+from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.testing import capture, steps_set_aside
+
+STEPS = 40
+
+
+def _loop(steps: int = STEPS) -> None:
+    for n in range(steps):
+        with otel_tunix.step(n):
+            with otel_tunix.component("load", blocked=True):
+                pass
+            with otel_tunix.component("compute"):
+                pass
+
+
+class _Many(SpanProcessor):
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def on_finished_steps(self, steps: Any) -> None:
+        assert all(isinstance(s, otel_tunix.FinishedStep) for s in steps)
+        self.calls.append([s.number for s in steps])
+
+
+class _One(SpanProcessor):
+    def __init__(self) -> None:
+        self.numbers: list[int] = []
+
+    def on_finished_step(self, step: Any) -> None:
+        self.numbers.append(step.number)
+
+
+def test_processors_get_batches_in_order_and_the_others_step_by_step() -> None:
+    many, one, spans = _Many(), _One(), InMemorySpanExporter()
+    with capture() as cap:  # the default interval: 250 ms between batches
+        for p in (many, one, SimpleSpanProcessor(spans)):
+            cap.tracer_provider.add_span_processor(p)
+        _loop()
+        cap.flush()
+    assert [n for call in many.calls for n in call] == list(range(STEPS))
+    assert len(many.calls) < STEPS  # batched: the loop outruns the worker's wake-ups
+    assert max(len(call) for call in many.calls) > 1
+    assert one.numbers == list(range(STEPS))
+    names = [s.name for s in spans.get_finished_spans()]
+    assert names == ["load", "compute", "train_step"] * STEPS
+    assert [s.step for s in cap.summaries] == list(range(STEPS))
+
+
+def test_a_step_that_cannot_be_read_is_counted_and_the_rest_of_its_batch_goes_on(
+    monkeypatch: Any, caplog: Any
+) -> None:
+    real = _spans.FinishedStep.__init__
+
+    def broken_at_3(self: Any, builder: Any, rec: Any) -> None:
+        if rec.number == 3:
+            raise RuntimeError("unreadable step")
+        real(self, builder, rec)
+
+    monkeypatch.setattr(_spans.FinishedStep, "__init__", broken_at_3)
+    many = _Many()
+    with caplog.at_level(logging.ERROR, logger="otel_tunix"), capture() as cap:
+        cap.tracer_provider.add_span_processor(many)
+        pipeline = _tracer.get_runtime().pipeline  # type: ignore[union-attr]
+        _loop(8)
+        cap.flush()
+        assert (pipeline.failed_steps, pipeline.processed_steps) == (1, 7)
+    assert [n for call in many.calls for n in call] == [0, 1, 2, 4, 5, 6, 7]
+    assert [s.step for s in cap.summaries] == [0, 1, 2, 4, 5, 6, 7]
+    assert sum("reading a recorded step failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_processor_that_raises_on_a_batch_is_reported_once_and_the_others_go_on(
+    caplog: Any,
+) -> None:
+    class Raising(SpanProcessor):
+        def on_finished_steps(self, steps: Any) -> None:
+            raise ValueError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="otel_tunix"), capture() as cap:
+        cap.tracer_provider.add_span_processor(Raising())
+        for _ in range(3):
+            _loop(5)
+            cap.flush()
+    assert len(cap.summaries) == 15
+    assert sum("Raising raised" in r.getMessage() for r in caplog.records) == 1
+
+
+class _BatchSink:
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def on_steps(self, summaries: Any) -> None:
+        self.calls.append([s.step for s in summaries])
+
+    def on_step(self, summary: Any) -> None:  # pragma: no cover - on_steps is preferred
+        raise AssertionError("on_step called on a sink that takes batches")
+
+    def on_session(self, sessions: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class _FlakySink:
+    """Takes one step at a time; fails on step 2."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_step(self, summary: Any) -> None:
+        if summary.step == 2:
+            raise RuntimeError("flaky")
+        self.steps.append(summary.step)
+
+    def on_session(self, sessions: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def test_sinks_get_the_summaries_of_a_batch_together_or_one_by_one(caplog: Any) -> None:
+    with capture():
+        with steps_set_aside() as kept:
+            _loop(6)
+        steps = kept.finished()
+    batch, flaky = _BatchSink(), _FlakySink()
+    proc = StepAccountingProcessor([batch, flaky])
+    with caplog.at_level(logging.ERROR, logger="otel_tunix"):
+        proc.on_finished_steps(steps[:4])
+        proc.on_finished_steps(steps[4:])
+    assert batch.calls == [[0, 1, 2, 3], [4, 5]]
+    assert flaky.steps == [0, 1, 3, 4, 5]  # one failing summary does not lose the others
+    assert sum("_FlakySink.on_step failed" in r.getMessage() for r in caplog.records) == 1
+    (session,) = proc.sessions()
+    assert session.sampled_steps == 6
+    assert proc.last_summary is not None and proc.last_summary.step == 5
+
+
+def test_metrics_logger_log_rows_reaches_every_kind_of_backend() -> None:
+    class Rows:
+        skip_sources: tuple[str, ...] = ()
+
+        def __init__(self) -> None:
+            self.got: list[tuple[int | None, dict[str, float]]] = []
+
+        def log_scalars(self, values: dict[str, float], **kw: Any) -> None:
+            self.got.append((kw["step"], dict(values)))
+
+        def log_scalar(self, event: str, value: float, **kw: Any) -> None:  # pragma: no cover
+            raise AssertionError("log_scalars is preferred")
+
+        def close(self) -> None:
+            return None
+
+    class Scalars:
+        def __init__(self) -> None:
+            self.got: list[tuple[str, float, int | None, bool]] = []
+
+        def log_scalar(self, event: str, value: float, **kw: Any) -> None:
+            self.got.append((event, value, kw["step"], kw.get("nonfinite", False)))
+
+        def close(self) -> None:
+            return None
+
+    class SkipsPerf(Scalars):
+        skip_sources = ("perf",)
+
+    rows, scalars, skips = Rows(), Scalars(), SkipsPerf()
+    ml = MetricsLogger(
+        MetricsLoggerOptions(
+            default_backends=False,
+            backend_factories=[lambda: rows, lambda: scalars, lambda: skips],
+        ),
+        rank=0,
+    )
+    batch = [(4, {"a": 1.0, "b": 2.0}), (8, {"a": float("inf")}), (None, {"c": 3.0})]
+    ml.log_rows(batch, source="perf")
+    assert rows.got == batch
+    assert scalars.got == [
+        ("a", 1.0, 4, False), ("b", 2.0, 4, False), ("a", float("inf"), 8, True),
+        ("c", 3.0, None, False),
+    ]  # fmt: skip
+    assert skips.got == []
+    assert ml.last_values == {"a": float("inf"), "b": 2.0, "c": 3.0}
+    assert ml.last_step == 8  # the last row with a step
+    ml.log_rows([(9, {"d": 1.0})])  # no source: every backend
+    assert skips.got == [("d", 1.0, 9, False)]
+    ml.close()
+    ml.log_rows([(10, {"e": 1.0})])  # closed: ignored, no error
+    assert rows.got[-1][0] == 9
+
+
+def test_the_pipeline_hands_each_call_at_most_a_bounded_batch() -> None:
+    from otel_tunix import _pipeline
+
+    sizes: list[int] = []
+
+    def record(batch: list[Any]) -> int:
+        sizes.append(len(batch))
+        return 0
+
+    p = _pipeline.Pipeline(record, interval_sec=5.0)
+    rt = _tracer.Runtime(1, None, p)
+    for n in range(_pipeline._MAX_BATCH + 10):
+        rec = _tracer.StepRecord(rt, "train", n, time.perf_counter_ns())
+        rec.end_ns = time.perf_counter_ns()
+        p._queue.append(rec)  # queued without waking the worker
+    p.close()
+    assert sum(sizes) == _pipeline._MAX_BATCH + 10
+    assert max(sizes) == _pipeline._MAX_BATCH
+    assert p.processed_steps == _pipeline._MAX_BATCH + 10
