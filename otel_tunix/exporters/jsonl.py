@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from otel_tunix._json import all_finite, dumps_line
@@ -40,21 +40,29 @@ class StepJsonlWriter:
             self._write({"type": "run", **header})
 
     def on_step(self, summary: StepSummary) -> None:
+        self.on_steps((summary,))
+
+    def on_steps(self, summaries: Sequence[StepSummary]) -> None:
+        """A batch of steps: their lines written with one call."""
         # Our numbers are finite; an attribute a user set on the step might not be.
-        self._write(summary.to_json(), finite=all_finite(summary.attributes.values()))
+        self._write_lines(
+            dumps_line(s.to_json(), finite=all_finite(s.attributes.values())) for s in summaries
+        )
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:
             self._write(s.to_json())
 
-    def _write(self, obj: dict[str, object], finite: bool | None = None) -> None:
-        if finite is None:  # the run and session lines: sums and attributes, checked here
-            finite = all_finite(obj.values())
-        line = dumps_line(obj, finite=finite) + "\n"
+    def _write(self, obj: dict[str, object]) -> None:
+        """The run and session lines: sums and attributes, checked for finiteness here."""
+        self._write_lines((dumps_line(obj, finite=all_finite(obj.values())),))
+
+    def _write_lines(self, lines: Iterable[str]) -> None:
+        text = "".join(line + "\n" for line in lines)
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(line)
+            self._file.write(text)
 
     def flush(self) -> None:
         """Flush written lines to the OS (called after each batch of steps)."""
