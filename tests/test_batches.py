@@ -226,3 +226,32 @@ def test_the_pipeline_hands_each_call_at_most_a_bounded_batch() -> None:
     assert sum(sizes) == _pipeline._MAX_BATCH + 10
     assert max(sizes) == _pipeline._MAX_BATCH
     assert p.processed_steps == _pipeline._MAX_BATCH + 10
+
+
+def test_spans_jsonl_writes_a_batch_and_skips_only_a_step_it_cannot_encode(
+    tmp_path: Any, caplog: Any
+) -> None:
+    import json
+
+    from otel_tunix.accounting import account_intervals
+    from otel_tunix.exporters.jsonl import StepJsonlWriter
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    def summary(step: int, **attributes: Any) -> Any:
+        ivs = [("compute", False, 0, 1_000_000)]
+        return account_intervals("train", step, 0, 2_000_000, ivs, attributes=attributes)
+
+    writer = StepJsonlWriter(tmp_path / "spans.jsonl")
+    batch = [summary(0), summary(1, bad=Unprintable()), summary(2, lr=1e-3)]
+    with caplog.at_level(logging.ERROR, logger="otel_tunix"):
+        writer.on_steps(batch)
+        writer.on_steps([summary(3, bad=Unprintable())])
+    writer.close()
+    lines = [json.loads(x) for x in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 2]
+    assert lines[1]["attributes"] == {"lr": 1e-3}
+    assert lines[0]["busy_time_sec"] == 0.001 and lines[0]["idle_time_sec"] == 0.001
+    assert sum("could not be written" in r.getMessage() for r in caplog.records) == 1

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from otel_tunix._json import all_finite, dumps_line
+from otel_tunix._once import ReportOnce
 from otel_tunix.accounting import ScopeSession, StepSummary
 from otel_tunix.metrics_logger import open_text
 
@@ -36,6 +37,7 @@ class StepJsonlWriter:
         self.path = Path(path)
         self._file = open_text(self.path, "a")
         self._lock = threading.Lock()
+        self._report = ReportOnce(_logger)
         if header is not None:
             self._write({"type": "run", **header})
 
@@ -43,11 +45,16 @@ class StepJsonlWriter:
         self.on_steps((summary,))
 
     def on_steps(self, summaries: Sequence[StepSummary]) -> None:
-        """A batch of steps: their lines written with one call."""
-        # Our numbers are finite; an attribute a user set on the step might not be.
-        self._write_lines(
-            dumps_line(s.to_json(), finite=all_finite(s.attributes.values())) for s in summaries
-        )
+        """A batch of steps: their lines written with one call (a step that cannot be
+        encoded is reported once and skipped; the others are written)."""
+        lines = []
+        for s in summaries:
+            try:
+                # Our numbers are finite; an attribute a user set on the step might not be.
+                lines.append(dumps_line(s.to_json(), finite=all_finite(s.attributes.values())))
+            except Exception:
+                self._report("encode", "otel-tunix: a step could not be written to %s", self.path)
+        self._write_lines(lines)
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:
