@@ -250,9 +250,9 @@ class MetricsLogger:
             for backend in self.backends:
                 if source is not None and source in getattr(backend, "skip_sources", ()):
                     continue
-                try:
-                    many = getattr(backend, "log_scalars", None)
-                    for step, values in rows:
+                many = getattr(backend, "log_scalars", None)
+                for step, values in rows:  # a row that fails does not lose the others
+                    try:
                         if many is not None:
                             many(values, step=step, **kwargs)
                             continue
@@ -261,12 +261,12 @@ class MetricsLogger:
                                 backend.log_scalar(name, v, step=step, **kwargs)
                             else:
                                 backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
-                except Exception:
-                    self._report(
-                        id(backend),
-                        "otel-tunix: backend %s failed (reported once)",
-                        type(backend).__name__,
-                    )
+                    except Exception:
+                        self._report(
+                            id(backend),
+                            "otel-tunix: backend %s failed (reported once)",
+                            type(backend).__name__,
+                        )
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:

@@ -255,3 +255,31 @@ def test_spans_jsonl_writes_a_batch_and_skips_only_a_step_it_cannot_encode(
     assert lines[1]["attributes"] == {"lr": 1e-3}
     assert lines[0]["busy_time_sec"] == 0.001 and lines[0]["idle_time_sec"] == 0.001
     assert sum("could not be written" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_backend_failing_on_one_row_still_gets_the_others(caplog: Any) -> None:
+    class FailsAtStep2:
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def log_scalars(self, values: dict[str, float], **kw: Any) -> None:
+            if kw["step"] == 2:
+                raise RuntimeError("backend down for a moment")
+            self.steps.append(kw["step"])
+
+        def log_scalar(self, event: str, value: float, **kw: Any) -> None:  # pragma: no cover
+            raise AssertionError("log_scalars is preferred")
+
+        def close(self) -> None:
+            return None
+
+    backend = FailsAtStep2()
+    ml = MetricsLogger(
+        MetricsLoggerOptions(default_backends=False, backend_factories=[lambda: backend]),
+        rank=0,
+    )
+    with caplog.at_level(logging.ERROR, logger="otel_tunix"):
+        ml.log_rows([(s, {"loss": 1.0}) for s in range(5)])
+        ml.log_rows([(2, {"loss": 1.0}), (5, {"loss": 1.0})])
+    assert backend.steps == [0, 1, 3, 4, 5]
+    assert sum("FailsAtStep2 failed" in r.getMessage() for r in caplog.records) == 1
