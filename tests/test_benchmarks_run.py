@@ -38,6 +38,11 @@ def test_bench_overhead_prints_every_row_and_ratio():
         assert re.search(re.escape(row) + r"\s+\d+\.\d{3}", text), row
     assert re.search(r"sampled\+processing / SDK ALWAYS_ON = \d+\.\d{3}", text)
     assert re.search(r"unsampled / SDK ALWAYS_OFF\s+= \d+\.\d{3}", text)
+    if "google-tunix not installed" not in text:  # both Tunix rows and both ratios
+        for row in ("Tunix PerfTracer.span", "Tunix, as its RL learner uses it"):
+            assert re.search(re.escape(row) + r".*?\s+\d+\.\d{3}", text), row
+        assert re.search(r"sampled\+processing / Tunix\s+= \d+\.\d{3}", text)
+        assert re.search(r"/ Tunix with its per-step export = \d+\.\d{3}", text)
 
 
 @pytest.mark.filterwarnings("ignore")
