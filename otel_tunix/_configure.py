@@ -227,7 +227,11 @@ def configure(
         _otel_setup.install_global_providers(
             tp if owns_tp else None, mp if owns_mp else None, tuple(_installed)
         )
-        _installed[:] = [p for p in (tp if owns_tp else None, mp if owns_mp else None) if p]
+        # Still replaceable later: what this run installed, and an earlier run's provider
+        # that is still the global one (this run joined a provider it was given).
+        _installed[:] = _otel_setup.still_global(
+            (*_installed, tp if owns_tp else None, mp if owns_mp else None)
+        )
         span_resource = resource if owns_tp else tp.resource.merge(Resource(ours))
 
         # --- sinks -----------------------------------------------------------------------
@@ -657,6 +661,10 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                     proc.shutdown()
                 except Exception:
                     _logger.exception("otel-tunix: shutting down %s failed", proc.exporter)
+            if st.tracer_provider is not None:
+                _otel_setup.detach_span_processors(
+                    st.tracer_provider, (st.processor, *st.export_processors)
+                )
         for provider, owned in (
             (st.tracer_provider, st.owns_tracer_provider),
             (st.meter_provider, st.owns_meter_provider),

@@ -177,6 +177,35 @@ def install_global_providers(
             metrics.set_meter_provider(mp)
 
 
+def still_global(providers: tuple[object, ...]) -> list[object]:
+    """Those of ``providers`` that are the API's global tracer or meter provider now."""
+    current = (trace.get_tracer_provider(), metrics.get_meter_provider())
+    out: list[object] = []
+    for p in providers:
+        if p is not None and any(p is c for c in current) and all(p is not o for o in out):
+            out.append(p)
+    return out
+
+
+def detach_span_processors(tp: Any, processors: tuple[Any, ...]) -> None:
+    """Take processors otel-tunix added off a provider it does not own (the application's),
+    so that a later ``configure()`` joining the same provider does not find the closed ones
+    of earlier runs still dispatched to on every span. The SDK has no public way to remove a
+    processor: its multi-processor's tuple is replaced under its lock, as
+    ``add_span_processor`` itself does; a provider without that shape keeps them (closed,
+    they do nothing)."""
+    multi = getattr(tp, "_active_span_processor", None)
+    lock = getattr(multi, "_lock", None)
+    if lock is None or not isinstance(getattr(multi, "_span_processors", None), tuple):
+        return
+    with lock:
+        multi._span_processors = tuple(  # type: ignore[union-attr]
+            p
+            for p in multi._span_processors  # type: ignore[union-attr]
+            if all(p is not ours for ours in processors)
+        )
+
+
 def build_logger_provider(resource: Resource) -> Any:
     """A new SDK LoggerProvider with a batch processor per exporter named in
     ``OTEL_LOGS_EXPORTER`` (``otlp`` when only an OTLP endpoint is set), or ``None`` when

@@ -249,6 +249,41 @@ def test_installs_global_provider_so_foreign_spans_share_the_pipeline(monkeypatc
     assert isinstance(second, TracerProvider) and second is not installed
 
 
+def _processors(tp: TracerProvider) -> list[str]:
+    return [type(p).__name__ for p in tp._active_span_processor._span_processors]
+
+
+def test_runs_one_after_another_never_pile_processors_onto_an_earlier_provider(monkeypatch):
+    """configure/shutdown cycles (notebooks, benchmarks, tests): a run that joins a provider
+    it was given must not make the provider an earlier run installed joinable, and runs in
+    an application's provider leave only the application's own processors behind."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    app_exporter = InMemorySpanExporter()
+    app = TracerProvider()
+    app.add_span_processor(SimpleSpanProcessor(app_exporter))
+    seen = []
+    for _ in range(3):
+        otel_tunix.configure(output_dir="none", span_exporters=[InMemorySpanExporter()])
+        own = trace.get_tracer_provider()
+        assert isinstance(own, TracerProvider) and all(own is not p for p in seen)
+        seen.append(own)
+        assert _processors(own) == ["StepAccountingProcessor", "BatchExportProcessor"]
+        otel_tunix.shutdown()
+        otel_tunix.configure(output_dir="none", tracer_provider=app)
+        assert _processors(app) == ["SimpleSpanProcessor", "StepAccountingProcessor"]
+        with otel_tunix.step(0), otel_tunix.component("x"):
+            pass
+        otel_tunix.shutdown()
+        assert _processors(app) == ["SimpleSpanProcessor"]
+        otel_tunix.configure(output_dir="none")
+        fresh = trace.get_tracer_provider()
+        assert all(fresh is not p for p in seen)  # not the first run's, shut down
+        assert _processors(fresh) == ["StepAccountingProcessor"]
+        seen.append(fresh)
+        otel_tunix.shutdown()
+    assert [s.name for s in app_exporter.get_finished_spans()] == ["x", "train_step"] * 3
+
+
 def test_otlp_endpoint_env_selects_the_otlp_exporter(monkeypatch):
     from otel_tunix import _otel_setup
 
