@@ -86,6 +86,8 @@ class Severity(IntEnum):
     CRITICAL = 2
 
 
+_OK = Severity.OK  # read per evaluated value: a module global is the cheapest lookup
+
 # --- thresholds ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Threshold:
@@ -342,7 +344,9 @@ class SpikeRule(Rule):
         if len(history) < self.min_history:
             return None
         med = _median(history)
-        floor = max(med * (1 + self.min_relative), med + self.min_absolute)
+        floor = med * (1 + self.min_relative)
+        if med + self.min_absolute > floor:
+            floor = med + self.min_absolute
         if value is not None and value <= floor:
             return floor
         mad = _median(abs(x - med) for x in history)
@@ -350,9 +354,8 @@ class SpikeRule(Rule):
 
     def level(self, value: float, history: Sequence[float]) -> Severity:
         limit = self._limit(history, value)
-        if limit is None or math.isnan(value):
-            return Severity.OK
-        return self.severity if value > limit else Severity.OK
+        # NaN compares false: never above the limit
+        return self.severity if limit is not None and value > limit else _OK
 
     def clears(self, value: float, history: Sequence[float], level: Severity) -> bool:
         limit = self._limit(history, value)
@@ -367,7 +370,7 @@ class SpikeRule(Rule):
 def _median(values: Iterable[float]) -> float:
     """The median (``statistics.median`` without its overhead: rules take one per value);
     a :class:`_Window` brings its values sorted already."""
-    s = values.sorted if isinstance(values, _Window) else sorted(values)
+    s = values.sorted if type(values) is _Window else sorted(values)
     n = len(s)
     if not n:
         raise ValueError("median of no values")
@@ -551,7 +554,7 @@ class AlertEngine:
         self._series: dict[tuple[str, str], _Series] = {}
         self._routes: dict[str, list[tuple[Rule, _Series]]] = {}
         """Per metric name: the rules that watch it, each with its series."""
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # never taken twice: actions run outside it
         self._logger_provider = logger_provider
         self._otel_logger: Any = None
         self._meter_provider = meter_provider
@@ -596,7 +599,7 @@ class AlertEngine:
                 routes = self._routes_for(metric)
             if not routes:
                 return []
-            v = float(value)
+            v = value if type(value) is float else float(value)
             out: list[Alert] = []
             with self._lock:
                 for rule, series in routes:
@@ -617,12 +620,12 @@ class AlertEngine:
         hist = s.history  # the values before this one (v is appended on the way out)
         try:
             raw = rule.level(v, hist)
-            if raw is Severity.OK and s.level is Severity.OK:  # the quiet case: no change
+            if raw is _OK and s.level is _OK:  # the quiet case: no change
                 s.streak_warning = s.streak_critical = 0
                 return None
             return self._transition(rule, s, metric, v, step, hist, raw)
         finally:
-            if rule.window and math.isfinite(v):
+            if rule.window and v - v == 0.0:  # finite
                 hist.append(v)
 
     def _transition(
