@@ -284,6 +284,39 @@ def test_runs_one_after_another_never_pile_processors_onto_an_earlier_provider(m
     assert [s.name for s in app_exporter.get_finished_spans()] == ["x", "train_step"] * 3
 
 
+def test_runs_on_the_same_meter_provider_report_their_own_step_counts():
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+
+    def steps_metric() -> list[tuple[int, dict[str, object]]]:
+        data = reader.get_metrics_data()
+        return [
+            (p.value, dict(p.attributes))
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "tunix.steps"
+            for p in m.data.data_points
+        ]
+
+    for run, steps in enumerate((2, 3, 5)):
+        otel_tunix.configure(output_dir="none", meter_provider=mp)
+        for n in range(steps):
+            with otel_tunix.step(n, scope="eval" if run == 2 else "train"):
+                pass
+        otel_tunix.force_flush()
+        scope = "eval" if run == 2 else "train"
+        assert steps_metric() == [(steps, {"scope": scope})], run
+        otel_tunix.shutdown()
+    disabled = PerformanceMetricsConfig(enabled=False)
+    otel_tunix.configure(output_dir="none", meter_provider=mp, perf=disabled)
+    assert steps_metric() == []  # a disabled run has nothing to report
+    otel_tunix.shutdown()
+
+
 def test_otlp_endpoint_env_selects_the_otlp_exporter(monkeypatch):
     from otel_tunix import _otel_setup
 
