@@ -8,7 +8,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,7 +339,7 @@ def configure(
                 interval_sec=cfg.process_interval_ms / 1e3,  # type: ignore[operator]
             )
             state.runtime = runtime
-        _observe_run(mp, cfg.otel_scope or "tunix", state if cfg.enabled else None)
+        _register_observables(mp.get_meter(cfg.otel_scope, __version__), state)
         _tracer.set_runtime(state.runtime)
         _state = state
         _register_atexit()
@@ -540,71 +539,54 @@ def _make_logger(
     return MetricsLogger(opts, run_id=run_id, rank=rank.rank, meter_provider=meter_provider)
 
 
-_observed: weakref.WeakKeyDictionary[Any, dict[str, list[_State | None]]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Per meter provider and meter name: the run its observable instruments report on."""
+def _register_observables(meter: Any, state: _State | None) -> None:
+    """The run's observable instruments (step counts and rates, dropped steps, span counts),
+    reading ``state``; ``None`` (a disabled run) leaves them nothing to report. A later run
+    on the same meter takes them over (:func:`~otel_tunix.metrics.instruments.observable`).
+    """
+    from otel_tunix.metrics.catalog import Instrument
+    from otel_tunix.metrics.instruments import observable
 
-
-def _observe_run(mp: Any, scope: str, state: _State | None) -> None:
-    """Point the observable instruments (step counts, rates, dropped steps, span counts) of
-    this meter at ``state`` (``None``: a disabled run, nothing to report), registering them
-    on first use. Registered once per meter: the SDK hands back the first instrument of a
-    name and keeps calling that one's callbacks, so callbacks bound to one run would report
-    the first run's numbers for every later run on the same provider."""
-    try:
-        meters = _observed.setdefault(mp, {})
-    except TypeError:  # a provider that cannot be weakly referenced: one registration each
-        meters = {}
-    holder = meters.get(scope)
-    if holder is not None:
-        holder[0] = state
+    counter, gauge = Instrument.COUNTER, Instrument.GAUGE
+    instruments = (
+        (counter, "tunix.steps", "{step}", "Steps run (sampled or not)"),
+        (counter, "tunix.telemetry.spans", "{span}",
+         "Spans given to otel-tunix's batch exporters, by result"),
+        (gauge, "tunix.session.steps_per_second", "{step}/s",
+         "Steps per second from the first to the latest step of a scope"),
+        (counter, "tunix.telemetry.dropped_steps", "{step}",
+         "Sampled steps otel-tunix could not record"),
+    )  # fmt: skip
+    if state is None or state.runtime is None:
+        for kind, name, unit, desc in instruments:
+            observable(meter, kind, name, None, unit=unit, description=desc)
         return
-    if state is None:
-        return
-    meters[scope] = [state]
-    _register_observables(mp.get_meter(scope, __version__), meters[scope])
-
-
-def _register_observables(meter: Any, holder: list[_State | None]) -> None:
-    def current() -> tuple[_State, _tracer.Runtime] | None:
-        state = holder[0]
-        if state is None or state.runtime is None:
-            return None
-        return state, state.runtime
+    runtime = state.runtime
 
     def steps(_: CallbackOptions) -> list[Observation]:
-        run = current()
-        if run is None:
-            return []
         return [
             Observation(s.count, {attr.METRIC_SCOPE: scope})
-            for scope, s in list(run[1].scopes.items())
+            for scope, s in list(runtime.scopes.items())
         ]
 
     def rate(_: CallbackOptions) -> list[Observation]:
-        run = current()
-        out: list[Observation] = []
-        for scope, s in list(run[1].scopes.items()) if run is not None else ():
+        out = []
+        for scope, s in list(runtime.scopes.items()):
             wall = (s.last_end_ns - s.first_start_ns) * 1e-9
             if wall > 0:
                 out.append(Observation(s.count / wall, {attr.METRIC_SCOPE: scope}))
         return out
 
     def dropped(_: CallbackOptions) -> list[Observation]:
-        run = current()
-        if run is None:
-            return []
-        p = run[1].pipeline
+        p = runtime.pipeline
         return [
             Observation(p.dropped_steps, {"reason": "queue_full"}),
             Observation(p.failed_steps, {"reason": "processing_error"}),
         ]
 
     def spans(_: CallbackOptions) -> list[Observation]:
-        run = current()
-        out: list[Observation] = []
-        for name, stats in list(run[0].export_stats.items()) if run is not None else ():
+        out = []
+        for name, stats in list(state.export_stats.items()):
             out += [
                 Observation(stats.exported, {"exporter": name, "result": "exported"}),
                 Observation(stats.failed, {"exporter": name, "result": "failed"}),
@@ -612,27 +594,9 @@ def _register_observables(meter: Any, holder: list[_State | None]) -> None:
             ]
         return out
 
-    meter.create_observable_counter(
-        "tunix.steps", [steps], unit="{step}", description="Steps run (sampled or not)"
-    )
-    meter.create_observable_counter(
-        "tunix.telemetry.spans",
-        [spans],
-        unit="{span}",
-        description="Spans given to otel-tunix's batch exporters, by result",
-    )
-    meter.create_observable_gauge(
-        "tunix.session.steps_per_second",
-        [rate],
-        unit="{step}/s",
-        description="Steps per second from the first to the latest step of a scope",
-    )
-    meter.create_observable_counter(
-        "tunix.telemetry.dropped_steps",
-        [dropped],
-        unit="{step}",
-        description="Sampled steps otel-tunix could not record",
-    )
+    callbacks = (steps, spans, rate, dropped)
+    for (kind, name, unit, desc), callback in zip(instruments, callbacks, strict=True):
+        observable(meter, kind, name, callback, unit=unit, description=desc)
 
 
 def _register_atexit() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,13 @@ from otel_tunix.metrics.catalog import (
 )
 from otel_tunix.metrics_logger import PERF_SOURCE, otel_metric_name
 
-__all__ = ["METER_SCOPE", "CatalogInstruments", "CatalogOTelBackend", "create_observable"]
+__all__ = [
+    "METER_SCOPE",
+    "CatalogInstruments",
+    "CatalogOTelBackend",
+    "create_observable",
+    "observable",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -71,30 +78,77 @@ def _create(meter: Meter, spec: MetricSpec) -> Any:
     )
 
 
-def create_observable(
-    meter: Meter, spec: MetricSpec, callback: Callable[[CallbackOptions], Sequence[Observation]]
-) -> Any:
-    """An observable instrument for a catalog row (gauge, counter or up-down counter).
+ObservableCallback = Callable[[CallbackOptions], Sequence[Observation]]
 
-    Observations get the row's constant attributes added.
+_observed: weakref.WeakKeyDictionary[Any, dict[str, list[ObservableCallback | None]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per meter and instrument name: the callback its observable instrument reads now."""
+_observed_lock = threading.Lock()
+
+
+def observable(
+    meter: Meter,
+    kind: Instrument,
+    name: str,
+    callback: ObservableCallback | None,
+    *,
+    unit: str = "",
+    description: str = "",
+) -> None:
+    """An observable instrument (gauge, counter or up-down counter) reading ``callback``.
+
+    Made once per meter and name; a later call for the same meter and name (a later run, a
+    new sampler on the same provider) makes the instrument read its ``callback`` instead,
+    and ``None`` leaves it nothing to report. The SDK hands back the first instrument of a
+    name and keeps calling the callbacks it was made with, so without this the first run or
+    sampler would answer, stale, for every later one.
     """
+    with _observed_lock:
+        try:
+            names = _observed.setdefault(meter, {})
+        except TypeError:  # a meter that cannot be weakly referenced: no replacing
+            names = {}
+        slot = names.get(name)
+        if slot is not None:
+            slot[0] = callback
+            return
+        if callback is None:  # nothing made yet, nothing to report
+            return
+        slot = names[name] = [callback]
+
+    def observe(options: CallbackOptions) -> Sequence[Observation]:
+        current = slot[0]
+        return current(options) if current is not None else ()
+
+    if kind is Instrument.GAUGE:
+        meter.create_observable_gauge(name, [observe], unit=unit, description=description)
+    elif kind is Instrument.COUNTER:
+        meter.create_observable_counter(name, [observe], unit=unit, description=description)
+    elif kind is Instrument.UP_DOWN_COUNTER:
+        meter.create_observable_up_down_counter(
+            name, [observe], unit=unit, description=description
+        )
+    else:
+        raise ValueError(f"{name} is a histogram; histograms cannot be observable")
+
+
+def create_observable(meter: Meter, spec: MetricSpec, callback: ObservableCallback) -> None:
+    """The observable instrument of a catalog row (see :func:`observable`); observations
+    get the row's constant attributes added."""
     const = dict(spec.attributes)
 
-    def observe(options: CallbackOptions) -> list[Observation]:
+    def with_const(options: CallbackOptions) -> list[Observation]:
         out = []
         for obs in callback(options):
             attrs = {**const, **(obs.attributes or {})} if const else obs.attributes
             out.append(Observation(obs.value, attrs))
         return out
 
-    name, unit, desc = spec.otel_name, spec.unit, spec.description
-    if spec.instrument is Instrument.GAUGE:
-        return meter.create_observable_gauge(name, [observe], unit=unit, description=desc)
-    if spec.instrument is Instrument.COUNTER:
-        return meter.create_observable_counter(name, [observe], unit=unit, description=desc)
-    if spec.instrument is Instrument.UP_DOWN_COUNTER:
-        return meter.create_observable_up_down_counter(name, [observe], unit=unit, description=desc)
-    raise ValueError(f"{spec.otel_name} is a histogram; histograms cannot be observable")
+    observable(
+        meter, spec.instrument, spec.otel_name, with_const,
+        unit=spec.unit, description=spec.description,
+    )  # fmt: skip
 
 
 class CatalogInstruments:

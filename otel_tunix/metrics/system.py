@@ -367,7 +367,6 @@ class SystemMetricsSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
-        self._observables: list[Any] = []
         if instruments:
             self._register(CatalogInstruments(meter_provider))
 
@@ -479,7 +478,7 @@ class SystemMetricsSampler:
                     _logger.debug("otel-tunix: observing %s failed", name, exc_info=True)
                     return []
 
-            self._observables.append(create_observable(meter, by_otel_name(name), callback))
+            create_observable(meter, by_otel_name(name), callback)
 
         driver = self._nvml.driver_version if self._nvml is not None else None
 

@@ -94,6 +94,24 @@ def test_process_and_host_readings(reader):
     assert p["system.memory.limit"][1][0].value == second.host.memory_total_bytes
 
 
+def test_a_later_sampler_on_the_same_provider_reports_its_own_readings(reader):
+    """The SDK hands back the first observable instrument of a name with the callbacks it
+    was made with: without taking the instruments over, the first (stopped) sampler's
+    readings would be reported for good."""
+    mp = MeterProvider(metric_readers=[reader])
+    first = SystemMetricsSampler(mp, gpus=False)
+    first.sample()
+    first.stop()
+    second = SystemMetricsSampler(mp, gpus=False)
+    second._latest = sysm.SystemSample(  # a reading the first sampler never had
+        time=time.time(), gpus=(), process=sysm.ProcessReading(1.0, 2.0, 0.5, 12345),
+        host=None, device_memory=(), queues={},
+    )  # fmt: skip
+    p = _points(reader)
+    assert [d.value for d in p["process.memory.usage"][1]] == [12345]
+    assert [d.value for d in p["process.cpu.utilization"][1]] == [0.5]
+
+
 def test_background_thread_samples_at_the_interval_and_stops():
     s = SystemMetricsSampler(instruments=False, interval_sec=0.05)
     with s:
