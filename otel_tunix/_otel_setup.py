@@ -180,11 +180,7 @@ def install_global_providers(
 def still_global(providers: tuple[object, ...]) -> list[object]:
     """Those of ``providers`` that are the API's global tracer or meter provider now."""
     current = (trace.get_tracer_provider(), metrics.get_meter_provider())
-    out: list[object] = []
-    for p in providers:
-        if p is not None and any(p is c for c in current) and all(p is not o for o in out):
-            out.append(p)
-    return out
+    return [c for c in current if any(c is p for p in providers)]
 
 
 def detach_span_processors(tp: Any, processors: tuple[Any, ...]) -> None:

@@ -52,7 +52,7 @@ its spans JSONL at shutdown, when the ``perfetto`` package is installed."""
 OTEL_TUNIX_PROCESS_INTERVAL_MS: Final = "OTEL_TUNIX_PROCESS_INTERVAL_MS"
 """Longest time in milliseconds between two batches of finished steps being processed off
 the training thread (and the local files flushed); a hard kill loses at most about this much
-of the most recent steps. Default: ``100``."""
+of the most recent steps. Default: ``250``."""
 
 OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
 """``true`` / ``false``: evaluate the default alert rules on every logged metric

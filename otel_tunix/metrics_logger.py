@@ -225,19 +225,15 @@ class MetricsLogger:
             return
         values = self._convert(metrics, step)
         if values:
-            self.log_floats(values, step, **kwargs)
-
-    def log_floats(self, values: dict[str, float], step: int | None = None, **kwargs: Any) -> None:
-        """:meth:`log_dict` for values that are Python floats already (otel-tunix's own
-        ``perf/...`` scalars): no conversion or checks per value."""
-        self.log_rows(((step, values),), **kwargs)
+            self.log_rows(((step, values),), **kwargs)
 
     def log_rows(
         self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any
     ) -> None:
-        """:meth:`log_floats` for several steps at once, ``(step, values)`` in order: one
-        lock and one pass over the backends for the lot (the worker logs a batch of steps'
-        ``perf/...`` scalars this way)."""
+        """Several steps' scalars at once, ``(step, values)`` in order, the values Python
+        floats already (no conversion or checks per value): one lock and one pass over the
+        backends for the lot (the worker logs a batch of steps' ``perf/...`` scalars this
+        way)."""
         if not self.active or self._closed or not rows:
             return
         with self._lock:

@@ -262,26 +262,26 @@ class BatchExportProcessor(SpanProcessor):
 
     def _offer(self, items: Sequence[ReadableSpan | FinishedStep]) -> list[Any]:
         """Queue these items, in order, while they fit; returns those dropped."""
-        if self._shutdown:
-            dropped = list(items)
-        else:
-            dropped = []
-            with self._count_lock:
-                queued, cap, append = self._queued, self._max_queue, self._queue.append
-                for item in items:
-                    n = _span_count(item)
-                    if queued + n <= cap:
-                        queued += n
-                        append(item)
-                    else:
-                        dropped.append(item)
-                self._queued = queued
-            if queued >= self._batch and not self._wake.is_set():
-                self._wake.set()
-        lost = sum(_span_count(item) for item in dropped) if dropped else 0
+        dropped: list[Any] = []
+        offered = lost = 0
+        with self._count_lock:
+            queued, cap, append = self._queued, self._max_queue, self._queue.append
+            open_ = not self._shutdown
+            for item in items:
+                n = _span_count(item)
+                offered += n
+                if open_ and queued + n <= cap:
+                    queued += n
+                    append(item)
+                else:
+                    lost += n
+                    dropped.append(item)
+            self._queued = queued
+        if open_ and queued >= self._batch and not self._wake.is_set():
+            self._wake.set()
         first = self.stats.dropped_full == 0
-        self.stats.add(offered=sum(_span_count(item) for item in items), dropped=lost)
-        if lost and first and not self._shutdown:  # the first loss of the run
+        self.stats.add(offered=offered, dropped=lost)
+        if lost and first and open_:  # the first loss of the run
             _logger.warning(
                 "otel-tunix: the export queue of %s is full (%d spans); dropping spans "
                 "(counted in summary.json and tunix.telemetry.spans)",

@@ -147,6 +147,20 @@ def test_one_exporter_does_not_keep_the_spans_two_share_them():
     full.shutdown()
 
 
+def test_a_batch_of_steps_is_queued_while_it_fits_and_the_rest_dropped_and_counted():
+    exp = _Recorder()
+    p = BatchExportProcessor(exp, max_queue_size=5, schedule_delay_millis=60_000)
+    first, second, third = _finished("a"), _finished("b"), _finished("c", "d")
+    p.on_finished_steps([first, second, third])  # 2 + 2 spans fit, then 3 do not
+    assert (first._exports, second._exports, third._exports) == (1, 1, 0)
+    assert (p.stats.offered, p.stats.dropped_full) == (7, 3)
+    assert p.force_flush()
+    assert _names(exp) == ["a", "train_step", "b", "train_step"]
+    p.shutdown()
+    p.on_finished_steps([_finished("e")])  # after shutdown: all dropped, no export
+    assert (p.stats.offered, p.stats.exported, p.stats.dropped) == (9, 4, 5)
+
+
 def test_a_full_batch_wakes_the_export_thread_before_the_delay():
     exp = _Recorder()
     p = BatchExportProcessor(exp, schedule_delay_millis=60_000, max_export_batch_size=5)
