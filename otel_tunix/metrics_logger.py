@@ -46,7 +46,14 @@ already OTel histograms, so :class:`OTelBackend` skips them."""
 
 @runtime_checkable
 class LoggingBackend(Protocol):
-    """The backend protocol (metrax's ``LoggingBackend``)."""
+    """The backend protocol (metrax's ``LoggingBackend``).
+
+    Two optional methods make a backend cheaper to feed, and are used when present:
+    ``log_scalars(values, **kwargs)`` (several scalars of one step) and ``log_rows(rows,
+    **kwargs)`` (several steps at once: ``(step, {name: float})`` in order, as
+    :meth:`MetricsLogger.log_rows` gets them; one that raises loses that batch for this
+    backend only).
+    """
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         """Log one scalar; ``kwargs`` usually holds ``step``."""
@@ -246,6 +253,13 @@ class MetricsLogger:
             for backend in self.backends:
                 if source is not None and source in getattr(backend, "skip_sources", ()):
                     continue
+                batch = getattr(backend, "log_rows", None)
+                if batch is not None:
+                    try:
+                        batch(rows, **kwargs)
+                    except Exception:
+                        self._failed(backend)
+                    continue
                 many = getattr(backend, "log_scalars", None)
                 for step, values in rows:  # a row that fails does not lose the others
                     try:
@@ -258,11 +272,12 @@ class MetricsLogger:
                             else:
                                 backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
                     except Exception:
-                        self._report(
-                            id(backend),
-                            "otel-tunix: backend %s failed (reported once)",
-                            type(backend).__name__,
-                        )
+                        self._failed(backend)
+
+    def _failed(self, backend: object) -> None:
+        self._report(
+            id(backend), "otel-tunix: backend %s failed (reported once)", type(backend).__name__
+        )
 
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:

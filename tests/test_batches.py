@@ -283,3 +283,55 @@ def test_a_backend_failing_on_one_row_still_gets_the_others(caplog: Any) -> None
         ml.log_rows([(2, {"loss": 1.0}), (5, {"loss": 1.0})])
     assert backend.steps == [0, 1, 3, 4, 5]
     assert sum("FailsAtStep2 failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_backend_with_log_rows_gets_each_batch_in_one_call(caplog: Any) -> None:
+    class Batches:
+        def __init__(self, fail_on: int | None = None) -> None:
+            self.calls: list[list[tuple[int | None, dict[str, float]]]] = []
+            self.fail_on = fail_on
+
+        def log_rows(self, rows: Any, **kw: Any) -> None:
+            if any(step == self.fail_on for step, _ in rows):
+                raise RuntimeError("backend down for a moment")
+            assert kw == {"source": "perf"}
+            self.calls.append(list(rows))
+
+        def log_scalar(self, event: str, value: float, **kw: Any) -> None:  # pragma: no cover
+            raise AssertionError("log_rows is preferred")
+
+        def close(self) -> None:
+            return None
+
+    good, flaky = Batches(), Batches(fail_on=3)
+    ml = MetricsLogger(
+        MetricsLoggerOptions(
+            default_backends=False, backend_factories=[lambda: flaky, lambda: good]
+        ),
+        rank=0,
+    )
+    with caplog.at_level(logging.ERROR, logger="otel_tunix"):
+        ml.log_rows([(s, {"loss": float(s)}) for s in range(3)], source="perf")
+        ml.log_rows([(3, {"loss": 3.0}), (4, {"loss": 4.0})], source="perf")  # flaky loses it
+        ml.log_rows([(5, {"loss": 5.0})], source="perf")
+    assert [[s for s, _ in call] for call in good.calls] == [[0, 1, 2], [3, 4], [5]]
+    assert [[s for s, _ in call] for call in flaky.calls] == [[0, 1, 2], [5]]
+    assert good.calls[1][1] == (4, {"loss": 4.0})
+    assert sum("Batches failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_metrics_summary_counts_rows_of_changing_names(monkeypatch: Any) -> None:
+    from otel_tunix.metrics import summary
+
+    s = summary.MetricsSummary()
+    s.log_rows([(0, {"a": 1.0, "b": 2.0}), (1, {"a": 1.0, "b": float("nan")})])
+    s.log_scalars({"b": 1.0})
+    s.log_scalar("c", float("inf"))
+    assert s.counts == {"a": 2, "b": 3, "c": 1}
+    assert s.nonfinite == {"b": 1, "c": 1}
+    monkeypatch.setattr(summary, "_MAX_NAME_SETS", 3)  # names made up per row get folded
+    s.log_rows([(n, {f"x{n}": 1.0, "a": 1.0}) for n in range(5)])
+    s.log_scalars({"a": 1.0})
+    assert s.counts == {"a": 8, "b": 3, "c": 1, **{f"x{n}": 1 for n in range(5)}}
+    assert s.first_time is not None and s.last_time is not None
+    assert s.first_time <= s.last_time

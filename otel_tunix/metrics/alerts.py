@@ -676,14 +676,20 @@ class AlertEngine:
         self.observe(event, value, kwargs.get("step"))
 
     def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
-        """Backend protocol: evaluate several scalars of one step (those no rule watches
-        cost one dict lookup)."""
-        step = kwargs.get("step")
-        routes = self._routes
-        for name, value in values.items():
-            rules = routes.get(name)
-            if rules is None or rules:
-                self.observe(name, value, step)
+        """Backend protocol: evaluate several scalars of one step."""
+        self.log_rows(((kwargs.get("step"), values),))
+
+    def log_rows(
+        self, rows: Sequence[tuple[int | None, Mapping[str, float]]], **kwargs: Any
+    ) -> None:
+        """Backend protocol: evaluate the scalars of several steps, in order (those no rule
+        watches cost one dict lookup)."""
+        routes, observe = self._routes, self.observe
+        for step, values in rows:
+            for name, value in values.items():
+                rules = routes.get(name)
+                if rules is None or rules:
+                    observe(name, value, step)
 
     def close(self) -> None:
         """Stop evaluating; close the JSONL file; flush (and close, if created here) the

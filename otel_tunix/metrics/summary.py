@@ -23,12 +23,16 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_tunix._json import floats_finite
 
 __all__ = ["MetricsSummary", "get_metrics_summary", "install", "track_sampler"]
+
+
+_MAX_NAME_SETS = 1024
+"""Distinct sets of names counted apart before they are folded into per-name counts."""
 
 
 class MetricsSummary:
@@ -38,21 +42,47 @@ class MetricsSummary:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.counts: Counter[str] = Counter()
+        # Rows counted per tuple of names (a training loop logs the same few sets of names
+        # every step: one dict update per row instead of one per value); see ``counts``.
+        self._rows: dict[tuple[str, ...], int] = {}
+        self._folded: Counter[str] = Counter()
         self.nonfinite: Counter[str] = Counter()
         self.first_time: float | None = None
         self.last_time: float | None = None
 
-    def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
-        """Count the values of one ``log_dict`` call."""
+    @property
+    def counts(self) -> Counter[str]:
+        """Values logged per name (a new Counter)."""
+        with self._lock:
+            out = Counter(self._folded)
+            for names, n in self._rows.items():
+                for name in names:
+                    out[name] += n
+        return out
+
+    def log_rows(
+        self, rows: Sequence[tuple[int | None, Mapping[str, float]]], **kwargs: Any
+    ) -> None:
+        """Count the values of several steps (one ``(step, values)`` per step)."""
         now = time.time()
         with self._lock:
             if self.first_time is None:
                 self.first_time = now
             self.last_time = now
-            self.counts.update(values.keys())
-            if not floats_finite(values.values()):
-                self.nonfinite.update(k for k, v in values.items() if not math.isfinite(v))
+            counts = self._rows
+            for _, values in rows:
+                names = tuple(values)
+                counts[names] = counts.get(names, 0) + 1
+                if not floats_finite(values.values()):
+                    self.nonfinite.update(k for k, v in values.items() if not math.isfinite(v))
+            if len(counts) > _MAX_NAME_SETS:  # names that change from row to row
+                for names, n in counts.items():
+                    self._folded.update(dict.fromkeys(names, n))
+                counts.clear()
+
+    def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
+        """Count the values of one ``log_dict`` call."""
+        self.log_rows(((None, values),))
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         """Count one value."""
@@ -110,9 +140,10 @@ def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
     for b in logger.backends:
         if isinstance(b, MetricsSummary):
             with b._lock:
-                out["num_metrics"] = sum(b.counts.values())
-                out["counts"] = dict(b.counts)
                 out["nonfinite"] = dict(b.nonfinite)
+            counts = b.counts
+            out["num_metrics"] = sum(counts.values())
+            out["counts"] = dict(counts)
     rt = _tracer.get_runtime()
     out["steps"] = {scope: s.count for scope, s in list(rt.scopes.items())} if rt else {}
     last = last_step_summary()

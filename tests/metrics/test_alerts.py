@@ -374,3 +374,19 @@ def test_rule_window_keeps_its_values_sorted_and_the_median_exact():
         assert w.sorted == sorted(w), i
         assert _median(w) == statistics.median(w)
     assert len(w) == len(w.sorted) == 50
+
+
+def test_a_batch_of_rows_alerts_as_the_same_values_observed_one_by_one():
+    rng = np.random.default_rng(5)
+    times = [*(0.1 + rng.normal(0, 0.002, 30)), 0.3, 0.1, 0.31]
+    rows = [(i, {"perf/train/step_time_sec": t, "perf/train/idle_time_sec": 0.0, "loss": 1.0})
+            for i, t in enumerate(times)]  # fmt: skip
+    one_by_one, batched = engine(console=False), engine(console=False)
+    for i, values in rows:
+        for name, v in values.items():
+            one_by_one.observe(name, v, step=i)
+    batched.log_rows(rows[:20])
+    batched.log_rows(rows[20:])
+    got = [(a.step, a.severity.name) for a in batched.history]
+    assert got == [(a.step, a.severity.name) for a in one_by_one.history]
+    assert got == [(30, "WARNING"), (31, "OK"), (32, "WARNING")]
