@@ -265,9 +265,10 @@ class StepRecord(NonRecordingSpan):
     def get_span_context(self) -> SpanContext:
         """As the current OTel span: the innermost open component's context, else the
         step's (what a span started by other code inside the step gets as its parent)."""
-        comp = _current_component.get()
-        if comp is not None and comp._step.trace_id == self.trace_id:
-            return comp.span_context()
+        cur = _current.get()
+        if type(cur) is not StepRecord and isinstance(cur, component):
+            if cur._step.trace_id == self.trace_id:
+                return cur.span_context()
         return self.span_context()
 
     def __repr__(self) -> str:
@@ -295,12 +296,18 @@ class Runtime:
 _runtime: Runtime | None = None
 _quiet = False  # True once configure() ran: a missing runtime is then deliberate (disabled)
 _NOT_SET: Any = object()
-_current_step: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "otel_tunix_step", default=_NOT_SET
-)
-_current_component: contextvars.ContextVar[component | None] = contextvars.ContextVar(
-    "otel_tunix_component", default=None
-)
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_tunix", default=_NOT_SET)
+"""Where the calling context stands: ``_NOT_SET`` outside any step, ``None`` in a step that
+is not sampled, the :class:`StepRecord` of a sampled step with no component open, else the
+innermost open :class:`component` (whose ``_step`` is the step). One variable, so a
+component reads and sets one."""
+
+
+def _step_of(cur: Any) -> StepRecord | None:
+    """The sampled step of a value of ``_current`` (``None`` outside one)."""
+    if type(cur) is StepRecord:
+        return cur
+    return cur._step if isinstance(cur, component) else None
 _warned: set[str] = set()
 
 
@@ -337,7 +344,6 @@ class step:
     """
 
     __slots__ = (
-        "_comp_token",
         "_n",
         "_otel_token",
         "_record",
@@ -355,7 +361,6 @@ class step:
         self._stats: _ScopeStats | None = None
         self._token: contextvars.Token[Any] | None = None
         self._otel_token: object = None
-        self._comp_token: contextvars.Token[Any] | None = None
 
     @property
     def sampled(self) -> bool:
@@ -391,14 +396,13 @@ class step:
                 _warn_once("step-n", "otel_tunix.step() wants an int step number, got %r", n)
                 n = self._n = stats.count - 1
             if n % rt.sampling_rate:
-                self._token = _current_step.set(None)
+                self._token = _current.set(None)
                 return self
             rec = StepRecord(rt, self._scope, n, start)
             if rt.pending_events:  # events raised while no sampled step was open
                 rec.events = _take_pending(rt)
             self._record = rec
-            self._token = _current_step.set(rec)
-            self._comp_token = _current_component.set(None)
+            self._token = _current.set(rec)
             self._otel_token = _attach_span(rec)
             rt.open_steps.append(rec)
         except Exception:  # never hurt the training loop
@@ -414,11 +418,8 @@ class step:
             if self._otel_token is not None:
                 _detach(self._otel_token)
                 self._otel_token = None
-            if self._comp_token is not None:
-                _current_component.reset(self._comp_token)
-                self._comp_token = None
             if self._token is not None:
-                _current_step.reset(self._token)
+                _current.reset(self._token)
                 self._token = None
             rec = self._record
             if rec is not None:
@@ -529,28 +530,32 @@ class component:
         return ctx
 
     def __enter__(self) -> component:
-        st = _current_step.get()
-        if st is None:
+        cur = _current.get()
+        if cur is None:  # a step that is not sampled
             return self
         try:
-            if st is _NOT_SET:
+            if type(cur) is StepRecord:
+                st = cur
+                outer_id = st.span_id
+            elif cur is _NOT_SET:  # no step in this context: a thread that did not inherit it
                 rt = _runtime
                 if rt is None or not rt.open_steps:
                     return self
                 st = rt.open_steps[-1]
-            else:
-                rt = st.runtime
-            allowed = rt.allowed
+                outer_id = st.span_id
+            else:  # the component open around this one
+                st = cur._step
+                outer_id = cur._span_id
+            allowed = st.runtime.allowed
             name = self._name
             if allowed is not None and name not in allowed:
                 return self
-            cur = _otel_context().get(_SPAN_KEY)  # the current OTel span, read directly
-            if cur is st:  # the usual case: no foreign span in between
-                outer = _current_component.get()
-                parent = outer._span_id if outer is not None else st.span_id
+            span = _otel_context().get(_SPAN_KEY)  # the current OTel span, read directly
+            if span is st:  # the usual case: no foreign span in between
+                parent = outer_id
                 attach_proxy = False
             else:  # a foreign span is current, or a thread that did not inherit the context
-                cur_ctx = (cur or get_current_span()).get_span_context()
+                cur_ctx = (span or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == st.trace_id else st.span_id
                 attach_proxy = True
             sid = getrandbits(64) or 1
@@ -560,7 +565,7 @@ class component:
                 thread = _threads_by_ident.get(ident) or _current_thread()
             self._step = st
             self._resolver = self._device_end
-            self._ctoken = _current_component.set(self)
+            self._ctoken = _current.set(self)
             self._token = _attach_span(st) if attach_proxy else None
             self._sid = self._span_id = sid
             st.spans.append((name, self._blocked, sid, parent, self._start_ns or _clock(), thread))
@@ -598,7 +603,7 @@ class component:
             token = self._token
             if token is not None:
                 _detach(token)
-            _current_component.reset(self._ctoken)
+            _current.reset(self._ctoken)
         except Exception:
             _logger.exception("otel-tunix: closing a component failed")
 
@@ -717,10 +722,9 @@ def add_step_event(name: str, attributes: Mapping[str, Any] | None = None) -> bo
         return False
     try:
         event: StepEvent = (name, dict(attributes or {}), _clock())
-        st = _current_step.get()
-        if st is _NOT_SET and rt.open_steps:
-            st = rt.open_steps[-1]
-        if isinstance(st, StepRecord) and not st.end_ns:
+        cur = _current.get()
+        st = rt.open_steps[-1] if cur is _NOT_SET and rt.open_steps else _step_of(cur)
+        if st is not None and not st.end_ns:
             _append_event(st, event)
             return True
         rt.pending_events.append(event)
@@ -731,8 +735,8 @@ def add_step_event(name: str, attributes: Mapping[str, Any] | None = None) -> bo
 
 def current_step() -> StepView | None:
     """The sampled step open in the calling context, or ``None`` (no step, or not sampled)."""
-    st = _current_step.get()
-    if not isinstance(st, StepRecord):
+    st = _step_of(_current.get())
+    if st is None:
         return None
     view = st.view
     if view is None:
@@ -742,4 +746,4 @@ def current_step() -> StepView | None:
 
 def in_step() -> bool:
     """True when a step (sampled or not) is open in the calling context."""
-    return _current_step.get() is not _NOT_SET
+    return _current.get() is not _NOT_SET

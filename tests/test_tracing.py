@@ -159,12 +159,17 @@ def test_exception_propagates_unchanged_and_marks_the_span():
 
 
 def test_threads_with_copied_context_pool_and_raw_threads():
+    seen: dict[str, tuple[bool, object, bool, object]] = {}
+
     def work(name: str) -> None:
+        before = (otel_tunix.in_step(), otel_tunix.current_step())
         with otel_tunix.component(name):
+            seen[name] = (*before, otel_tunix.in_step(), otel_tunix.current_step())
             time.sleep(0.005)
 
     with capture() as cap:
         with otel_tunix.step(0):
+            view = otel_tunix.current_step()
             with otel_tunix.component("rollout"):
                 ctx = contextvars.copy_context()
                 t = threading.Thread(target=ctx.run, args=(work, "copied"), name="copier")
@@ -187,6 +192,9 @@ def test_threads_with_copied_context_pool_and_raw_threads():
     # a raw thread has no context: it records into the open step, under the step span
     assert by["raw"][0].parent.span_id == step_id
     assert by["raw"][0].attributes[attr.THREAD_NAME] == "raw-thread"
+    # ... and inside that component it is in the step; before it, it was not
+    assert seen["raw"] == (False, None, True, view)
+    assert seen["copied"] == (True, view, True, view) and view is not None
 
 
 def test_asyncio_tasks_and_async_decorator():
