@@ -144,6 +144,9 @@ class FinishedStep:
         start_ns: Start of the step (Unix epoch ns).
         end_ns: The later of the step's end and its last component's end.
         attributes: The step span's attributes besides type, scope and step number.
+        scope: The step's scope.
+        number: The step number.
+        trace_id: The step's trace id.
         span_count: Components plus the step span.
     """
 
@@ -157,9 +160,12 @@ class FinishedStep:
         "components",
         "end_ns",
         "intervals",
+        "number",
         "record",
+        "scope",
         "span_count",
         "start_ns",
+        "trace_id",
     )
 
     def __init__(self, builder: SpanBuilder, rec: StepRecord) -> None:
@@ -170,6 +176,9 @@ class FinishedStep:
         self._infos: list[SpanInfo] | None = None
         self._json: list[dict[str, object]] | None = None
         self.record = rec
+        self.scope = rec.scope
+        self.number = rec.number
+        self.trace_id = rec.trace_id
         comps = rec.spans
         # In place: usually in order already, and one list less to collect. The sort holds
         # the GIL throughout (a C key function), so a late append cannot interleave.
@@ -195,18 +204,6 @@ class FinishedStep:
         self.span_count = len(comps) + 1
         tid, tname = builder.thread(rec.thread)
         self.attributes = {**rec.attributes, _THREAD_ID: tid, _THREAD_NAME: tname}
-
-    @property
-    def scope(self) -> str:
-        return self.record.scope
-
-    @property
-    def number(self) -> int:
-        return self.record.number
-
-    @property
-    def trace_id(self) -> int:
-        return self.record.trace_id
 
     def spans(self) -> list[ReadableSpan]:
         """The SDK spans: the components in start order, then the step span (built on

@@ -103,7 +103,7 @@ class StepSummary:
         idle_time_sec: The rest of the window.
         components: Per component name, its :class:`ComponentTime`.
         spans: The component spans (:class:`SpanInfo`), converted on first access.
-        trace_id: The step's trace id (32 hex digits).
+        trace_id: The step's trace id (32 hex digits; may be given as an int).
         attributes: Extra attributes of the step span.
     """
 
@@ -111,6 +111,7 @@ class StepSummary:
         "_span_json",
         "_span_source",
         "_spans",
+        "_trace_id",
         "attributes",
         "blocked_time_sec",
         "busy_time_sec",
@@ -121,7 +122,6 @@ class StepSummary:
         "start_ns",
         "step",
         "step_time_sec",
-        "trace_id",
     )
 
     def __init__(
@@ -136,7 +136,7 @@ class StepSummary:
         idle_time_sec: float,
         components: Mapping[str, ComponentTime],
         spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
-        trace_id: str = "",
+        trace_id: str | int = "",
         attributes: Mapping[str, object] | None = None,
         span_json: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
@@ -149,7 +149,7 @@ class StepSummary:
         self.blocked_time_sec = blocked_time_sec
         self.idle_time_sec = idle_time_sec
         self.components = components
-        self.trace_id = trace_id
+        self._trace_id = trace_id
         self.attributes = dict(attributes or {})
         # What to_json() writes for the spans when they were not needed as SpanInfo
         # objects (the same dicts as SpanInfo.to_json(), made straight from the records).
@@ -159,6 +159,15 @@ class StepSummary:
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
         else:
             self._spans, self._span_source = tuple(spans), None
+
+    @property
+    def trace_id(self) -> str:
+        """The step's trace id, 32 hex digits (formatted when first read: usually only a
+        file writer reads it)."""
+        tid = self._trace_id
+        if type(tid) is int:
+            tid = self._trace_id = f"{tid:032x}"
+        return tid  # type: ignore[return-value]
 
     @property
     def spans(self) -> tuple[SpanInfo, ...]:
@@ -261,7 +270,7 @@ def account_intervals(
     *,
     presorted: bool = False,
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
-    trace_id: str = "",
+    trace_id: str | int = "",
     attributes: Mapping[str, object] | None = None,
     span_json: Callable[[], list[dict[str, object]]] | None = None,
 ) -> StepSummary:

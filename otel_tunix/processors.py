@@ -156,7 +156,7 @@ class StepAccountingProcessor(SpanProcessor):
                         presorted=True,
                         spans=step.span_infos,
                         span_json=step.span_json,
-                        trace_id=f"{step.trace_id:032x}",
+                        trace_id=step.trace_id,
                         attributes=step.attributes,
                     )
                 )

@@ -101,6 +101,15 @@ def test_window_extends_to_a_component_that_outlives_the_step():
     assert s.idle_time_sec == pytest.approx(0.010)
 
 
+def test_a_trace_id_given_as_an_int_reads_as_32_hex_digits():
+    spans = [SpanInfo("load", "busy", 10, 30)]
+    given_int = account_step("train", 3, 0, 40, spans, trace_id=0xABC)
+    given_str = account_step("train", 3, 0, 40, spans, trace_id="0" * 29 + "abc")
+    assert given_int.trace_id == given_str.trace_id == "0" * 29 + "abc"
+    assert given_int.to_json() == given_str.to_json()
+    assert given_int.to_json()["trace_id"] == "0" * 29 + "abc"
+
+
 def test_counters_on_controlled_sleeps():
     """20 ms busy load, 30 ms blocked wait, 40 ms busy compute, 10 ms gap."""
     with capture() as cap:
