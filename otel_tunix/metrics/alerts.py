@@ -591,28 +591,47 @@ class AlertEngine:
 
     def observe(self, metric: str, value: float, step: int | None = None) -> list[Alert]:
         """Evaluate one value; returns the transitions it caused (usually none)."""
+        return self._evaluate_rows(((step, {metric: value}),))
+
+    def _evaluate_rows(
+        self, rows: Iterable[tuple[int | None, Mapping[str, float]]]
+    ) -> list[Alert]:
+        """Evaluate the values of several steps, in order, under one lock; act on the
+        transitions afterwards and return them."""
         if self._closed:
             return []
-        try:
-            routes = self._routes.get(metric)
-            if routes is None:
-                routes = self._routes_for(metric)
-            if not routes:
-                return []
-            v = value if type(value) is float else float(value)
-            out: list[Alert] = []
+        out: list[Alert] = []
+        routes = self._routes
+        watched = []  # the values some rule watches (names seen first are routed here)
+        for step, values in rows:
+            for name, value in values.items():
+                rules = routes.get(name)
+                if rules is None:
+                    try:
+                        rules = self._routes_for(name)
+                    except Exception:
+                        self._failed()
+                        continue
+                if rules:
+                    watched.append((name, value, step, rules))
+        if watched:
             with self._lock:
-                for rule, series in routes:
-                    alert = self._evaluate(rule, series, metric, v, step)
-                    if alert is not None:
-                        out.append(alert)
-                        self.history.append(alert)
-            for alert in out:
-                self._act(alert)
-            return out
-        except Exception:
-            self._report("observe", "otel-tunix: alert evaluation failed (reported once)")
-            return []
+                for name, value, step, rules in watched:
+                    try:  # a value that cannot be evaluated does not stop the others
+                        v = value if type(value) is float else float(value)
+                        for rule, series in rules:
+                            alert = self._evaluate(rule, series, name, v, step)
+                            if alert is not None:
+                                out.append(alert)
+                                self.history.append(alert)
+                    except Exception:
+                        self._failed()
+        for alert in out:
+            self._act(alert)
+        return out
+
+    def _failed(self) -> None:
+        self._report("observe", "otel-tunix: alert evaluation failed (reported once)")
 
     def _evaluate(
         self, rule: Rule, s: _Series, metric: str, v: float, step: int | None
@@ -684,12 +703,7 @@ class AlertEngine:
     ) -> None:
         """Backend protocol: evaluate the scalars of several steps, in order (those no rule
         watches cost one dict lookup)."""
-        routes, observe = self._routes, self.observe
-        for step, values in rows:
-            for name, value in values.items():
-                rules = routes.get(name)
-                if rules is None or rules:
-                    observe(name, value, step)
+        self._evaluate_rows(rows)
 
     def close(self) -> None:
         """Stop evaluating; close the JSONL file; flush (and close, if created here) the

@@ -390,3 +390,19 @@ def test_a_batch_of_rows_alerts_as_the_same_values_observed_one_by_one():
     got = [(a.step, a.severity.name) for a in batched.history]
     assert got == [(a.step, a.severity.name) for a in one_by_one.history]
     assert got == [(30, "WARNING"), (31, "OK"), (32, "WARNING")]
+
+
+def test_a_rule_that_raises_on_one_value_is_reported_once_and_the_batch_goes_on(caplog):
+    class Picky(ThresholdRule):
+        def level(self, value, history):
+            if value == 13.0:
+                raise ValueError("unlucky")
+            return super().level(value, history)
+
+    rule = Picky("picky", ("grad_norm",), critical=above(10.0))
+    e = engine([rule], console=False)
+    with caplog.at_level(logging.WARNING, logger="otel_tunix"):
+        e.log_rows([(0, {"grad_norm": 13.0}), (1, {"grad_norm": 50.0, "loss": 1.0})])
+        e.log_rows([(2, {"grad_norm": 13.0})])
+    assert [(a.step, a.severity.name) for a in e.history] == [(1, "CRITICAL")]
+    assert sum("alert evaluation failed" in r.getMessage() for r in caplog.records) == 1
