@@ -30,6 +30,7 @@ import gc
 import logging
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -204,6 +205,30 @@ def gc_off(fn: Callable[[int], float]) -> Callable[[int], float]:
     return run
 
 
+def one_cpu(fn: Callable[[int], float]) -> Callable[[int], float]:
+    """``fn`` run with the process's Python threads (the training thread and otel-tunix's
+    worker and export threads) held on one CPU, the first the process may use (a diagnostic row:
+    on this 2-vCPU VM, threads that hand the GIL to each other from two CPUs cost more than
+    the same threads taking turns on one). Linux only; elsewhere ``fn`` as is."""
+
+    def run(n: int) -> float:
+        if not hasattr(os, "sched_setaffinity"):
+            return fn(n)
+        ids = [t.native_id for t in threading.enumerate() if t.native_id is not None]
+        before = {i: os.sched_getaffinity(i) for i in ids}
+        cpu = {min(os.sched_getaffinity(0))}
+        try:
+            for i in ids:
+                os.sched_setaffinity(i, cpu)
+            return fn(n)
+        finally:
+            for i, cpus in before.items():
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    os.sched_setaffinity(i, cpus)
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--spans", type=int, default=20000, help="spans per measurement")
@@ -255,6 +280,7 @@ def main() -> None:
             rounds.take(
                 "  same, garbage collector off (diagnostic)", gc_off(ours(True, per, True))
             )
+            rounds.take("  same, threads on one CPU (diagnostic)", one_cpu(ours(True, per, True)))
         with configured(tracer_provider=app):
             rounds.take(
                 "  same, joined to an app provider + SDK batch(null)", ours(True, per, True)
@@ -273,6 +299,7 @@ def main() -> None:
         "bare clock pair", "OTel SDK, ALWAYS_OFF", "OTel SDK, ALWAYS_ON + batch(null)",
         "otel-tunix, step not sampled", "otel-tunix, sampled: training thread alone",
         "otel-tunix, sampled (+ processing)", "  same, garbage collector off (diagnostic)",
+        "  same, threads on one CPU (diagnostic)",
         "  same, joined to an app provider + SDK batch(null)", "  same, no span exporter",
         "  same, no span exporter, garbage collector off", "Tunix PerfTracer.span",
         "Tunix, as its RL learner uses it (+ export() per step)",
@@ -297,8 +324,10 @@ def main() -> None:
     hot = rows["otel-tunix, sampled: training thread alone"]
     print(f"sampled, training thread / SDK ON  = {hot / on:.3f}")
     if "Tunix PerfTracer.span" in rows:
-        print(f"sampled+processing / Tunix         = {sampled / rows['Tunix PerfTracer.span']:.3f}"
-              "  (target <= 1)")
+        tunix = rows["Tunix PerfTracer.span"]
+        print(f"sampled+processing / Tunix         = {sampled / tunix:.3f}  (target <= 1)")
+        pinned = rows["  same, threads on one CPU (diagnostic)"]
+        print(f"  threads on one CPU / Tunix       = {pinned / tunix:.3f}")
         used = rows["Tunix, as its RL learner uses it (+ export() per step)"]
         print(f"  / Tunix with its per-step export = {sampled / used:.3f}")
     else:

@@ -34,6 +34,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         "otel-tunix, sampled (+ processing)",
         "same, joined to an app provider + SDK batch(null)",
         "same, no span exporter",
+        "same, threads on one CPU (diagnostic)",
     ):
         assert re.search(re.escape(row) + r"\s+\d+\.\d{3}", text), row
     assert re.search(r"sampled\+processing / SDK ALWAYS_ON = \d+\.\d{3}", text)
@@ -43,6 +44,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
             assert re.search(re.escape(row) + r".*?\s+\d+\.\d{3}", text), row
         assert re.search(r"sampled\+processing / Tunix\s+= \d+\.\d{3}", text)
         assert re.search(r"/ Tunix with its per-step export = \d+\.\d{3}", text)
+        assert re.search(r"threads on one CPU / Tunix\s+= \d+\.\d{3}", text)
 
 
 @pytest.mark.filterwarnings("ignore")
