@@ -43,6 +43,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
 import otel_tunix
+from otel_tunix.exporters.batching import BatchExportProcessor
 from otel_tunix.testing import steps_set_aside
 
 
@@ -143,6 +144,28 @@ def tunix_span(per_step: int | None = None) -> Callable[[int], float] | None:
         return time.perf_counter() - t
 
     return bare if per_step is None else as_used
+
+
+def ours_on_one_thread(per_step: int, provider: TracerProvider) -> Callable[[int], float]:
+    """A diagnostic: the sampled loop, then the worker's processing of its steps and the
+    export, all on the training thread (no thread hands the GIL to another). ``provider``
+    holds otel-tunix's export processor with its thread kept asleep; its ``force_flush``
+    exports on the calling thread."""
+    component, step = otel_tunix.component, otel_tunix.step
+
+    def run(n: int) -> float:
+        with steps_set_aside() as kept:
+            t = time.perf_counter()
+            for s in range(max(1, n // per_step)):
+                with step(2 * s):
+                    for _ in range(per_step):
+                        with component("train_step_compute"):
+                            pass
+            kept.process()
+            provider.force_flush()
+            return time.perf_counter() - t
+
+    return run
 
 
 def ours(sampled: bool, per_step: int, processed: bool) -> Callable[[int], float]:
@@ -259,6 +282,16 @@ def main() -> None:
     # BatchSpanProcessor (which takes spans one at a time).
     app = TracerProvider()
     app.add_span_processor(BatchSpanProcessor(NullExporter(), max_queue_size=1 << 16))
+    # otel-tunix's own export processor, with its thread asleep (never woken by a full
+    # batch, an hour between scheduled exports): the one-thread diagnostic exports on the
+    # training thread through its force_flush.
+    one_thread = TracerProvider()
+    one_thread.add_span_processor(
+        BatchExportProcessor(
+            NullExporter(), max_queue_size=1 << 22, max_export_batch_size=1 << 22,
+            schedule_delay_millis=3_600_000,
+        )
+    )  # fmt: skip
     per = args.per_step
     rounds = Rounds(n)
     for i in range(r + 1):  # the first round warms up and is dropped
@@ -281,6 +314,11 @@ def main() -> None:
                 "  same, garbage collector off (diagnostic)", gc_off(ours(True, per, True))
             )
             rounds.take("  same, threads on one CPU (diagnostic)", one_cpu(ours(True, per, True)))
+        with configured(tracer_provider=one_thread):
+            rounds.take(
+                "  same, every stage on the training thread (diagnostic)",
+                ours_on_one_thread(per, one_thread),
+            )
         with configured(tracer_provider=app):
             rounds.take(
                 "  same, joined to an app provider + SDK batch(null)", ours(True, per, True)
@@ -300,6 +338,7 @@ def main() -> None:
         "otel-tunix, step not sampled", "otel-tunix, sampled: training thread alone",
         "otel-tunix, sampled (+ processing)", "  same, garbage collector off (diagnostic)",
         "  same, threads on one CPU (diagnostic)",
+        "  same, every stage on the training thread (diagnostic)",
         "  same, joined to an app provider + SDK batch(null)", "  same, no span exporter",
         "  same, no span exporter, garbage collector off", "Tunix PerfTracer.span",
         "Tunix, as its RL learner uses it (+ export() per step)",
@@ -328,6 +367,8 @@ def main() -> None:
         print(f"sampled+processing / Tunix         = {sampled / tunix:.3f}  (target <= 1)")
         pinned = rows["  same, threads on one CPU (diagnostic)"]
         print(f"  threads on one CPU / Tunix       = {pinned / tunix:.3f}")
+        inline = rows["  same, every stage on the training thread (diagnostic)"]
+        print(f"  every stage on one thread / Tunix = {inline / tunix:.3f}")
         used = rows["Tunix, as its RL learner uses it (+ export() per step)"]
         print(f"  / Tunix with its per-step export = {sampled / used:.3f}")
     else:

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_tunix import _configure, _tracer
+from otel_tunix._pipeline import _MAX_BATCH
 from otel_tunix._spans import FinishedStep
 from otel_tunix.accounting import ScopeSession, StepSummary
 
@@ -149,6 +150,17 @@ class StepsSetAside(list[Any]):
     def finished(self) -> list[FinishedStep]:
         """The kept steps as the span processors would get them (components ended)."""
         return [FinishedStep(self._builder, rec) for rec in self]
+
+    def process(self) -> int:
+        """Hand the kept steps to the span processors now, on the calling thread, in the
+        worker's batches (what otel-tunix's worker would have done with them; the
+        benchmarks time the whole path on one thread this way), and forget them. Returns
+        how many could not be read."""
+        failed = 0
+        for i in range(0, len(self), _MAX_BATCH):
+            failed += self._builder(self[i : i + _MAX_BATCH])
+        self.clear()
+        return failed
 
 
 @contextmanager

@@ -335,3 +335,30 @@ def test_the_metrics_summary_counts_rows_of_changing_names(monkeypatch: Any) -> 
     assert s.counts == {"a": 8, "b": 3, "c": 1, **{f"x{n}": 1 for n in range(5)}}
     assert s.first_time is not None and s.last_time is not None
     assert s.first_time <= s.last_time
+
+
+def test_steps_set_aside_can_be_processed_on_the_calling_thread() -> None:
+    import threading
+
+    class _Where(_Many):
+        def __init__(self) -> None:
+            super().__init__()
+            self.threads: set[str] = set()
+
+        def on_finished_steps(self, steps: Any) -> None:
+            super().on_finished_steps(steps)
+            self.threads.add(threading.current_thread().name)
+
+    where = _Where()
+    with capture() as cap:
+        cap.tracer_provider.add_span_processor(where)
+        with steps_set_aside() as kept:
+            _loop(300)
+        assert len(kept) == 300
+        assert kept.process() == 0
+        assert kept == []  # handed on, not kept
+        assert where.threads == {threading.current_thread().name}
+        assert [len(c) for c in where.calls] == [256, 44]  # the worker's batches
+        assert [n for c in where.calls for n in c] == list(range(300))
+        cap.flush()
+    assert [s.step for s in cap.summaries] == list(range(300))

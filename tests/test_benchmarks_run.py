@@ -35,6 +35,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         "same, joined to an app provider + SDK batch(null)",
         "same, no span exporter",
         "same, threads on one CPU (diagnostic)",
+        "same, every stage on the training thread (diagnostic)",
     ):
         assert re.search(re.escape(row) + r"\s+\d+\.\d{3}", text), row
     assert re.search(r"sampled\+processing / SDK ALWAYS_ON = \d+\.\d{3}", text)
@@ -45,6 +46,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         assert re.search(r"sampled\+processing / Tunix\s+= \d+\.\d{3}", text)
         assert re.search(r"/ Tunix with its per-step export = \d+\.\d{3}", text)
         assert re.search(r"threads on one CPU / Tunix\s+= \d+\.\d{3}", text)
+        assert re.search(r"every stage on one thread / Tunix = \d+\.\d{3}", text)
 
 
 @pytest.mark.filterwarnings("ignore")
