@@ -12,15 +12,17 @@ import logging
 
 class ReportOnce:
     """``report(key, msg, *args)`` from an ``except`` block: logs ``msg`` with the traceback
-    the first time ``key`` (e.g. ``id(part)``) fails, nothing after."""
+    the first time ``key`` (e.g. ``id(part)``) fails, nothing after; at ``level`` (default
+    ERROR)."""
 
-    __slots__ = ("_logger", "_seen")
+    __slots__ = ("_level", "_logger", "_seen")
 
-    def __init__(self, logger: logging.Logger) -> None:
+    def __init__(self, logger: logging.Logger, level: int = logging.ERROR) -> None:
         self._logger = logger
+        self._level = level
         self._seen: set[object] = set()
 
     def __call__(self, key: object, msg: str, *args: object) -> None:
         if key not in self._seen:
             self._seen.add(key)
-            self._logger.exception(msg, *args)
+            self._logger.log(self._level, msg, *args, exc_info=True)

@@ -266,9 +266,8 @@ class StepRecord(NonRecordingSpan):
         """As the current OTel span: the innermost open component's context, else the
         step's (what a span started by other code inside the step gets as its parent)."""
         cur = _current.get()
-        if type(cur) is not StepRecord and isinstance(cur, component):
-            if cur._step.trace_id == self.trace_id:
-                return cur.span_context()
+        if isinstance(cur, component) and cur._step.trace_id == self.trace_id:
+            return cur.span_context()
         return self.span_context()
 
     def __repr__(self) -> str:
@@ -308,6 +307,8 @@ def _step_of(cur: Any) -> StepRecord | None:
     if type(cur) is StepRecord:
         return cur
     return cur._step if isinstance(cur, component) else None
+
+
 _warned: set[str] = set()
 
 

@@ -213,20 +213,10 @@ class StepSummary:
 
 def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
     """Total length of the union of half-open ``(start, end)`` intervals."""
-    total = 0
-    cur_start = cur_end = None
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if cur_end is None or start > cur_end:
-            if cur_end is not None and cur_start is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        elif end > cur_end:
-            cur_end = end
-    if cur_end is not None and cur_start is not None:
-        total += cur_end - cur_start
-    return total
+    ordered = sorted(intervals)
+    if not ordered:
+        return 0
+    return _union_clipped([("", False, s, e) for s, e in ordered], ordered[0][0], None)
 
 
 Interval = tuple[str, bool, int, int]

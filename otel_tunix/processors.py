@@ -161,7 +161,10 @@ class StepAccountingProcessor(SpanProcessor):
                     )
                 )
             except Exception:
-                _logger.exception("otel-tunix: accounting of step %s failed", step.number)
+                self._report(
+                    "step", "otel-tunix: accounting of step %s failed (reported once)",
+                    getattr(step, "number", "?"),
+                )  # fmt: skip
         if summaries:
             self._publish(summaries)
 

@@ -13,6 +13,7 @@ from typing import Any
 from opentelemetry.metrics import Histogram, Meter
 
 from otel_tunix import attributes as attr
+from otel_tunix._once import ReportOnce
 from otel_tunix.accounting import ScopeSession, StepSummary
 from otel_tunix.metrics_logger import PERF_SOURCE, MetricsLogger, otel_metric_name, to_scalar
 
@@ -175,7 +176,7 @@ class ExportFnSink:
         self._instruments = instruments
         self._logger = logger
         self._name = name or getattr(fn, "__qualname__", repr(fn))
-        self._reported = False
+        self._report = ReportOnce(_logger)
         self.failures = 0
 
     def on_step(self, summary: StepSummary) -> None:
@@ -184,12 +185,10 @@ class ExportFnSink:
             values = {str(k): to_scalar(v) for k, v in (result or {}).items()}
         except Exception:
             self.failures += 1
-            if not self._reported:
-                self._reported = True
-                _logger.exception(
-                    "otel-tunix: export function %s raised (reported once; the run goes on)",
-                    self._name,
-                )
+            self._report(
+                "fn", "otel-tunix: export function %s raised (reported once; the run goes on)",
+                self._name,
+            )  # fmt: skip
             return
         for name, value in values.items():
             if self._instruments is not None:

@@ -362,3 +362,20 @@ def test_steps_set_aside_can_be_processed_on_the_calling_thread() -> None:
         assert [n for c in where.calls for n in c] == list(range(300))
         cap.flush()
     assert [s.step for s in cap.summaries] == list(range(300))
+
+
+def test_a_step_the_accounting_cannot_read_is_reported_once_and_the_others_counted(
+    caplog: Any,
+) -> None:
+    proc = StepAccountingProcessor()
+    with capture():
+        with steps_set_aside() as kept:
+            _loop(3)
+        good = kept.finished()
+    broken = object()  # no fields at all: accounting it raises
+    with caplog.at_level(logging.ERROR, logger="otel_tunix"):
+        proc.on_finished_steps([broken, good[0], broken])  # type: ignore[list-item]
+        proc.on_finished_steps([broken, *good[1:]])  # type: ignore[list-item]
+    assert sum("accounting of step" in r.getMessage() for r in caplog.records) == 1
+    (session,) = proc.sessions()
+    assert session.sampled_steps == 3

@@ -55,6 +55,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
+from otel_tunix._once import ReportOnce
+
 __all__ = [
     "Alert",
     "AlertEngine",
@@ -568,7 +570,7 @@ class AlertEngine:
         self.history: deque[Alert] = deque(maxlen=history_size)
         self.jsonl_path = Path(jsonl_path) if jsonl_path is not None else None
         self._jsonl: Any = None
-        self._reported: set[str] = set()
+        self._report = ReportOnce(_logger, logging.WARNING)
         self._closed = False
 
     # --- evaluation ---------------------------------------------------------------------
@@ -847,11 +849,6 @@ class AlertEngine:
             rec = {"time_ns": alert.time_ns, **alert.attributes(), "message": alert.message}
             self._jsonl.write(json.dumps(rec) + "\n")
             self._jsonl.flush()
-
-    def _report(self, key: str, msg: str) -> None:
-        if key not in self._reported:
-            self._reported.add(key)
-            _logger.warning(msg, exc_info=True)
 
 
 def _message(
