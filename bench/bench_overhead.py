@@ -146,21 +146,27 @@ def tunix_span(per_step: int | None = None) -> Callable[[int], float] | None:
     return bare if per_step is None else as_used
 
 
+def _loop(n: int, per_step: int, sampled: bool) -> None:
+    """``n`` components, ``per_step`` to a step (sampling_rate=2: even steps are sampled)."""
+    component, step = otel_tunix.component, otel_tunix.step
+    base = 0 if sampled else 1
+    for s in range(max(1, n // per_step)):
+        with step(2 * s + base):
+            for _ in range(per_step):
+                with component("train_step_compute"):
+                    pass
+
+
 def ours_on_one_thread(per_step: int, provider: TracerProvider) -> Callable[[int], float]:
     """A diagnostic: the sampled loop, then the worker's processing of its steps and the
     export, all on the training thread (no thread hands the GIL to another). ``provider``
     holds otel-tunix's export processor with its thread kept asleep; its ``force_flush``
     exports on the calling thread."""
-    component, step = otel_tunix.component, otel_tunix.step
 
     def run(n: int) -> float:
         with steps_set_aside() as kept:
             t = time.perf_counter()
-            for s in range(max(1, n // per_step)):
-                with step(2 * s):
-                    for _ in range(per_step):
-                        with component("train_step_compute"):
-                            pass
+            _loop(n, per_step, sampled=True)
             kept.process()
             provider.force_flush()
             return time.perf_counter() - t
@@ -172,17 +178,10 @@ def ours(sampled: bool, per_step: int, processed: bool) -> Callable[[int], float
     """A loop of steps with ``per_step`` components. ``processed``: the time includes the
     worker's processing and the export (flushed at the end); otherwise the finished steps
     are set aside and only the training thread's own cost is timed."""
-    component, step = otel_tunix.component, otel_tunix.step
 
     def loop(n: int) -> float:
-        steps = max(1, n // per_step)
-        base = 0 if sampled else 1  # sampling_rate=2: even steps are sampled
         t = time.perf_counter()
-        for s in range(steps):
-            with step(2 * s + base):
-                for _ in range(per_step):
-                    with component("train_step_compute"):
-                        pass
+        _loop(n, per_step, sampled)
         if processed:
             otel_tunix.force_flush()
         return time.perf_counter() - t
@@ -230,9 +229,9 @@ def gc_off(fn: Callable[[int], float]) -> Callable[[int], float]:
 
 def one_cpu(fn: Callable[[int], float]) -> Callable[[int], float]:
     """``fn`` run with the process's Python threads (the training thread and otel-tunix's
-    worker and export threads) held on one CPU, the first the process may use (a diagnostic row:
-    on this 2-vCPU VM, threads that hand the GIL to each other from two CPUs cost more than
-    the same threads taking turns on one). Linux only; elsewhere ``fn`` as is."""
+    worker and export threads) held on one CPU, the first the process may use (a diagnostic
+    row: on this 2-vCPU VM, threads that hand the GIL to each other from two CPUs can cost
+    more than the same threads taking turns on one). Linux only; elsewhere ``fn`` as is."""
 
     def run(n: int) -> float:
         if not hasattr(os, "sched_setaffinity"):
