@@ -134,10 +134,11 @@ def test_counters_on_controlled_sleeps():
     assert s.idle_time_sec == pytest.approx(
         s.step_time_sec - s.busy_time_sec - s.blocked_time_sec, abs=1e-9
     )
-    # ... and close to the sleeps (sleeps only ever run long on a busy machine).
-    assert 0.060 <= s.busy_time_sec < 0.085
-    assert 0.030 <= s.blocked_time_sec < 0.050
-    assert 0.010 <= s.idle_time_sec < 0.030
+    # ... and at least the sleeps (sleeps only ever run long: a loaded CI machine stretches
+    # them by tens of milliseconds, so the upper bounds only catch gross errors).
+    assert 0.060 <= s.busy_time_sec < 0.060 + 0.25
+    assert 0.030 <= s.blocked_time_sec < 0.030 + 0.25
+    assert 0.010 <= s.idle_time_sec < 0.010 + 0.25
     assert s.components["train_data_load"].busy_time_sec == pytest.approx(dur("train_data_load"))
     assert s.components["train_queue_wait"].blocked_time_sec == pytest.approx(
         dur("train_queue_wait")
@@ -161,10 +162,21 @@ def test_nested_and_concurrent_busy_time_is_not_double_counted():
                     t.join()
         spans = {s.name: s for s in cap.spans()}
         s = cap.summaries[0]
-    outer = (spans["outer"].end_time - spans["outer"].start_time) / 1e9
+    def dur(span) -> float:
+        return (span.end_time - span.start_time) / 1e9
+
+    outer = dur(spans["outer"])
     assert s.busy_time_sec == pytest.approx(outer, abs=2e-4)
-    # three concurrent shards of ~30 ms count ~30 ms, not ~90 ms
-    assert 0.03 <= s.components["shard"].busy_time_sec < 0.06
+    # three concurrent shards of ~30 ms count their union (~30 ms), not their sum (~90 ms)
+    shards = sorted((sp.start_time, sp.end_time) for sp in cap.spans() if sp.name == "shard")
+    union_ns, reach = 0, 0
+    for start, end in shards:  # merged by hand here, independently of the processor
+        union_ns += max(0, end - max(start, reach))
+        reach = max(reach, end)
+    shard = s.components["shard"].busy_time_sec
+    assert shard >= 0.03
+    assert shard == pytest.approx(union_ns / 1e9, abs=1e-6)
+    assert shard < sum(dur(sp) for sp in cap.spans() if sp.name == "shard") - 0.02
     assert s.components["shard"].count == 3
 
 
@@ -317,5 +329,9 @@ def test_the_processor_gives_the_same_summary_from_sdk_spans_as_from_whole_steps
     a, b = whole.last_summary, by_span.last_summary
     assert a is not None and b is not None
     assert a.to_json() == b.to_json()
-    assert a.busy_time_sec == pytest.approx(0.005, abs=0.003)
+    # the inner span lies within the outer one, so busy time is the outer span's length (not
+    # the sum); read from the spans, not the sleeps, which a loaded machine stretches
+    outer = next(s for s in step.spans() if s.name == "outer")
+    assert a.busy_time_sec == pytest.approx((outer.end_time - outer.start_time) / 1e9, abs=1e-9)
+    assert a.busy_time_sec >= 0.005
     assert set(a.components) == {"outer", "inner", "wait"}

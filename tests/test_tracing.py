@@ -286,8 +286,8 @@ def test_device_end_ends_the_span_at_device_completion():
     host = comp.attributes[attr.HOST_DURATION]
     device = (comp.end_time - comp.start_time) / 1e9
     assert comp.attributes[attr.DEVICE_END] is True
-    assert 0.01 <= host < 0.03
-    assert device >= host + 0.025
+    assert host >= 0.01
+    assert device >= host + 0.025  # the span took the device's 30 ms on top of the host's
     assert by["train_step"][0].end_time >= comp.end_time
     assert attr.DEVICE_END not in by["given_upfront"][0].attributes  # None keeps host time
     assert summary.components["train_step_compute"].busy_time_sec == pytest.approx(device, abs=1e-6)

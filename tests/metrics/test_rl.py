@@ -250,7 +250,7 @@ def test_timed_get_measures_the_wait():
     assert item == 7 and 0.04 <= waited < 1.0
     q.put(8)
     t0 = time.perf_counter()
-    assert rl.timed_get(q)[0] == 8 and time.perf_counter() - t0 < 0.05
+    assert rl.timed_get(q)[0] == 8 and time.perf_counter() - t0 < 0.5  # did not wait
 
 
 def test_sample_writer_names_the_file_per_rank_in_a_distributed_job(tmp_path, monkeypatch):
