@@ -526,7 +526,9 @@ def test_agent_down_never_blocks_or_raises(
                 exporter.client.event("still training", "step done", alert_type="info")
                 exporter.client.service_check("tunix.health", ServiceCheckStatus.OK)
             provider.shutdown()
-            assert time.monotonic() - start < 1.0
+            # a blocking send would wait out the 2 s flush timeouts (10 s); the margin is
+            # for a loaded CI machine
+            assert time.monotonic() - start < 4.0
     # The client's own "Error submitting packet" warning is shown once, not per packet.
     submits = [r for r in caplog.records if "Error submitting packet" in str(r.msg)]
     assert len(submits) <= 1
