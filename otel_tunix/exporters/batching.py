@@ -107,7 +107,7 @@ def _span_count(item: ReadableSpan | FinishedStep) -> int:
 
 
 class SpanBatch(Sequence[ReadableSpan]):
-    """One ``export()`` batch: spans ``start`` to ``start + length`` of the queued items,
+    """One ``export()`` batch: the spans of the queued items (whole steps and single spans),
     a step's SDK spans built as the exporter iterates over them.
 
     Why lazily: the spans of a step then live only while the exporter reads them. Built all
@@ -118,40 +118,21 @@ class SpanBatch(Sequence[ReadableSpan]):
     it again builds the spans again, with the same content.
     """
 
-    __slots__ = ("_items", "_length", "_start")
+    __slots__ = ("_items", "_length")
 
-    def __init__(
-        self, items: list[ReadableSpan | FinishedStep], start: int, length: int
-    ) -> None:
+    def __init__(self, items: list[ReadableSpan | FinishedStep], length: int) -> None:
         self._items = items
-        self._start = start
         self._length = length
 
     def __len__(self) -> int:
         return self._length
 
     def __iter__(self) -> Iterator[ReadableSpan]:
-        skip, left = self._start, self._length
         for item in self._items:
-            if left <= 0:
-                return
             if isinstance(item, ReadableSpan):
-                if skip:
-                    skip -= 1
-                    continue
                 yield item
-                left -= 1
-                continue
-            n = item.span_count
-            if skip >= n:
-                skip -= n
-                continue
-            spans = item.export_spans()
-            if skip or left < n:
-                spans = spans[skip : skip + left]
-                skip = 0
-            yield from spans
-            left -= len(spans)
+            else:
+                yield from item.export_spans()
 
     @overload
     def __getitem__(self, index: int) -> ReadableSpan: ...
@@ -167,7 +148,6 @@ class SpanBatch(Sequence[ReadableSpan]):
             i += self._length
         if not 0 <= i < self._length:
             raise IndexError("span batch index out of range")
-        i += self._start
         for item in self._items:
             n = _span_count(item)
             if i < n:
@@ -301,15 +281,18 @@ class BatchExportProcessor(SpanProcessor):
             self._export_all()
 
     def _take(self) -> tuple[list[ReadableSpan | FinishedStep], int]:
-        """Queued items holding at least one batch of spans (whole steps: the last one may
-        run over), oldest first, and how many spans they hold."""
+        """The oldest queued items that fit in one batch, whole (a step is never split
+        between two exports, so its spans are built once), and how many spans they hold.
+        A step with more spans than a batch comes alone."""
         q = self._queue
         out: list[ReadableSpan | FinishedStep] = []
-        taken = 0
-        while q and taken < self._batch:
-            item = q.popleft()
-            out.append(item)
-            taken += _span_count(item)
+        taken, cap = 0, self._batch
+        while q:
+            n = _span_count(q[0])
+            if out and taken + n > cap:
+                break
+            out.append(q.popleft())
+            taken += n
         with self._count_lock:
             self._queued -= taken
         return out, taken
@@ -326,8 +309,12 @@ class BatchExportProcessor(SpanProcessor):
                 if deadline is not None and time.monotonic() > deadline:
                     return False
                 items, count = self._take()
+                if count <= self._batch:
+                    self._export(SpanBatch(items, count))
+                    continue
+                spans = items[0].export_spans()  # type: ignore[union-attr] # one huge step
                 for start in range(0, count, self._batch):
-                    self._export(SpanBatch(items, start, min(self._batch, count - start)))
+                    self._export(spans[start : start + self._batch])
         finally:
             lock.release()
         return True

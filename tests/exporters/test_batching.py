@@ -97,22 +97,46 @@ def test_a_span_batch_is_a_sequence_whose_step_spans_are_built_as_they_are_read(
         step.queued_for_export()
     items = [first, foreign, second]
 
-    whole = SpanBatch(items, 0, 8)
-    assert len(whole) == 8 and [s.name for s in whole] == eager
+    batch = SpanBatch(items, 8)
+    assert len(batch) == 8 and [s.name for s in batch] == eager
     assert first._spans is None and second._spans is None  # read, not kept
-    part = SpanBatch(items, 2, 4)  # from inside the first step into the second
-    assert len(part) == 4
-    assert [s.name for s in part] == eager[2:6]
-    assert [s.name for s in part] == eager[2:6]  # read twice: built again, same spans
-    assert part[0].name == "c" and part[-1].name == "d" and part[2] is foreign
-    assert [s.name for s in part[1:3]] == eager[3:5]
+    assert [s.name for s in batch] == eager  # read twice: built again, same spans
+    assert batch[0].name == "a" and batch[-1].name == "train_step" and batch[4] is foreign
+    assert [s.name for s in batch[3:6]] == eager[3:6]
     with pytest.raises(IndexError):
-        part[4]
+        batch[8]
     with pytest.raises(IndexError):
-        part[-5]
-    tail = SpanBatch(items, 5, 3)
-    assert [s.name for s in tail] == eager[5:]
-    assert tail[0].context.span_id == second.spans()[0].context.span_id
+        batch[-9]
+    assert batch[5].context.span_id == second.spans()[0].context.span_id
+
+
+def test_a_step_is_exported_whole_and_built_once(monkeypatch):
+    """Batches take whole steps while they fit (a step split between two exports would be
+    built twice); a step bigger than a batch is built once and split."""
+    exp = _Recorder()
+    p = BatchExportProcessor(exp, schedule_delay_millis=60_000, max_export_batch_size=5)
+    steps = [_finished("a", "b", step=1), _finished("c", "d", step=2),
+             _finished(*"efghijk", step=3)]  # fmt: skip
+    built = []
+    make = _spans.SpanBuilder.build_spans
+
+    def counted(builder, step):
+        built.append(step)
+        return make(builder, step)
+
+    monkeypatch.setattr(_spans.SpanBuilder, "build_spans", counted)
+    p.on_finished_steps(steps)
+    p.on_end(_span(7))
+    assert p.force_flush()
+    assert exp.batches == [
+        ["a", "b", "train_step"],  # 3 + the next step's 3 would pass 5
+        ["c", "d", "train_step"],
+        [*"efghi"], ["j", "k", "train_step"],  # 8 spans: built once, in two exports
+        ["s7"],
+    ]  # fmt: skip
+    assert built == steps  # each step built once
+    assert p.stats.exported == 15
+    p.shutdown()
 
 
 def test_one_exporter_does_not_keep_the_spans_two_share_them():
