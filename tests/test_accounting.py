@@ -162,6 +162,7 @@ def test_nested_and_concurrent_busy_time_is_not_double_counted():
                     t.join()
         spans = {s.name: s for s in cap.spans()}
         s = cap.summaries[0]
+
     def dur(span) -> float:
         return (span.end_time - span.start_time) / 1e9
 
