@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 import otel_tunix
 from otel_tunix import _spans, _tracer
@@ -333,30 +333,51 @@ def test_processors_without_the_bulk_method_get_every_span_in_order_and_a_broken
     assert sum("_Broken" in r.getMessage() for r in caplog.records) == 1
 
 
+def _scope_and_resource():
+    tp = TracerProvider()
+    return tp.get_tracer("t")._instrumentation_scope, tp.resource  # type: ignore[attr-defined]
+
+
 def test_fast_span_and_context_factories_match_the_sdk_constructors():
     ctx = _tracer.new_span_context(7, 9)
     assert ctx == SpanContext(7, 9, False, TraceFlags(TraceFlags.SAMPLED))
     assert ctx.is_valid and not ctx.is_remote and ctx.trace_flags.sampled
-    assert _spans.readable_span is ReadableSpan  # this SDK takes the builder's order
+    scope, resource = _scope_and_resource()
+    make = _spans.span_maker(resource, scope)
+    assert issubclass(make, ReadableSpan)  # this SDK: the run's own subclass
+    parent = _tracer.new_span_context(7, 3)
+    s = make("n", ctx, parent, {"a": 1}, 5, 8)
+    sdk = ReadableSpan(
+        "n", ctx, parent, resource, {"a": 1}, start_time=5, end_time=8,
+        instrumentation_scope=scope,
+    )  # fmt: skip
+    assert s.to_json() == sdk.to_json()
+    assert (s.name, s.context, s.parent, s.attributes, s.start_time, s.end_time) == (
+        "n", ctx, parent, {"a": 1}, 5, 8,
+    )  # fmt: skip
+    assert (s.resource, s.instrumentation_scope, s.kind) == (resource, scope, sdk.kind)
+    assert (s.events, s.links, s.status.status_code) == ((), (), StatusCode.UNSET)
 
 
-def test_keyword_fallback_when_the_sdk_signature_changes(monkeypatch):
-    class Other(ReadableSpan):
-        def __init__(self, name, *, context=None, **kw):  # a different order
-            super().__init__(name, context=context, **kw)
+def test_span_maker_falls_back_to_the_constructor_when_the_sdk_changes(monkeypatch):
+    class Other(ReadableSpan):  # a future SDK that keeps the name under another field
+        def __init__(self, name, *args, **kw):
+            super().__init__(name, *args, **kw)
+            self._renamed = name
+
+        @property
+        def name(self):
+            return self._renamed
 
     monkeypatch.setattr(_spans, "ReadableSpan", Other)
-    make = _spans._readable_span_factory()
-    assert make is not Other
-    tp = TracerProvider()
-    scope = tp.get_tracer("t")._instrumentation_scope  # type: ignore[attr-defined]
+    scope, resource = _scope_and_resource()
+    make = _spans.span_maker(resource, scope)
     ctx = _tracer.new_span_context(7, 9)
-    s = make("n", ctx, None, tp.resource, {"a": 1}, (), (), _spans._INTERNAL, None,
-             _spans._UNSET, 5, 8, scope)  # fmt: skip
-    assert isinstance(s, Other)
+    s = make("n", ctx, None, {"a": 1}, 5, 8)
+    assert type(s) is Other
     assert (s.name, s.context, s.parent, s.attributes["a"]) == ("n", ctx, None, 1)
     assert (s.start_time, s.end_time, s.instrumentation_scope) == (5, 8, scope)
-    assert s.to_json()
+    assert s.resource is resource and s.to_json()
 
 
 @pytest.fixture(autouse=True)
