@@ -483,13 +483,14 @@ class component:
     ) -> None:
         self._name = name
         self._blocked = blocked
-        self._device_end = device_end
+        self._device_end = self._resolver = device_end
+        """The constructor's device end, and this use's (``end_on_device`` replaces it; a
+        use that ends on the device puts the constructor's back for the next use)."""
         self._start_ns = start_ns
         self._sid = 0  # the span id while recorded, else 0
         # _step, _span_id (the span id, kept after exit: a task or thread that copied the
-        # context may still parent spans to it), _resolver (this use's device end), _token,
-        # _ctoken and _ctx are set by __enter__ when it records (and read only then): fewer
-        # assignments per component.
+        # context may still parent spans to it), _token, _ctoken and _ctx are set by
+        # __enter__ when it records (and read only then): fewer assignments per component.
 
     @property
     def recording(self) -> bool:
@@ -554,20 +555,18 @@ class component:
             span = _otel_context().get(_SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id
-                attach_proxy = False
+                self._token = None
             else:  # a foreign span is current, or a thread that did not inherit the context
                 cur_ctx = (span or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == st.trace_id else st.span_id
-                attach_proxy = True
+                self._token = _attach_span(st)
             sid = getrandbits(64) or 1
             ident = _get_ident()
             thread = None  # the step's thread
             if ident != st.ident:
                 thread = _threads_by_ident.get(ident) or _current_thread()
             self._step = st
-            self._resolver = self._device_end
             self._ctoken = _current.set(self)
-            self._token = _attach_span(st) if attach_proxy else None
             self._sid = self._span_id = sid
             st.spans.append((name, self._blocked, sid, parent, self._start_ns or _clock(), thread))
         except Exception:
@@ -589,6 +588,7 @@ class component:
                 step_extras(st).errors[sid] = exc
             resolver = self._resolver
             if resolver is not None:
+                self._resolver = self._device_end  # for the next use of this object
                 # Registered before the end below: the step is never seen complete with
                 # this device end still unknown.
                 step_extras(st).device[sid] = resolver
