@@ -397,8 +397,10 @@ class SpanBuilder:
         trace_id = rec.trace_id
         step_ctx = rec.span_context()
         step_sid, step_thread = rec.span_id, rec.thread
-        # A parent starts before its children, so in start order its context is made first.
-        contexts: dict[int, SpanContext] = {}
+        # A parent starts before its children, so in start order its span is made first. The
+        # contexts by span id are kept only from the first component whose parent is not the
+        # step (a step of top-level components, the usual one, needs none).
+        contexts: dict[int, SpanContext] | None = None
         number, scope = rec.number, rec.scope
         out: list[ReadableSpan] = []
         make, new_ctx, append = self._make, new_span_context, out.append
@@ -408,11 +410,15 @@ class SpanBuilder:
         ex = rec.extras
         comps = zip(step.components, step.intervals, strict=True)
         for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
-            ctx = contexts[sid] = new_ctx(trace_id, sid)
+            ctx = new_ctx(trace_id, sid)
             if parent_id == step_sid:
                 parent_ctx = step_ctx
             else:  # a component, else a foreign span (or a parent recorded after the fact)
+                if contexts is None:
+                    contexts = {s.context.span_id: s.context for s in out}
                 parent_ctx = contexts.get(parent_id) or new_ctx(trace_id, parent_id)
+            if contexts is not None:
+                contexts[sid] = ctx
             if thread is None:
                 thread = step_thread
             extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
