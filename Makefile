@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-instructions clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_overhead.py
 	$(BIN)/python bench/bench_demo.py
+
+bench-instructions: $(STAMP)  # needs valgrind
+	$(BIN)/python bench/bench_instructions.py
 
 clean:
 	rm -rf $(VENV) otel-tunix-runs

@@ -4,8 +4,10 @@ these machines are shared and noisy; the numbers live in docs/benchmarks.md."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,36 @@ def test_bench_demo_prints_the_direct_and_wall_clock_measurements():
     assert re.search(r"otel-tunix threads \(CPU\):\s+\d+\.\d us", text)
     assert re.search(r"total:\s+\d+\.\d us = \d+\.\d\d% of the step", text)
     assert re.search(r"wall clock, interleaved blocks of 2 steps.*median of \d+ pairs", text)
+
+
+def test_bench_instructions_child_runs_every_stage_without_valgrind():
+    for stage in ("hot", "process", "export"):
+        out = subprocess.run(
+            [sys.executable, str(BENCH / "bench_instructions.py"), "--child", stage,
+             "--spans", "200"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_bench_instructions_says_when_valgrind_is_missing(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_instructions.py")],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": str(tmp_path)},  # no valgrind on it
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "needs valgrind" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_bench_instructions_counts_grow_with_the_spans_recorded():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_instructions
+    finally:
+        sys.path.remove(str(BENCH))
+    with ThreadPoolExecutor(2) as pool:
+        none, some = pool.map(lambda n: bench_instructions.count("hot", n, 10, False), (0, 3000))
+    # A recorded component costs thousands of instructions (about 15k here), never nothing.
+    assert 3000 * 5_000 < some - none < 3000 * 100_000
