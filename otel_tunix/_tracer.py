@@ -483,9 +483,9 @@ class component:
     ) -> None:
         self._name = name
         self._blocked = blocked
+        # The constructor's device end, and this use's (end_on_device replaces it; a use
+        # that ends on the device puts the constructor's back for the next use).
         self._device_end = self._resolver = device_end
-        """The constructor's device end, and this use's (``end_on_device`` replaces it; a
-        use that ends on the device puts the constructor's back for the next use)."""
         self._start_ns = start_ns
         self._sid = 0  # the span id while recorded, else 0
         # _step, _span_id (the span id, kept after exit: a task or thread that copied the
