@@ -384,21 +384,24 @@ class step:
                 )
             return self
         try:
-            start = self._start_ns or _clock()
             stats = rt.scopes.get(self._scope)
             if stats is None:
                 stats = rt.scopes.setdefault(self._scope, _ScopeStats())
-            if stats.count == 0:
-                stats.first_start_ns = start
-            stats.count += 1
+            count = stats.count
+            stats.count = count + 1
             self._stats = stats
             n = self._n
             if type(n) is not int:
                 _warn_once("step-n", "otel_tunix.step() wants an int step number, got %r", n)
-                n = self._n = stats.count - 1
-            if n % rt.sampling_rate:
+                n = self._n = count
+            if n % rt.sampling_rate:  # not sampled: the clock only for the scope's first step
+                if not count:
+                    stats.first_start_ns = self._start_ns or _clock()
                 self._token = _current.set(None)
                 return self
+            start = self._start_ns or _clock()
+            if not count:
+                stats.first_start_ns = start
             rec = StepRecord(rt, self._scope, n, start)
             if rt.pending_events:  # events raised while no sampled step was open
                 rec.events = _take_pending(rt)
