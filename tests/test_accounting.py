@@ -336,3 +336,17 @@ def test_the_processor_gives_the_same_summary_from_sdk_spans_as_from_whole_steps
     assert a.busy_time_sec == pytest.approx((outer.end_time - outer.start_time) / 1e9, abs=1e-9)
     assert a.busy_time_sec >= 0.005
     assert set(a.components) == {"outer", "inner", "wait"}
+
+
+def test_a_session_whose_first_step_is_not_sampled_starts_at_that_step():
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf) as cap:
+        for n in (1, 2, 3):  # resumed at step 1: the first step is not sampled
+            with otel_tunix.step(n):
+                time.sleep(0.02)
+    (session,) = cap.sessions
+    assert (session.steps, session.sampled_steps) == (3, 1)
+    # From the start of step 1 to the end of step 3: three 20 ms sleeps, not one.
+    # (A start never set would read from the clock's zero: far more than a second.)
+    assert 0.06 <= session.wall_time_sec < 5.0
+    assert session.steps_per_sec <= 3 / 0.06
