@@ -157,6 +157,18 @@ def _loop(n: int, per_step: int, sampled: bool) -> None:
                     pass
 
 
+def unsampled_alone(n: int) -> float:
+    """``n`` components in one step that is not sampled: the component alone, without the
+    share of its step that the loop rows carry."""
+    component = otel_tunix.component
+    with otel_tunix.step(1):
+        t = time.perf_counter()
+        for _ in range(n):
+            with component("train_step_compute"):
+                pass
+        return time.perf_counter() - t
+
+
 def ours_on_one_thread(per_step: int, provider: TracerProvider) -> Callable[[int], float]:
     """A diagnostic: the sampled loop, then the worker's processing of its steps and the
     export, all on the training thread (no thread hands the GIL to another). ``provider``
@@ -307,6 +319,7 @@ def main() -> None:
         # run folder: file writing is an exporter of its own, measured by bench_demo.py.
         with configured(span_exporters=[NullExporter()]):
             rounds.take("otel-tunix, step not sampled", ours(False, per, False))
+            rounds.take("  component alone, in one step not sampled", unsampled_alone)
             rounds.take("otel-tunix, sampled: training thread alone", ours(True, per, False))
             rounds.take("otel-tunix, sampled (+ processing)", ours(True, per, True))
             rounds.take(
@@ -334,7 +347,8 @@ def main() -> None:
     spreads = rounds.spreads()
     order = [
         "bare clock pair", "OTel SDK, ALWAYS_OFF", "OTel SDK, ALWAYS_ON + batch(null)",
-        "otel-tunix, step not sampled", "otel-tunix, sampled: training thread alone",
+        "otel-tunix, step not sampled", "  component alone, in one step not sampled",
+        "otel-tunix, sampled: training thread alone",
         "otel-tunix, sampled (+ processing)", "  same, garbage collector off (diagnostic)",
         "  same, threads on one CPU (diagnostic)",
         "  same, every stage on the training thread (diagnostic)",
@@ -354,7 +368,9 @@ def main() -> None:
     sampled = rows["otel-tunix, sampled (+ processing)"]
     print()
     print(f"unsampled / SDK ALWAYS_OFF        = {unsampled / off:.3f}  (target <= 0.1)")
+    alone = rows["  component alone, in one step not sampled"]
     print(f"unsampled absolute                = {unsampled:.3f} us (target <= 0.5)")
+    print(f"  component alone, without its step's share = {alone:.3f} us")
     print(f"sampled+processing / SDK ALWAYS_ON = {sampled / on:.3f}  (target <= 0.25)")
     joined = rows["  same, joined to an app provider + SDK batch(null)"]
     print(f"  joined to an app's SDK batch     = {joined / on:.3f}")

@@ -32,6 +32,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
     for row in (
         "OTel SDK, ALWAYS_ON + batch(null)",
         "otel-tunix, step not sampled",
+        "component alone, in one step not sampled",
         "otel-tunix, sampled: training thread alone",
         "otel-tunix, sampled (+ processing)",
         "same, joined to an app provider + SDK batch(null)",
@@ -42,6 +43,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         assert re.search(re.escape(row) + r"\s+\d+\.\d{3}", text), row
     assert re.search(r"sampled\+processing / SDK ALWAYS_ON = \d+\.\d{3}", text)
     assert re.search(r"unsampled / SDK ALWAYS_OFF\s+= \d+\.\d{3}", text)
+    assert re.search(r"component alone, without its step's share = \d+\.\d{3} us", text)
     if "google-tunix not installed" not in text:  # both Tunix rows and both ratios
         for row in ("Tunix PerfTracer.span", "Tunix, as its RL learner uses it"):
             assert re.search(re.escape(row) + r".*?\s+\d+\.\d{3}", text), row
