@@ -110,11 +110,7 @@ def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
         name: str, context: SpanContext, parent: SpanContext | None,
         attributes: dict[str, Any], start_time: int, end_time: int,
     ) -> ReadableSpan:  # fmt: skip
-        return ReadableSpan(
-            name, context=context, parent=parent, resource=resource, attributes=attributes,
-            kind=_INTERNAL, status=_UNSET, start_time=start_time, end_time=end_time,
-            instrumentation_scope=scope,
-        )  # fmt: skip
+        return sdk_span(resource, scope, name, context, parent, attributes, start_time, end_time)
 
     try:
         args = ("n", new_span_context(3, 5), new_span_context(3, 7), {"a": 1}, 11, 13)
@@ -122,6 +118,19 @@ def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
     except Exception:  # pragma: no cover - a future SDK
         same = False
     return cls if same else by_constructor
+
+
+def sdk_span(
+    resource: Resource, scope: InstrumentationScope, name: str, context: SpanContext,
+    parent: SpanContext | None, attributes: dict[str, Any], start_time: int, end_time: int,
+    events: tuple[Event, ...] = (), status: Status = _UNSET,
+) -> ReadableSpan:  # fmt: skip
+    """A span of a run made by the SDK's own constructor (internal kind, no links)."""
+    return ReadableSpan(
+        name, context=context, parent=parent, resource=resource, attributes=attributes,
+        events=events, kind=_INTERNAL, status=status, start_time=start_time,
+        end_time=end_time, instrumentation_scope=scope,
+    )  # fmt: skip
 
 
 def _same_span(a: ReadableSpan, b: ReadableSpan) -> bool:
@@ -468,11 +477,9 @@ class SpanBuilder:
     ) -> ReadableSpan:  # fmt: skip
         """A span with an error status or events (the few that :data:`SpanMaker` does not
         make)."""
-        return ReadableSpan(
-            name, context=ctx, parent=parent, resource=self._resource, attributes=attrs,
-            events=events, kind=_INTERNAL, status=status, start_time=start, end_time=end,
-            instrumentation_scope=self._scope,
-        )  # fmt: skip
+        return sdk_span(
+            self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status
+        )
 
 
 def _extra_attributes(
