@@ -28,7 +28,9 @@ from otel_tunix._configure import (
 )
 from otel_tunix._spans import FinishedStep
 from otel_tunix._tracer import (
+    Component,
     StepView,
+    Unrecorded,
     component,
     current_step,
     in_step,
@@ -41,6 +43,7 @@ from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 
 __all__ = [
+    "Component",
     "ComponentTime",
     "ConfigurationError",
     "FinishedStep",
@@ -52,6 +55,7 @@ __all__ = [
     "SpanInfo",
     "StepSummary",
     "StepView",
+    "Unrecorded",
     "__version__",
     "component",
     "configure",

@@ -426,3 +426,79 @@ def test_in_step_true_for_unsampled_steps():
         with otel_tunix.step(1):
             assert otel_tunix.in_step() and otel_tunix.current_step() is None
         assert not otel_tunix.in_step()
+
+
+def test_components_made_in_an_unsampled_step_are_shared_stand_ins_that_record_nothing():
+    import contextlib
+
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf) as cap:
+        with otel_tunix.step(1):  # not sampled
+            a, b = otel_tunix.component("load"), otel_tunix.component("load")
+            assert a is b  # one stand-in per name: no object per use
+            assert isinstance(a, otel_tunix.Unrecorded)
+            wait = otel_tunix.component("load", blocked=True)
+            assert wait is not a and wait._blocked is True
+            with a as c:
+                assert c.recording is False and c.span_attributes is None
+                c.set_attribute("k", 1)  # ignored, no error
+                c.end_on_device(lambda: 0)
+            err = KeyError("boom")
+            with pytest.raises(KeyError) as info, otel_tunix.component("compute"):
+                raise err
+            assert info.value is err  # unchanged
+            with contextlib.ExitStack() as stack:  # calls __enter__ with the manager
+                assert stack.enter_context(otel_tunix.component("x")).recording is False
+            otel_tunix.record_component("late", 1, 2)  # records nothing, never raises
+            assert not a.recording
+        with otel_tunix.step(2):  # sampled: the stand-in made above still records nothing
+            with a:
+                pass
+            with otel_tunix.component("load") as real:
+                assert real.recording and isinstance(real, otel_tunix.Component)
+        names = [s.name for s in cap.spans()]
+    assert names == ["load", "train_step"]
+
+
+def test_a_decorator_made_in_an_unsampled_step_records_calls_in_sampled_steps():
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf) as cap:
+        with otel_tunix.step(1):
+
+            @otel_tunix.component("queue_get", blocked=True)
+            def get(x):
+                return x + 1
+
+            assert get(1) == 2  # not sampled: not recorded
+        with otel_tunix.step(2):
+            assert get(2) == 3
+        spans = _by_name(cap.spans())
+    assert len(spans["queue_get"]) == 1
+    assert spans["queue_get"][0].attributes[attr.TIME_KIND] == "blocked"
+    assert spans["queue_get"][0].attributes[attr.STEP] == 2
+
+
+def test_a_component_made_outside_steps_is_reused_and_follows_each_steps_sampling():
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf) as cap:
+        load = otel_tunix.component("load")
+        assert isinstance(load, otel_tunix.Component)
+        for n in range(5):
+            with otel_tunix.step(n), load as c:
+                assert c is load and c.recording == (n % 2 == 0)
+        steps = [s.attributes[attr.STEP] for s in cap.spans() if s.name == "load"]
+    assert steps == [0, 2, 4]
+
+
+def test_stand_ins_are_kept_for_a_bounded_number_of_names(monkeypatch):
+    from otel_tunix import _tracer
+
+    monkeypatch.setattr(_tracer, "_unrecorded", {})
+    monkeypatch.setattr(_tracer, "_MAX_UNRECORDED", 3)
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
+    with capture(perf=perf), otel_tunix.step(1):
+        made = [otel_tunix.component(f"layer_{i}") for i in range(5)]
+        assert sorted(_tracer._unrecorded) == ["layer_0", "layer_1", "layer_2"]
+        assert otel_tunix.component("layer_4") is not made[4]  # past the bound: made anew
+        assert otel_tunix.component("layer_0") is made[0]
+        assert all(not m.recording for m in made)
