@@ -71,12 +71,14 @@ def child(stage: str, n: int, per_step: int) -> None:
     from opentelemetry.sdk.trace import TracerProvider
 
     import otel_tunix
+    from otel_tunix import _ids
     from otel_tunix.exporters.batching import BatchExportProcessor
     from otel_tunix.testing import steps_set_aside
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_overhead import NullExporter, _loop
 
+    _ids.seed(0)  # the same span ids on every run
     logging.getLogger("otel_tunix.metrics.alerts").setLevel(logging.ERROR)
     provider = TracerProvider()  # the export thread asleep: force_flush exports right here
     provider.add_span_processor(

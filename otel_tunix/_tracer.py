@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from random import getrandbits
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.context import attach, detach, get_current
@@ -39,6 +38,8 @@ from opentelemetry.trace import (
     get_current_span,
     set_span_in_context,
 )
+
+from otel_tunix._ids import random_bits, refill_span_ids, take_span_id
 
 if TYPE_CHECKING:
     from otel_tunix._pipeline import Pipeline
@@ -251,9 +252,12 @@ class StepRecord(NonRecordingSpan):
             self.trace_id = parent.trace_id
             self.parent_id = parent.span_id
         else:
-            self.trace_id = getrandbits(128) or 1
+            self.trace_id = random_bits(128) or 1
             self.parent_id = 0
-        self.span_id = getrandbits(64) or 1
+        try:
+            self.span_id = take_span_id()
+        except IndexError:  # the pool is empty
+            self.span_id = refill_span_ids()
         self._ctx: SpanContext | None = None
 
     def span_context(self) -> SpanContext:
@@ -608,7 +612,10 @@ class Component:
                 cur_ctx = (span or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == st.trace_id else st.span_id
                 self._token = _attach_span(st)
-            sid = getrandbits(64) or 1
+            try:
+                sid = take_span_id()
+            except IndexError:  # the pool is empty, once every 256 components
+                sid = refill_span_ids()
             ident = _get_ident()
             thread = None  # the step's thread
             if ident != st.ident:
