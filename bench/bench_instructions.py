@@ -46,9 +46,10 @@ LABELS = {
 }
 
 
-def child(stage: str, n: int, per_step: int) -> None:
-    """Record ``n`` spans the way ``stage`` says, then end the process at once (what
-    shutdown would do is not part of the count)."""
+def child(stage: str, n: int, per_step: int, distinct: bool = False) -> None:
+    """Record ``n`` spans the way ``stage`` says (``distinct``: each component of a step
+    its own name), then end the process at once (what shutdown would do is not part of the
+    count)."""
     random.seed(0)
     if stage == "tunix":
         from tunix.perf.experimental.tracer import PerfTracer  # type: ignore[import-not-found]
@@ -94,14 +95,14 @@ def child(stage: str, n: int, per_step: int) -> None:
         perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=2),
     )
     with steps_set_aside() as kept:  # warm-up
-        _loop(2000, per_step, sampled=True)
+        _loop(2000, per_step, sampled=True, distinct=distinct)
         kept.process()
         provider.force_flush()
     gc.collect()
     if not os.environ.get("BENCH_GC"):
         gc.disable()
     with steps_set_aside() as kept:
-        _loop(n, per_step, sampled=True)
+        _loop(n, per_step, sampled=True, distinct=distinct)
         if stage != "hot":
             kept.process()
             if stage == "export":
@@ -109,7 +110,7 @@ def child(stage: str, n: int, per_step: int) -> None:
     os._exit(0)
 
 
-def count(stage: str, n: int, per_step: int, gc_on: bool) -> int:
+def count(stage: str, n: int, per_step: int, gc_on: bool, distinct: bool = False) -> int:
     """Instructions of one child run under callgrind."""
     env = {
         **os.environ,
@@ -120,7 +121,7 @@ def count(stage: str, n: int, per_step: int, gc_on: bool) -> int:
     cmd = [
         "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
         sys.executable, __file__, "--child", stage, "--spans", str(n),
-        "--per-step", str(per_step),
+        "--per-step", str(per_step), *(["--distinct"] if distinct else []),
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     found = re.search(r"Collected : (\d+)", out.stderr)
@@ -135,11 +136,14 @@ def main() -> None:
     ap.add_argument("--base", type=int, default=5000, help="spans of the smaller run")
     ap.add_argument("--per-step", type=int, default=10, help="components per step")
     ap.add_argument("--gc", action="store_true", help="count the garbage collector too")
+    ap.add_argument(
+        "--distinct", action="store_true", help="each component of a step its own name"
+    )
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's row")
     ap.add_argument("--child", choices=(*STAGES, "tunix"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.spans, args.per_step)
+        child(args.child, args.spans, args.per_step, args.distinct)
         return
     if shutil.which("valgrind") is None:
         sys.exit("bench_instructions.py needs valgrind (apt-get install valgrind)")
@@ -157,13 +161,20 @@ def main() -> None:
         counts = dict(
             zip(
                 jobs,
-                pool.map(lambda job: count(job[0], job[1], args.per_step, args.gc), jobs),
+                pool.map(
+                    lambda job: count(job[0], job[1], args.per_step, args.gc, args.distinct),
+                    jobs,
+                ),
                 strict=True,
             )
         )
     per = {row: (counts[(row, sizes[1])] - counts[(row, sizes[0])]) / args.spans for row in rows}
     gc_note = "garbage collector counted" if args.gc else "garbage collector off"
-    print(f"instructions per span ({args.spans} spans, {args.per_step} to a step, {gc_note})")
+    names = "each its own name" if args.distinct else "one name"
+    print(
+        f"instructions per span ({args.spans} spans, {args.per_step} to a step ({names}), "
+        f"{gc_note})"
+    )
     width = max(len(label) for label in LABELS.values())
     for row in rows:
         print(f"{LABELS[row]:<{width}}  {per[row]:9.0f}")

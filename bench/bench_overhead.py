@@ -146,14 +146,17 @@ def tunix_span(per_step: int | None = None) -> Callable[[int], float] | None:
     return bare if per_step is None else as_used
 
 
-def _loop(n: int, per_step: int, sampled: bool) -> None:
-    """``n`` components, ``per_step`` to a step (sampling_rate=2: even steps are sampled)."""
+def _loop(n: int, per_step: int, sampled: bool, distinct: bool = False) -> None:
+    """``n`` components, ``per_step`` to a step (sampling_rate=2: even steps are sampled),
+    all named ``train_step_compute`` or, ``distinct``, each its own name (as in a real step:
+    each name has its own per-step metrics)."""
     component, step = otel_tunix.component, otel_tunix.step
     base = 0 if sampled else 1
+    names = [f"component_{i}" if distinct else "train_step_compute" for i in range(per_step)]
     for s in range(max(1, n // per_step)):
         with step(2 * s + base):
-            for _ in range(per_step):
-                with component("train_step_compute"):
+            for name in names:
+                with component(name):
                     pass
 
 
@@ -186,14 +189,17 @@ def ours_on_one_thread(per_step: int, provider: TracerProvider) -> Callable[[int
     return run
 
 
-def ours(sampled: bool, per_step: int, processed: bool) -> Callable[[int], float]:
-    """A loop of steps with ``per_step`` components. ``processed``: the time includes the
-    worker's processing and the export (flushed at the end); otherwise the finished steps
-    are set aside and only the training thread's own cost is timed."""
+def ours(
+    sampled: bool, per_step: int, processed: bool, distinct: bool = False
+) -> Callable[[int], float]:
+    """A loop of steps with ``per_step`` components (``distinct``: each its own name).
+    ``processed``: the time includes the worker's processing and the export (flushed at the
+    end); otherwise the finished steps are set aside and only the training thread's own cost
+    is timed."""
 
     def loop(n: int) -> float:
         t = time.perf_counter()
-        _loop(n, per_step, sampled)
+        _loop(n, per_step, sampled, distinct)
         if processed:
             otel_tunix.force_flush()
         return time.perf_counter() - t
@@ -323,6 +329,9 @@ def main() -> None:
             rounds.take("otel-tunix, sampled: training thread alone", ours(True, per, False))
             rounds.take("otel-tunix, sampled (+ processing)", ours(True, per, True))
             rounds.take(
+                "  same, each component its own name", ours(True, per, True, distinct=True)
+            )
+            rounds.take(
                 "  same, garbage collector off (diagnostic)", gc_off(ours(True, per, True))
             )
             rounds.take("  same, threads on one CPU (diagnostic)", one_cpu(ours(True, per, True)))
@@ -349,7 +358,8 @@ def main() -> None:
         "bare clock pair", "OTel SDK, ALWAYS_OFF", "OTel SDK, ALWAYS_ON + batch(null)",
         "otel-tunix, step not sampled", "  component alone, in one step not sampled",
         "otel-tunix, sampled: training thread alone",
-        "otel-tunix, sampled (+ processing)", "  same, garbage collector off (diagnostic)",
+        "otel-tunix, sampled (+ processing)", "  same, each component its own name",
+        "  same, garbage collector off (diagnostic)",
         "  same, threads on one CPU (diagnostic)",
         "  same, every stage on the training thread (diagnostic)",
         "  same, joined to an app provider + SDK batch(null)", "  same, no span exporter",
@@ -380,6 +390,8 @@ def main() -> None:
     if "Tunix PerfTracer.span" in rows:
         tunix = rows["Tunix PerfTracer.span"]
         print(f"sampled+processing / Tunix         = {sampled / tunix:.3f}  (target <= 1)")
+        distinct = rows["  same, each component its own name"]
+        print(f"  each component its own name / Tunix = {distinct / tunix:.3f}")
         pinned = rows["  same, threads on one CPU (diagnostic)"]
         print(f"  threads on one CPU / Tunix       = {pinned / tunix:.3f}")
         inline = rows["  same, every stage on the training thread (diagnostic)"]

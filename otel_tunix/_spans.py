@@ -21,11 +21,18 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind, Status, StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix._once import ReportOnce
-from otel_tunix._tracer import ComponentExtras, ComponentStart, StepRecord, new_span_context
+from otel_tunix._tracer import (
+    SAMPLED,
+    SPAN_CONTEXT_AS_TUPLE,
+    ComponentExtras,
+    ComponentStart,
+    StepRecord,
+    new_span_context,
+)
 from otel_tunix.accounting import SpanInfo
 
 _logger = logging.getLogger(__name__)
@@ -413,13 +420,20 @@ class SpanBuilder:
         number, scope = rec.number, rec.scope
         out: list[ReadableSpan] = []
         make, new_ctx, append = self._make, new_span_context, out.append
+        # new_span_context written out below when it is the tuple (a call less per span)
+        as_tuple, new_tuple = SPAN_CONTEXT_AS_TUPLE, tuple.__new__
+        sampled, state = SAMPLED, DEFAULT_TRACE_STATE
+        threads = self._threads  # what self.thread() caches, read without its call
         # Components with the same name, kind and thread share one attribute dict (spans
         # hand out read-only views of it): micro-batches and repeated layers repeat names.
         shared: dict[str, tuple[bool, Any, dict[str, Any]]] = {}
         ex = rec.extras
         comps = zip(step.components, step.intervals, strict=True)
         for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
-            ctx = new_ctx(trace_id, sid)
+            if as_tuple:
+                ctx = new_tuple(SpanContext, (trace_id, sid, False, sampled, state, True))
+            else:  # pragma: no cover - an API whose SpanContext is not that tuple
+                ctx = new_ctx(trace_id, sid)
             if parent_id == step_sid:
                 parent_ctx = step_ctx
             else:  # a component, else a foreign span (or a parent recorded after the fact)
@@ -435,7 +449,7 @@ class SpanBuilder:
             if found is not None and found[0] is blocked and found[1] is thread:
                 attrs = found[2]
             else:
-                tid, tname = self.thread(thread)
+                tid, tname = threads.get(thread) or self.thread(thread)
                 attrs = {
                     _SPAN_TYPE: _COMPONENT,
                     _STEP: number,

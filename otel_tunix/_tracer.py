@@ -95,9 +95,9 @@ _attach_span, _detach = _span_attacher(_context_var)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
-def _span_context_factory() -> Callable[[int, int], SpanContext]:
+def _span_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
     """``(trace_id, span_id) -> SpanContext`` (local, sampled) for ids otel-tunix drew or
-    took from a valid context.
+    took from a valid context, and whether it builds the tuple directly.
 
     ``SpanContext`` is a tuple; building the tuple directly skips the constructor's range
     checks (about half its cost, paid per span). Used only when it yields exactly what the
@@ -116,11 +116,15 @@ def _span_context_factory() -> Callable[[int, int], SpanContext]:
         same = tuple(a) == tuple(b) and a.is_valid and a.trace_flags.sampled and not a.is_remote
     except Exception:  # pragma: no cover - a future API
         same = False
-    return fast if same else slow
+    return (fast, True) if same else (slow, False)
 
 
 _tuple_new = tuple.__new__
-new_span_context = _span_context_factory()
+new_span_context, SPAN_CONTEXT_AS_TUPLE = _span_context_factory()
+"""``SPAN_CONTEXT_AS_TUPLE``: ``new_span_context(t, s)`` is ``tuple.__new__(SpanContext, (t, s,
+False, SAMPLED, DEFAULT_TRACE_STATE, True))``, which a loop over many spans may write out to
+save a Python call per span."""
+SAMPLED = _SAMPLED
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 DeviceEnd = Callable[[], int | None]

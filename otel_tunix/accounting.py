@@ -223,6 +223,7 @@ Interval = tuple[str, bool, int, int]
 """``(component name, blocked, start_ns, end_ns)``."""
 
 _by_start = operator.itemgetter(2)
+_new_object = object.__new__
 
 
 def account_step(
@@ -269,42 +270,47 @@ def account_intervals(
     JSON dicts (see :meth:`StepSummary.to_json`)."""
     if not presorted:
         intervals = sorted(intervals, key=_by_start)
-    # In start order: the window end and the intervals of each component, then the union
-    # of the busy intervals (clipping starts to the step's keeps the order).
+    # In start order: the window end and each component's time, taken whole for a component
+    # seen once in the step (the usual case: one frame-free object each, ComponentTime
+    # made in C and its three fields set here) and as the union of its intervals for one
+    # seen more than once; then the union of the busy intervals (clipping starts to the
+    # step's keeps the order).
     window_end = end_ns
     any_blocked = False
-    groups: dict[str, list[Interval]] = {}
-    for iv in intervals:
-        name, is_blocked, _, e = iv
+    components: dict[str, ComponentTime] = {}
+    repeated: set[str] | None = None
+    new = _new_object
+    for name, is_blocked, s, e in intervals:
         if e > window_end:
             window_end = e
-        group = groups.get(name)
-        if group is None:
-            groups[name] = [iv]
-        else:
-            group.append(iv)
         if is_blocked:
             any_blocked = True
+        if name in components:
+            if repeated is None:
+                repeated = set()
+            repeated.add(name)
+            continue
+        if s < start_ns:
+            s = start_ns
+        length = (e - s) * _NS if e > s else 0.0
+        ct = components[name] = new(ComponentTime)
+        if is_blocked:
+            ct.busy_time_sec, ct.blocked_time_sec = 0.0, length
+        else:
+            ct.busy_time_sec, ct.blocked_time_sec = length, 0.0
+        ct.count = 1
     busy_ns = _union_clipped(intervals, start_ns, False if any_blocked else None)
     # Blocked: the time some component is open minus the busy time.
     blocked_ns = _union_clipped(intervals, start_ns, None) - busy_ns if any_blocked else 0
     wall_ns = window_end - start_ns
     idle_ns = wall_ns - busy_ns - blocked_ns
-    if len(groups) == 1 and not any_blocked:  # one component, all busy: its time is busy_ns
-        ((name, group),) = groups.items()
-        components = {name: ComponentTime(busy_ns * _NS, 0.0, len(group))}
-    else:
-        components = {}
-        for name, group in groups.items():
-            if len(group) == 1:  # the usual case: a component once per step
-                _, is_blocked, s, e = group[0]
-                if s < start_ns:
-                    s = start_ns
-                length = (e - s) * _NS if e > s else 0.0
-                components[name] = (
-                    ComponentTime(0.0, length, 1) if is_blocked else ComponentTime(length, 0.0, 1)
-                )
-            else:
+    if repeated is not None:
+        if len(components) == 1 and not any_blocked:  # one component, all busy: busy_ns
+            ((name, ct),) = components.items()
+            ct.busy_time_sec, ct.count = busy_ns * _NS, len(intervals)
+        else:
+            for name in repeated:
+                group = [iv for iv in intervals if iv[0] == name]
                 components[name] = ComponentTime(
                     _union_clipped(group, start_ns, False) * _NS,
                     _union_clipped(group, start_ns, True) * _NS,

@@ -27,28 +27,47 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 boundaries are shaped for milliseconds)."""
 
 
-_NAMES: dict[tuple[str, str], tuple[str, ...]] = {}
-"""``(scope, "")`` -> the step's four ``perf/...`` names; ``(scope, component)`` -> its busy
-and blocked names. Made once each (a handful per run) instead of formatted per step."""
-
 _STEP_LEAVES = ("step_time_sec", "busy_time_sec", "blocked_time_sec", "idle_time_sec")
 _COMPONENT_LEAVES = ("busy_time_sec", "blocked_time_sec")
+_MAX_NAMES = 4096
+"""Names kept per scope: names made up per step would otherwise pile up."""
 
 
-def _names(scope: str, component: str = "") -> tuple[str, ...]:
-    names = _NAMES.get((scope, component))
+class _ScopeNames(dict[str, tuple[str, str]]):
+    """The ``perf/<scope>/...`` metric names of one scope, made once each (a handful per
+    run) instead of formatted per step: ``step`` holds the step's four names; the dict maps
+    a component to its busy and blocked names (one lookup per component and step)."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__()
+        self.prefix = f"perf/{scope}/"
+        step_time, busy, blocked, idle = (self.prefix + leaf for leaf in _STEP_LEAVES)
+        self.step = (step_time, busy, blocked, idle)
+
+    def __missing__(self, component: str) -> tuple[str, str]:
+        if len(self) >= _MAX_NAMES:
+            self.clear()
+        busy, blocked = (f"{self.prefix}{component}/{leaf}" for leaf in _COMPONENT_LEAVES)
+        names = self[component] = (busy, blocked)
+        return names
+
+
+_NAMES: dict[str, _ScopeNames] = {}
+
+
+def _scope_names(scope: str) -> _ScopeNames:
+    names = _NAMES.get(scope)
     if names is None:
-        if len(_NAMES) > 4096:  # names made up per step would otherwise pile up
+        if len(_NAMES) >= _MAX_NAMES:
             _NAMES.clear()
-        prefix = f"perf/{scope}/{component}/" if component else f"perf/{scope}/"
-        leaves = _COMPONENT_LEAVES if component else _STEP_LEAVES
-        names = _NAMES[(scope, component)] = tuple(prefix + leaf for leaf in leaves)
+        names = _NAMES[scope] = _ScopeNames(scope)
     return names
 
 
 def perf_metrics(summary: StepSummary) -> dict[str, float]:
     """The Tunix-style ``perf/<scope>/...`` scalars of one step."""
-    step_time, busy, blocked, idle = _names(summary.scope)
+    names = _scope_names(summary.scope)
+    step_time, busy, blocked, idle = names.step
     out = {
         step_time: summary.step_time_sec,
         busy: summary.busy_time_sec,
@@ -56,7 +75,7 @@ def perf_metrics(summary: StepSummary) -> dict[str, float]:
         idle: summary.idle_time_sec,
     }
     for name, ct in summary.components.items():
-        c_busy, c_blocked = _names(summary.scope, name)
+        c_busy, c_blocked = names[name]
         if ct.busy_time_sec or not ct.blocked_time_sec:
             out[c_busy] = ct.busy_time_sec
         if ct.blocked_time_sec:

@@ -57,10 +57,12 @@ def test_account_intervals_matches_counting_every_nanosecond_on_random_steps():
     for case in range(300):
         start, end = 100, 100 + rng.randint(0, 120)
         intervals = []
+        names = "abc"[: rng.randint(1, 3)]  # one name only, often: its own shortcut
+        p_blocked = rng.choice((0.0, 0.4))  # all busy, often: another shortcut
         for _ in range(rng.randint(0, 9)):
             s = rng.randint(60, 230)
             e = s + rng.randint(-5, 60)  # some end before they start: empty
-            intervals.append((rng.choice("abc"), rng.random() < 0.4, s, e))
+            intervals.append((rng.choice(names), rng.random() < p_blocked, s, e))
         presorted = case % 2 == 0
         given = sorted(intervals, key=lambda iv: iv[2]) if presorted else intervals
         got = account_intervals("train", case, start, end, given, presorted=presorted)
@@ -85,7 +87,8 @@ def test_account_intervals_matches_counting_every_nanosecond_on_random_steps():
             blocked,
         ), intervals
         assert round(got.idle_time_sec * 1e9) == idle
-        assert set(got.components) == {n for n, *_ in intervals}
+        in_start_order = sorted(intervals, key=lambda iv: iv[2])
+        assert list(got.components) == list(dict.fromkeys(n for n, *_ in in_start_order))
         for name, ct in got.components.items():
             assert round(ct.busy_time_sec * 1e9) == per.get((name, False), 0), (name, intervals)
             assert round(ct.blocked_time_sec * 1e9) == per.get((name, True), 0), (name, intervals)
@@ -254,6 +257,34 @@ def test_perf_scalars_reach_the_metrics_logger_with_tunix_names():
     assert steps == [0, 2]
     rate = [v for e, v, _ in logged if e == "perf/train/steps_per_sec"]
     assert rate and rate[0] > 0
+
+
+def test_perf_scalars_of_a_step_by_scope_and_component_and_the_names_kept_are_bounded(
+    monkeypatch,
+):
+    from otel_tunix import sinks
+    from otel_tunix.accounting import account_intervals
+
+    def step(scope: str, *components: tuple[str, bool, int, int]) -> dict[str, float]:
+        return sinks.perf_metrics(account_intervals(scope, 1, 0, 100, list(components)))
+
+    got = step("rl/learner", ("load", False, 0, 10), ("wait", True, 10, 30))
+    assert got == pytest.approx({
+        "perf/rl/learner/step_time_sec": 100e-9,
+        "perf/rl/learner/busy_time_sec": 10e-9,
+        "perf/rl/learner/blocked_time_sec": 20e-9,
+        "perf/rl/learner/idle_time_sec": 70e-9,
+        "perf/rl/learner/load/busy_time_sec": 10e-9,
+        "perf/rl/learner/wait/blocked_time_sec": 20e-9,
+    })  # fmt: skip
+    # the same component name in another scope gets that scope's names
+    assert "perf/eval/load/busy_time_sec" in step("eval", ("load", False, 0, 10))
+    # names made up per step (a component named after its step) do not pile up
+    monkeypatch.setattr(sinks, "_MAX_NAMES", 8)
+    for i in range(50):
+        got = step("eval", (f"batch_{i}", False, 0, 5))
+        assert got[f"perf/eval/batch_{i}/busy_time_sec"] == pytest.approx(5e-9)
+        assert len(sinks._NAMES["eval"]) <= 8
 
 
 def test_custom_export_fn_object_is_published_like_ours():

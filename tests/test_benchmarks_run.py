@@ -35,6 +35,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         "component alone, in one step not sampled",
         "otel-tunix, sampled: training thread alone",
         "otel-tunix, sampled (+ processing)",
+        "same, each component its own name",
         "same, joined to an app provider + SDK batch(null)",
         "same, no span exporter",
         "same, threads on one CPU (diagnostic)",
@@ -48,6 +49,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         for row in ("Tunix PerfTracer.span", "Tunix, as its RL learner uses it"):
             assert re.search(re.escape(row) + r".*?\s+\d+\.\d{3}", text), row
         assert re.search(r"sampled\+processing / Tunix\s+= \d+\.\d{3}", text)
+        assert re.search(r"each component its own name / Tunix = \d+\.\d{3}", text)
         assert re.search(r"/ Tunix with its per-step export = \d+\.\d{3}", text)
         assert re.search(r"threads on one CPU / Tunix\s+= \d+\.\d{3}", text)
         assert re.search(r"every stage on one thread / Tunix = \d+\.\d{3}", text)
@@ -66,10 +68,10 @@ def test_bench_demo_prints_the_direct_and_wall_clock_measurements():
 
 
 def test_bench_instructions_child_runs_every_stage_without_valgrind():
-    for stage in ("hot", "process", "export"):
+    for stage, names in (("hot", []), ("process", []), ("export", ["--distinct"])):
         out = subprocess.run(
             [sys.executable, str(BENCH / "bench_instructions.py"), "--child", stage,
-             "--spans", "200"],
+             "--spans", "200", *names],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-3000:]

@@ -22,6 +22,7 @@ metric ``tunix.telemetry.spans`` (attribute ``result`` = ``exported`` | ``failed
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import operator
 import os
@@ -106,6 +107,11 @@ def _span_count(item: ReadableSpan | FinishedStep) -> int:
     return 1 if isinstance(item, ReadableSpan) else item.span_count
 
 
+def _spans_of(item: ReadableSpan | FinishedStep) -> Sequence[ReadableSpan]:
+    """A queued item's spans for one export (a step's are built now)."""
+    return (item,) if isinstance(item, ReadableSpan) else item.export_spans()
+
+
 class SpanBatch(Sequence[ReadableSpan]):
     """One ``export()`` batch: the spans of the queued items (whole steps and single spans),
     a step's SDK spans built as the exporter iterates over them.
@@ -128,11 +134,9 @@ class SpanBatch(Sequence[ReadableSpan]):
         return self._length
 
     def __iter__(self) -> Iterator[ReadableSpan]:
-        for item in self._items:
-            if isinstance(item, ReadableSpan):
-                yield item
-            else:
-                yield from item.export_spans()
+        # chain and map step from span to span in C: one Python call per step, not a
+        # generator resumed per span (~5 % of the export path)
+        return itertools.chain.from_iterable(map(_spans_of, self._items))
 
     @overload
     def __getitem__(self, index: int) -> ReadableSpan: ...
