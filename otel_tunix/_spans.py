@@ -338,6 +338,9 @@ class SpanBuilder:
         self._targets_key: object = None
         self._targets: list[tuple[SpanProcessor, Any, Any]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
+        self._attributes: dict[str, tuple[bool, Any, str, int, dict[str, Any]]] = {}
+        """Per component name: (blocked, thread, scope, step, the attributes of its spans)
+        as last made (never changed once made: spans and other threads may hold them)."""
         self._report = ReportOnce(_logger)
 
     def __call__(self, records: list[StepRecord]) -> int:
@@ -372,7 +375,7 @@ class SpanBuilder:
         """(native id, name) of a recorded thread, cached: the lookups cost per span."""
         found = self._threads.get(thread)
         if found is None:
-            if len(self._threads) > 4096:  # threads come and go: keep the cache bounded
+            if len(self._threads) > _MAX_CACHED:  # threads come and go: keep it bounded
                 self._threads.clear()
             found = self._threads[thread] = (thread.native_id or thread.ident or 0, thread.name)
         return found
@@ -424,9 +427,11 @@ class SpanBuilder:
         as_tuple, new_tuple = SPAN_CONTEXT_AS_TUPLE, tuple.__new__
         sampled, state = SAMPLED, DEFAULT_TRACE_STATE
         threads = self._threads  # what self.thread() caches, read without its call
-        # Components with the same name, kind and thread share one attribute dict (spans
-        # hand out read-only views of it): micro-batches and repeated layers repeat names.
-        shared: dict[str, tuple[bool, Any, dict[str, Any]]] = {}
+        # Components with the same name, kind, thread, scope and step share one attribute
+        # dict (spans hand out read-only views of it): micro-batches and repeated layers
+        # repeat names. In a later step, a copy with its step number (a copy of a dict
+        # costs a third of building one; the run's steps repeat the same components).
+        shared = self._attributes
         ex = rec.extras
         comps = zip(step.components, step.intervals, strict=True)
         for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
@@ -446,8 +451,15 @@ class SpanBuilder:
                 thread = step_thread
             extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
             found = shared.get(name) if extra is None else None
-            if found is not None and found[0] is blocked and found[1] is thread:
-                attrs = found[2]
+            if (
+                found is not None and found[0] is blocked and found[1] is thread
+                and found[2] == scope
+            ):  # fmt: skip
+                attrs = found[4]
+                if found[3] != number:  # made in another step
+                    attrs = attrs.copy()
+                    attrs[_STEP] = number
+                    shared[name] = (blocked, thread, scope, number, attrs)
             else:
                 tid, tname = threads.get(thread) or self.thread(thread)
                 attrs = {
@@ -460,7 +472,9 @@ class SpanBuilder:
                     _THREAD_NAME: tname,
                 }
                 if extra is None:
-                    shared[name] = (blocked, thread, attrs)
+                    if len(shared) >= _MAX_CACHED:  # names made up per step
+                        shared.clear()
+                    shared[name] = (blocked, thread, scope, number, attrs)
                 else:
                     attrs = {**extra, **attrs}
             if ex is not None and sid in ex.errors:
@@ -520,6 +534,7 @@ def _extra_attributes(
 
 _start_ns = operator.itemgetter(4)
 _exports_lock = threading.Lock()
+_MAX_CACHED = 4096
 _INTERNAL = SpanKind.INTERNAL
 _SPAN_TYPE, _COMPONENT = attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT
 _STEP, _SCOPE, _COMPONENT_NAME, _TIME_KIND = attr.STEP, attr.SCOPE, attr.COMPONENT, attr.TIME_KIND

@@ -502,3 +502,56 @@ def test_stand_ins_are_kept_for_a_bounded_number_of_names(monkeypatch):
         assert otel_tunix.component("layer_4") is not made[4]  # past the bound: made anew
         assert otel_tunix.component("layer_0") is made[0]
         assert all(not m.recording for m in made)
+
+
+def test_component_span_attributes_follow_each_step_scope_thread_and_kind():
+    """The span builder reuses a component's attributes from step to step (a copy with the
+    step's number): each span still gets its own step, scope, thread and kind, and a later
+    step never changes the attributes of an earlier step's spans."""
+
+    def in_thread(n: int) -> None:
+        with otel_tunix.component("work"):
+            pass
+
+    with capture(perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=1)) as cap:
+        for n in range(3):
+            with otel_tunix.step(n):
+                with otel_tunix.component("work"):
+                    pass
+                with otel_tunix.component("work"):  # twice in one step
+                    pass
+        cap.flush()
+        early = {id(s): dict(s.attributes) for s in cap.spans()}
+        with otel_tunix.step(3, scope="eval"):
+            with otel_tunix.component("work"):
+                pass
+        with otel_tunix.step(4):
+            with otel_tunix.component("work"):
+                pass
+        with otel_tunix.step(5):
+            t = threading.Thread(target=contextvars.copy_context().run, args=(in_thread, 5))
+            t.start()
+            t.join()
+        for n, blocked in ((6, False), (7, True)):  # each step differs from the last
+            with otel_tunix.step(n):  # in one thing only (scope, thread, then kind)
+                with otel_tunix.component("work", blocked=blocked):
+                    pass
+        cap.flush()
+        spans = [s for s in cap.spans() if s.name == "work"]
+    got = [
+        (s.attributes[attr.STEP], s.attributes[attr.SCOPE], s.attributes[attr.TIME_KIND],
+         s.attributes[attr.THREAD_NAME])
+        for s in spans
+    ]  # fmt: skip
+    main = threading.current_thread().name
+    assert got == [
+        (0, "train", "busy", main), (0, "train", "busy", main),
+        (1, "train", "busy", main), (1, "train", "busy", main),
+        (2, "train", "busy", main), (2, "train", "busy", main),
+        (3, "eval", "busy", main), (4, "train", "busy", main),
+        (5, "train", "busy", t.name), (6, "train", "busy", main),
+        (7, "train", "blocked", main),
+    ]  # fmt: skip
+    for s in cap.spans():  # the first steps' spans as they were when first read
+        if id(s) in early:
+            assert dict(s.attributes) == early[id(s)]
