@@ -510,6 +510,9 @@ class _Series:
     history: deque[float] = field(default_factory=deque)
 
 
+_MAX_NAME_SETS = 1024
+"""Sets of names whose watched names are kept (bounded: names made up per step)."""
+
 _LOG_SEVERITY = {Severity.OK: ("INFO", 9), Severity.WARNING: ("WARN", 13),
                  Severity.CRITICAL: ("ERROR", 17)}  # fmt: skip
 
@@ -556,6 +559,8 @@ class AlertEngine:
         self._series: dict[tuple[str, str], _Series] = {}
         self._routes: dict[str, list[tuple[Rule, _Series]]] = {}
         """Per metric name: the rules that watch it, each with its series."""
+        self._watched_by_names: dict[tuple[str, ...], list[tuple[str, Any]]] = {}
+        """Per set of names logged together: those some rule watches, with their rules."""
         self._lock = threading.Lock()  # never taken twice: actions run outside it
         self._logger_provider = logger_provider
         self._otel_logger: Any = None
@@ -603,19 +608,17 @@ class AlertEngine:
         if self._closed:
             return []
         out: list[Alert] = []
-        routes = self._routes
-        watched = []  # the values some rule watches (names seen first are routed here)
+        by_names = self._watched_by_names
+        watched = []  # the values some rule watches
         for step, values in rows:
-            for name, value in values.items():
-                rules = routes.get(name)
-                if rules is None:
-                    try:
-                        rules = self._routes_for(name)
-                    except Exception:
-                        self._failed()
-                        continue
-                if rules:
-                    watched.append((name, value, step, rules))
+            # A loop logs the same few sets of names step after step: which of them some
+            # rule watches is looked up once per set, not once per name and step.
+            names = tuple(values)
+            found = by_names.get(names)
+            if found is None:
+                found = self._watched_of(names)
+            for name, rules in found:
+                watched.append((name, values[name], step, rules))
         if watched:
             with self._lock:
                 for name, value, step, rules in watched:
@@ -631,6 +634,28 @@ class AlertEngine:
         for alert in out:
             self._act(alert)
         return out
+
+    def _watched_of(self, names: tuple[str, ...]) -> list[tuple[str, Any]]:
+        """The names of this set that some rule watches, with their rules (names seen
+        first are routed here; a name that fails to route is left out of the set)."""
+        found = []
+        complete = True
+        for name in names:
+            try:
+                rules = self._routes.get(name)
+                if rules is None:
+                    rules = self._routes_for(name)
+            except Exception:
+                self._failed()
+                complete = False
+                continue
+            if rules:
+                found.append((name, rules))
+        if complete:  # a set with a name that failed is routed again next time
+            if len(self._watched_by_names) >= _MAX_NAME_SETS:  # names that change per step
+                self._watched_by_names.clear()
+            self._watched_by_names[names] = found
+        return found
 
     def _failed(self) -> None:
         self._report("observe", "otel-tunix: alert evaluation failed (reported once)")

@@ -406,3 +406,35 @@ def test_a_rule_that_raises_on_one_value_is_reported_once_and_the_batch_goes_on(
         e.log_rows([(2, {"grad_norm": 13.0})])
     assert [(a.step, a.severity.name) for a in e.history] == [(1, "CRITICAL")]
     assert sum("alert evaluation failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_watched_names_are_found_in_every_set_of_names_and_a_failed_route_is_retried(
+    monkeypatch,
+):
+    """The engine looks up which names of a row some rule watches once per set of names:
+    the same names in another order or with a new name are still found, a name whose
+    routing failed is routed again in the next row, and the sets kept are bounded."""
+
+    class Flaky(ThresholdRule):
+        fail = True
+
+        def matches(self, metric: str) -> bool:
+            if metric == "kl" and Flaky.fail:
+                Flaky.fail = False
+                raise RuntimeError("routing failed once")
+            return super().matches(metric)
+
+    e = engine([Flaky("kl_rule", ("kl",), critical=above(0.1))], console=False)
+    e.log_rows([(0, {"loss": 1.0, "kl": 0.5})])  # routing "kl" fails: not evaluated
+    assert list(e.history) == []
+    e.log_rows([(1, {"loss": 1.0, "kl": 0.5})])  # the same set, routed again
+    e.log_rows([(2, {"kl": 0.01, "loss": 1.0})])  # other order
+    e.log_rows([(3, {"kl": 0.5, "loss": 1.0, "entropy": 2.0})])  # a new name in the set
+    assert [(a.step, a.severity.name) for a in e.history] == [
+        (1, "CRITICAL"), (2, "OK"), (3, "CRITICAL"),
+    ]  # fmt: skip
+    monkeypatch.setattr(al, "_MAX_NAME_SETS", 4)
+    for i in range(20):
+        e.log_rows([(10 + i, {f"made_up_{i}": 1.0, "kl": 0.01})])
+        assert len(e._watched_by_names) <= 4
+    assert [a.step for a in e.history][-1] == 10  # resolved at the first of them
