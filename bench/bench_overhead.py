@@ -10,6 +10,10 @@ Targets (issue #2):
   <= 0.25x a raw OTel SDK span (ALWAYS_ON + BatchSpanProcessor to a null exporter), and no
   more than Tunix's ``PerfTracer.span`` when google-tunix is installed.
 
+The sampled rows give the ten components of a step one name; the row "each component its
+own name" gives each its own, as in a real step (each name then has its own per-step
+metrics and span attributes: more work per component).
+
 Tunix is measured twice: its bare span (what the target names; its spans are never
 processed) and as its RL learners use it, with the per-step ``export()`` that does Tunix's
 processing, to a null export function: the like-for-like pair of otel-tunix's sampled row.
