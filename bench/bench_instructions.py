@@ -116,6 +116,9 @@ def count(stage: str, n: int, per_step: int, gc_on: bool, distinct: bool = False
         **os.environ,
         "PYTHONHASHSEED": "0",
         "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",  # no sampler thread
+        # numpy's OpenBLAS threads spin for a while after start-up, for as long as the
+        # scheduler lets them: with them, two runs of the same code differed by up to 3 %
+        "OPENBLAS_NUM_THREADS": "1",
         "BENCH_GC": "1" if gc_on else "",
     }
     cmd = [
