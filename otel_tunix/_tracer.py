@@ -92,7 +92,8 @@ _otel_context: Callable[[], Any] = _context_var.get if _context_var is not None 
 _attach_span, _detach = _span_attacher(_context_var)
 
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+"""The trace flags of every span otel-tunix records."""
 
 
 def _span_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
@@ -103,13 +104,13 @@ def _span_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
     checks (about half its cost, paid per span). Used only when it yields exactly what the
     constructor does in this version of the API; otherwise the constructor itself.
     """
-    new, cls, flags, state = _tuple_new, SpanContext, _SAMPLED, DEFAULT_TRACE_STATE
+    new, cls, flags, state = _tuple_new, SpanContext, SAMPLED, DEFAULT_TRACE_STATE
 
     def fast(trace_id: int, span_id: int) -> SpanContext:
         return new(cls, (trace_id, span_id, False, flags, state, True))  # type: ignore[no-any-return]
 
     def slow(trace_id: int, span_id: int) -> SpanContext:
-        return SpanContext(trace_id, span_id, False, _SAMPLED)
+        return SpanContext(trace_id, span_id, False, SAMPLED)
 
     try:
         a, b = fast(3, 5), slow(3, 5)
@@ -124,7 +125,6 @@ new_span_context, SPAN_CONTEXT_AS_TUPLE = _span_context_factory()
 """``SPAN_CONTEXT_AS_TUPLE``: ``new_span_context(t, s)`` is ``tuple.__new__(SpanContext, (t, s,
 False, SAMPLED, DEFAULT_TRACE_STATE, True))``, which a loop over many spans may write out to
 save a Python call per span."""
-SAMPLED = _SAMPLED
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 DeviceEnd = Callable[[], int | None]

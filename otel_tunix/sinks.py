@@ -33,7 +33,7 @@ _MAX_NAMES = 4096
 """Names kept per scope: names made up per step would otherwise pile up."""
 
 
-class _ScopeNames(dict[str, tuple[str, str]]):
+class _ScopeNames(dict[str, tuple[str, ...]]):
     """The ``perf/<scope>/...`` metric names of one scope, made once each (a handful per
     run) instead of formatted per step: ``step`` holds the step's four names; the dict maps
     a component to its busy and blocked names (one lookup per component and step)."""
@@ -41,14 +41,14 @@ class _ScopeNames(dict[str, tuple[str, str]]):
     def __init__(self, scope: str) -> None:
         super().__init__()
         self.prefix = f"perf/{scope}/"
-        step_time, busy, blocked, idle = (self.prefix + leaf for leaf in _STEP_LEAVES)
-        self.step = (step_time, busy, blocked, idle)
+        self.step = tuple(self.prefix + leaf for leaf in _STEP_LEAVES)
 
-    def __missing__(self, component: str) -> tuple[str, str]:
+    def __missing__(self, component: str) -> tuple[str, ...]:
         if len(self) >= _MAX_NAMES:
             self.clear()
-        busy, blocked = (f"{self.prefix}{component}/{leaf}" for leaf in _COMPONENT_LEAVES)
-        names = self[component] = (busy, blocked)
+        names = self[component] = tuple(
+            f"{self.prefix}{component}/{leaf}" for leaf in _COMPONENT_LEAVES
+        )
         return names
 
 

@@ -642,9 +642,7 @@ class AlertEngine:
         complete = True
         for name in names:
             try:
-                rules = self._routes.get(name)
-                if rules is None:
-                    rules = self._routes_for(name)
+                rules = self._routes_for(name)
             except Exception:
                 self._failed()
                 complete = False
