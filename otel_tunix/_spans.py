@@ -33,7 +33,7 @@ from otel_tunix._tracer import (
     StepRecord,
     new_span_context,
 )
-from otel_tunix.accounting import SpanInfo
+from otel_tunix.accounting import Interval, SpanInfo, account_components
 
 _logger = logging.getLogger(__name__)
 _UNSET = Status(StatusCode.UNSET)
@@ -182,9 +182,6 @@ def _dispatch_targets(sink: SpanProcessor) -> list[tuple[SpanProcessor, Any, Any
     ]
 
 
-Interval = tuple[str, bool, int, int]
-
-
 class FinishedStep:
     """One processed step, as the span builder hands it to processors that take whole steps
     (an ``on_finished_steps(steps)`` or ``on_finished_step(step)`` method: otel-tunix's
@@ -199,8 +196,9 @@ class FinishedStep:
         components: Its components as recorded, in start order: ``(name, blocked, span_id,
             parent_id, start, thread)`` tuples (start in ``perf_counter_ns``; ``thread`` is
             ``None`` for the step's own thread).
-        intervals: ``(name, blocked, start, end)`` per component, Unix epoch ns, each end
-            at least its start.
+        ends: Each component's end, in the same order (``perf_counter_ns``: the device end
+            if it has one, else the host end; never before its start).
+        summary: What the accounting derived (busy / blocked / idle, per component).
         start_ns: Start of the step (Unix epoch ns).
         end_ns: The later of the step's end and its last component's end.
         attributes: The step span's attributes besides type, scope and step number.
@@ -219,12 +217,13 @@ class FinishedStep:
         "attributes",
         "components",
         "end_ns",
-        "intervals",
+        "ends",
         "number",
         "record",
         "scope",
         "span_count",
         "start_ns",
+        "summary",
         "trace_id",
     )
 
@@ -244,26 +243,39 @@ class FinishedStep:
         # the GIL throughout (a C key function), so a late append cannot interleave.
         comps.sort(key=_start_ns)
         self.components: list[ComponentStart] = comps
-        ends = rec.ends
         ex = rec.extras
-        device_ends = ex.device_ends if ex is not None and ex.device_ends else None
-        step_end = rec.end_ns
-        intervals: list[Interval] = []
-        for name, blocked, sid, _, start, _ in comps:
-            end = ends.get(sid, start)
-            if device_ends is not None:
-                end = device_ends.get(sid, end)
-            if end < start:
-                end = start
-            if end > step_end:
-                step_end = end
-            intervals.append((name, blocked, start + off, end + off))
-        self.intervals = intervals
-        self.start_ns = rec.start_ns + off
-        self.end_ns = step_end + off
-        self.span_count = len(comps) + 1
         tid, tname = builder.thread(rec.thread)
         self.attributes = {**rec.attributes, _THREAD_ID: tid, _THREAD_NAME: tname}
+        # The accounting reads the components once, in order, and leaves each one's end
+        # (device end, else host end; never before its start) in self.ends for the spans.
+        self.ends: list[int] = []
+        self.summary = account_components(
+            rec.scope,
+            rec.number,
+            rec.start_ns,
+            rec.end_ns,
+            comps,
+            rec.ends,
+            device_ends=ex.device_ends if ex is not None and ex.device_ends else None,
+            offset=off,
+            ends_out=self.ends,
+            spans=self.span_infos,
+            span_json=self.span_json,
+            trace_id=rec.trace_id,
+            attributes=self.attributes,
+        )
+        self.start_ns = rec.start_ns + off
+        self.end_ns = self.summary.end_ns
+        self.span_count = len(comps) + 1
+
+    @property
+    def intervals(self) -> list[Interval]:
+        """``(name, blocked, start, end)`` per component, in start order, Unix epoch ns."""
+        off = self._builder.offset
+        return [
+            (name, blocked, start + off, end + off)
+            for (name, blocked, _, _, start, _), end in zip(self.components, self.ends, strict=True)
+        ]
 
     def spans(self) -> list[ReadableSpan]:
         """The SDK spans: the components in start order, then the step span (built on
@@ -386,14 +398,15 @@ class SpanBuilder:
         out: list[dict[str, object]] = []
         rec = step.record
         ex = rec.extras
-        comps = zip(step.components, step.intervals, strict=True)
-        for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
+        off = self.offset
+        comps = zip(step.components, step.ends, strict=True)
+        for (name, blocked, sid, parent_id, start_pc, thread), end_pc in comps:
             tid, tname = self.thread(thread or rec.thread)
             d: dict[str, object] = {
                 "name": name,
                 "kind": _BLOCKED if blocked else _BUSY,
-                "start_ns": start,
-                "end_ns": end,
+                "start_ns": start_pc + off,
+                "end_ns": end_pc + off,
                 "thread": tname,
                 "thread_id": tid,
                 "span_id": f"{sid:016x}",
@@ -433,8 +446,8 @@ class SpanBuilder:
         # costs a third of building one; the run's steps repeat the same components).
         shared = self._attributes
         ex = rec.extras
-        comps = zip(step.components, step.intervals, strict=True)
-        for (_, _, sid, parent_id, start_pc, thread), (name, blocked, start, end) in comps:
+        comps = zip(step.components, step.ends, strict=True)
+        for (name, blocked, sid, parent_id, start_pc, thread), end in comps:
             if as_tuple:
                 ctx = new_tuple(SpanContext, (trace_id, sid, False, sampled, state, True))
             else:  # pragma: no cover - an API whose SpanContext is not that tuple
@@ -479,9 +492,13 @@ class SpanBuilder:
                     attrs = {**extra, **attrs}
             if ex is not None and sid in ex.errors:
                 status, events = _error(ex.errors[sid], rec.ends.get(sid, start_pc) + off)
-                append(self._full_span(name, ctx, parent_ctx, attrs, events, status, start, end))
+                append(
+                    self._full_span(
+                        name, ctx, parent_ctx, attrs, events, status, start_pc + off, end + off
+                    )
+                )
             else:
-                append(make(name, ctx, parent_ctx, attrs, start, end))
+                append(make(name, ctx, parent_ctx, attrs, start_pc + off, end + off))
         step_end = step.end_ns - off
         status, events = _error(rec.error, rec.end_ns + off)
         if rec.events:

@@ -7,7 +7,8 @@ How time is counted (all intervals are clipped to the step window):
 
 * The step window runs from the step's start to the later of the step's own end and the
   end of its last component (a component that ends at device completion can outlive the
-  host-side ``with`` block).
+  host-side ``with`` block). A component whose end is before its start (a start given
+  after the fact) is empty: it ends at its start.
 * At every instant of the window the step is in exactly one state: **busy** if at least one
   busy component is open (on any thread), else **blocked** if at least one blocked component
   is open, else **idle**. ``busy_time_sec``, ``blocked_time_sec`` and ``idle_time_sec`` are
@@ -22,8 +23,9 @@ How time is counted (all intervals are clipped to the step window):
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from otel_tunix.attributes import KIND_BLOCKED
 
@@ -270,48 +272,127 @@ def account_intervals(
     JSON dicts (see :meth:`StepSummary.to_json`)."""
     if not presorted:
         intervals = sorted(intervals, key=_by_start)
-    # In start order: the window end and each component's time, taken whole for a component
-    # seen once in the step (the usual case: one frame-free object each, ComponentTime
-    # made in C and its three fields set here) and as the union of its intervals for one
-    # seen more than once; then the union of the busy intervals (clipping starts to the
-    # step's keeps the order).
+    return account_components(
+        scope,
+        step,
+        start_ns,
+        end_ns,
+        [(name, blocked, i, None, s, None) for i, (name, blocked, s, _) in enumerate(intervals)],
+        {i: e for i, (_, _, _, e) in enumerate(intervals)},
+        spans=spans,
+        trace_id=trace_id,
+        attributes=attributes,
+        span_json=span_json,
+    )
+
+
+ComponentRecord = tuple[str, bool, Hashable, Any, int, Any]
+"""``(component name, blocked, key, -, start_ns, -)``: a component as the hot path records
+it (:data:`otel_tunix._tracer.ComponentStart`, whose key is the span id); its end is looked
+up by key. The fields marked ``-`` are not read here."""
+
+
+def account_components(
+    scope: str,
+    step: int,
+    start_ns: int,
+    end_ns: int,
+    components: Sequence[ComponentRecord],
+    ends: Mapping[Hashable, int],
+    *,
+    device_ends: Mapping[Hashable, int] | None = None,
+    offset: int = 0,
+    ends_out: list[int] | None = None,
+    spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
+    trace_id: str | int = "",
+    attributes: Mapping[str, object] | None = None,
+    span_json: Callable[[], list[dict[str, object]]] | None = None,
+) -> StepSummary:
+    """The accounting itself, on components in start order (the worker's path: what the hot
+    path recorded, read in one pass).
+
+    A component ends at ``device_ends[key]``, else ``ends[key]``, else at its start; one that
+    would end before it starts ends at its start (empty). Those ends, in order, are appended
+    to ``ends_out``. ``offset`` is added to the summary's ``start_ns`` / ``end_ns`` (from
+    ``perf_counter_ns`` readings to Unix epoch ns); durations do not depend on it.
+    """
+    # One pass, in start order: each component's end, the window end, each component's time
+    # (taken whole for a component seen once in the step, the usual case: one frame-free
+    # object each, ComponentTime made in C and its three fields set here; the union of its
+    # intervals for one seen more than once, after the loop), and the union of the open
+    # intervals as runs (starts clipped to the step's keep the order). Until the first
+    # blocked interval, the busy union is that union; from there it is kept apart.
     window_end = end_ns
-    any_blocked = False
-    components: dict[str, ComponentTime] = {}
+    found: dict[str, ComponentTime] = {}
     repeated: set[str] | None = None
     new = _new_object
-    for name, is_blocked, s, e in intervals:
+    add_end = ends_out.append if ends_out is not None else None
+    total = 0
+    run_start = run_end = start_ns  # the union of every interval: done runs, open run
+    busy_total: int | None = None  # the busy union, once a blocked interval split it off
+    busy_start = busy_end = start_ns
+    for name, is_blocked, key, _, s, _ in components:
+        e = ends.get(key, s)
+        if device_ends is not None:
+            e = device_ends.get(key, e)
+        if e < s:
+            e = s
         if e > window_end:
             window_end = e
-        if is_blocked:
-            any_blocked = True
-        if name in components:
+        if add_end is not None:
+            add_end(e)
+        if s < start_ns:
+            s = start_ns
+        if name in found:
             if repeated is None:
                 repeated = set()
             repeated.add(name)
+        else:
+            length = (e - s) * _NS if e > s else 0.0
+            ct = found[name] = new(ComponentTime)
+            if is_blocked:
+                ct.busy_time_sec, ct.blocked_time_sec = 0.0, length
+            else:
+                ct.busy_time_sec, ct.blocked_time_sec = length, 0.0
+            ct.count = 1
+        if e <= s:
             continue
-        if s < start_ns:
-            s = start_ns
-        length = (e - s) * _NS if e > s else 0.0
-        ct = components[name] = new(ComponentTime)
         if is_blocked:
-            ct.busy_time_sec, ct.blocked_time_sec = 0.0, length
-        else:
-            ct.busy_time_sec, ct.blocked_time_sec = length, 0.0
-        ct.count = 1
-    busy_ns = _union_clipped(intervals, start_ns, False if any_blocked else None)
-    # Blocked: the time some component is open minus the busy time.
-    blocked_ns = _union_clipped(intervals, start_ns, None) - busy_ns if any_blocked else 0
+            if busy_total is None:  # the first blocked interval: busy so far = all so far
+                busy_total, busy_start, busy_end = total, run_start, run_end
+        elif busy_total is not None:
+            if s > busy_end:
+                busy_total += busy_end - busy_start
+                busy_start, busy_end = s, e
+            elif e > busy_end:
+                busy_end = e
+        if s > run_end:
+            total += run_end - run_start
+            run_start, run_end = s, e
+        elif e > run_end:
+            run_end = e
+    open_ns = total + run_end - run_start
+    if busy_total is None:  # nothing blocked
+        busy_ns, blocked_ns = open_ns, 0
+    else:
+        busy_ns = busy_total + busy_end - busy_start
+        blocked_ns = open_ns - busy_ns
     wall_ns = window_end - start_ns
-    idle_ns = wall_ns - busy_ns - blocked_ns
+    idle_ns = wall_ns - open_ns
     if repeated is not None:
-        if len(components) == 1 and not any_blocked:  # one component, all busy: busy_ns
-            ((name, ct),) = components.items()
-            ct.busy_time_sec, ct.count = busy_ns * _NS, len(intervals)
+        if len(found) == 1 and busy_total is None:  # one component, all busy: busy_ns
+            ((name, ct),) = found.items()
+            ct.busy_time_sec, ct.count = busy_ns * _NS, len(components)
         else:
+            intervals = [
+                (n, b, s, e)
+                for (n, b, _, _, s, _), e in zip(
+                    components, _ends_of(components, ends, device_ends), strict=True
+                )
+            ]
             for name in repeated:
                 group = [iv for iv in intervals if iv[0] == name]
-                components[name] = ComponentTime(
+                found[name] = ComponentTime(
                     _union_clipped(group, start_ns, False) * _NS,
                     _union_clipped(group, start_ns, True) * _NS,
                     len(group),
@@ -319,18 +400,33 @@ def account_intervals(
     return StepSummary(  # positionally: ~0.4 us less per step than by keyword
         scope,
         step,
-        start_ns,
-        window_end,
+        start_ns + offset,
+        window_end + offset,
         wall_ns * _NS,
         busy_ns * _NS,
         blocked_ns * _NS,
         (idle_ns if idle_ns > 0 else 0) * _NS,
-        components,
+        found,
         spans,
         trace_id,
         attributes,
         span_json,
     )
+
+
+def _ends_of(
+    components: Sequence[ComponentRecord],
+    ends: Mapping[Hashable, int],
+    device_ends: Mapping[Hashable, int] | None,
+) -> list[int]:
+    """Each component's end, as :func:`account_components` takes it."""
+    out = []
+    for _, _, key, _, s, _ in components:
+        e = ends.get(key, s)
+        if device_ends is not None:
+            e = device_ends.get(key, e)
+        out.append(e if e > s else s)
+    return out
 
 
 def _union_clipped(intervals: Sequence[Interval], start_ns: int, blocked: bool | None) -> int:

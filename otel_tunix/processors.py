@@ -146,20 +146,7 @@ class StepAccountingProcessor(SpanProcessor):
         summaries = []
         for step in steps:
             try:
-                summaries.append(
-                    account_intervals(
-                        step.scope,
-                        step.number,
-                        step.start_ns,
-                        step.end_ns,
-                        step.intervals,
-                        presorted=True,
-                        spans=step.span_infos,
-                        span_json=step.span_json,
-                        trace_id=step.trace_id,
-                        attributes=step.attributes,
-                    )
-                )
+                summaries.append(step.summary)  # made as the span builder read the step
             except Exception:
                 self._report(
                     "step", "otel-tunix: accounting of step %s failed (reported once)",
