@@ -344,9 +344,11 @@ def test_fast_span_and_context_factories_match_the_sdk_constructors():
     assert ctx.is_valid and not ctx.is_remote and ctx.trace_flags.sampled
     scope, resource = _scope_and_resource()
     make = _spans.span_maker(resource, scope)
-    assert issubclass(make, ReadableSpan)  # this SDK: the run's own subclass
     parent = _tracer.new_span_context(7, 3)
     s = make("n", ctx, parent, {"a": 1}, 5, 8)
+    # this SDK: the run's own subclass, sharing what every span of the run has
+    assert isinstance(s, ReadableSpan) and type(s) is not ReadableSpan
+    assert type(make("m", ctx, None, {}, 1, 2)) is type(s)
     sdk = ReadableSpan(
         "n", ctx, parent, resource, {"a": 1}, start_time=5, end_time=8,
         instrumentation_scope=scope,
@@ -357,6 +359,33 @@ def test_fast_span_and_context_factories_match_the_sdk_constructors():
     )  # fmt: skip
     assert (s.resource, s.instrumentation_scope, s.kind) == (resource, scope, sdk.kind)
     assert (s.events, s.links, s.status.status_code) == ((), (), StatusCode.UNSET)
+
+
+def test_component_spans_built_in_the_loop_answer_as_sdk_spans_do():
+    """The span builder writes the fast maker's assignments out for components: each span
+    must read as the SDK's constructor would have made it (all public properties)."""
+    otel_tunix.configure(output_dir="none")
+    with steps_set_aside() as kept:
+        for n in (2, 3):  # the second step copies the first one's attributes
+            with otel_tunix.step(n):
+                with otel_tunix.component("load", blocked=True):
+                    pass
+                with otel_tunix.component("compute"):
+                    pass
+    steps = kept.finished()
+    otel_tunix.shutdown()
+    scope, resource = steps[0]._builder._scope, steps[0]._builder._resource
+    for step in steps:
+        spans = step.spans()
+        for s in spans[:-1]:
+            assert type(s) is step._builder._span_class
+            sdk = _spans.sdk_span(
+                resource, scope, s.name, s.context, s.parent, dict(s.attributes),
+                s.start_time, s.end_time,
+            )  # fmt: skip
+            assert _spans._same_span(s, sdk)
+            assert s.attributes[attr.STEP] == step.number
+        assert [s.name for s in spans] == ["load", "compute", "train_step"]
 
 
 def test_span_maker_falls_back_to_the_constructor_when_the_sdk_changes(monkeypatch):
