@@ -491,15 +491,24 @@ class _Window(deque[float]):
     """The last ``maxlen`` values of a series, with the same values kept sorted alongside,
     so a rule's median costs a lookup per value instead of a sort of the window."""
 
+    # Slots, and the size kept apart from deque's ``maxlen``: what append() reads is then
+    # read by the interpreter's fast paths (append runs once per watched value and step).
+    __slots__ = ("size", "sorted")
+
     def __init__(self, maxlen: int) -> None:
         super().__init__(maxlen=maxlen)
+        self.size = maxlen
         self.sorted: list[float] = []
 
     def append(self, value: float) -> None:
-        if len(self) == self.maxlen:
-            del self.sorted[bisect.bisect_left(self.sorted, self[0])]
-        deque.append(self, value)
-        bisect.insort(self.sorted, value)
+        srt = self.sorted
+        if len(self) == self.size:
+            del srt[_bisect_left(srt, self[0])]
+        _deque_append(self, value)
+        _insort(srt, value)
+
+
+_bisect_left, _insort, _deque_append = bisect.bisect_left, bisect.insort, deque.append
 
 
 @dataclass(slots=True)
