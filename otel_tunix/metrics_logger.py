@@ -244,11 +244,20 @@ class MetricsLogger:
         if not self.active or self._closed or not rows:
             return
         with self._lock:
+            # The last values: of a run of rows with the same names only the run's last row
+            # counts (it overwrites every value of the others), so only it is copied.
             last = self.last_values
+            pending: Mapping[str, float] | None = None
+            pending_names: tuple[str, ...] = ()
             for step, values in rows:
-                last.update(values)
+                names = tuple(values)
+                if pending is not None and names != pending_names:
+                    last.update(pending)
+                pending, pending_names = values, names
                 if step is not None:
                     self.last_step = step
+            if pending is not None:
+                last.update(pending)
             source = kwargs.get("source")
             for backend in self.backends:
                 if source is not None and source in getattr(backend, "skip_sources", ()):

@@ -337,6 +337,33 @@ def test_the_metrics_summary_counts_rows_of_changing_names(monkeypatch: Any) -> 
     assert s.first_time <= s.last_time
 
 
+def test_runs_of_rows_with_the_same_names_count_and_keep_every_last_value() -> None:
+    """Backends take a run of rows with the same names at once (the summary counts the run,
+    the logger copies only its last row): the counts and last values must be those of
+    taking every row, whatever the runs."""
+    from otel_tunix.metrics import summary
+
+    rows = [
+        (1, {"a": 1.0, "b": 2.0}), (2, {"a": 3.0, "b": 4.0}), (3, {"c": 5.0}),
+        (4, {"a": 6.0}), (5, {"a": 7.0, "b": float("nan")}), (6, {"a": 8.0, "b": 9.0}),
+        (7, {"b": 10.0, "a": 11.0}),  # the same names in another order: another run
+    ]  # fmt: skip
+    s = summary.MetricsSummary()
+    s.log_rows(rows)
+    s.log_rows(rows[:2])
+    assert s.counts == {"a": 8, "b": 7, "c": 1}
+    assert s.nonfinite == {"b": 1}
+    ml = MetricsLogger(
+        MetricsLoggerOptions(default_backends=False, backend_factories=[]), rank=0
+    )
+    ml.log_rows(rows)
+    assert ml.last_values == {"a": 11.0, "b": 10.0, "c": 5.0}
+    assert ml.last_step == 7
+    ml.log_rows(rows[:4])
+    assert ml.last_values == {"a": 6.0, "b": 4.0, "c": 5.0}
+    ml.close()
+
+
 def test_steps_set_aside_can_be_processed_on_the_calling_thread() -> None:
     import threading
 

@@ -619,13 +619,19 @@ class AlertEngine:
         out: list[Alert] = []
         by_names = self._watched_by_names
         watched = []  # the values some rule watches
+        last: tuple[str, ...] | None = None
+        found: list[tuple[str, Any]] = []
         for step, values in rows:
             # A loop logs the same few sets of names step after step: which of them some
-            # rule watches is looked up once per set, not once per name and step.
+            # rule watches is looked up once per set, not once per name and step, and not
+            # at all for a row with the previous row's names (compared, not hashed).
             names = tuple(values)
-            found = by_names.get(names)
-            if found is None:
-                found = self._watched_of(names)
+            if names != last:
+                found = by_names.get(names)  # type: ignore[assignment]
+                if found is None:
+                    found = self._watched_of(names)
+                # a set not kept (a name failed to route) is looked up again next row
+                last = names if names in by_names else None
             for name, rules in found:
                 watched.append((name, values[name], step, rules))
         if watched:

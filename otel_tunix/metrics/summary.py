@@ -70,11 +70,22 @@ class MetricsSummary:
                 self.first_time = now
             self.last_time = now
             counts = self._rows
+            # Rows come in runs with the same names (a loop logs the same set every step):
+            # a run is counted once, compared to the previous row's names (pointer
+            # comparisons) instead of hashing a tuple of every name twice per row.
+            last: tuple[str, ...] | None = None
+            run = 0
             for _, values in rows:
                 names = tuple(values)
-                counts[names] = counts.get(names, 0) + 1
+                if names != last:
+                    if run:
+                        counts[last] = counts.get(last, 0) + run  # type: ignore[index]
+                    last, run = names, 0
+                run += 1
                 if not floats_finite(values.values()):
                     self.nonfinite.update(k for k, v in values.items() if not math.isfinite(v))
+            if run:
+                counts[last] = counts.get(last, 0) + run  # type: ignore[index]
             if len(counts) > _MAX_NAME_SETS:  # names that change from row to row
                 for names, n in counts.items():
                     self._folded.update(dict.fromkeys(names, n))
