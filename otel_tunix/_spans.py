@@ -220,9 +220,8 @@ class FinishedStep:
 
     __slots__ = (
         "_builder",
+        "_entries",
         "_exports",
-        "_infos",
-        "_json",
         "_spans",
         "attributes",
         "components",
@@ -242,8 +241,6 @@ class FinishedStep:
         self._builder = builder
         self._spans: list[ReadableSpan] | None = None
         self._exports = 0  # exporters that queued this step and have not read its spans
-        self._infos: list[SpanInfo] | None = None
-        self._json: list[dict[str, object]] | None = None
         self.record = rec
         self.scope = rec.scope
         self.number = rec.number
@@ -259,6 +256,7 @@ class FinishedStep:
         # The accounting reads the components once, in order, and leaves each one's end
         # (device end, else host end; never before its start) in self.ends for the spans.
         self.ends: list[int] = []
+        entries = self._entries = _SpanEntries(builder, rec, comps, self.ends)
         self.summary = account_components(
             rec.scope,
             rec.number,
@@ -269,8 +267,8 @@ class FinishedStep:
             device_ends=ex.device_ends if ex is not None and ex.device_ends else None,
             offset=off,
             ends_out=self.ends,
-            spans=self.span_infos,
-            span_json=self.span_json,
+            spans=entries.span_infos,  # not this step's methods: the summary would refer
+            span_json=entries.span_json,  # back to the step, a cycle only the collector frees
             trace_id=rec.trace_id,
             attributes=self.attributes,
         )
@@ -318,14 +316,40 @@ class FinishedStep:
 
     def span_infos(self) -> list[SpanInfo]:
         """The components as :class:`~otel_tunix.accounting.SpanInfo` (export functions)."""
+        return self._entries.span_infos()
+
+    def span_json(self) -> list[dict[str, object]]:
+        """The components as the ``spans`` entries of the spans JSONL file (what
+        ``SpanInfo.to_json()`` gives), made straight from the records."""
+        return self._entries.span_json()
+
+
+class _SpanEntries:
+    """A step's components as span entries (JSON dicts, then ``SpanInfo``), made on first
+    use and kept: shared by a :class:`FinishedStep` and its ``StepSummary``. Apart from the
+    step so that the summary's factories do not refer back to it: the step, its summary and
+    everything they hold are then freed as soon as the export is done, by reference counts,
+    not left to the garbage collector as a reference cycle."""
+
+    __slots__ = ("_builder", "_infos", "_json", "components", "ends", "record")
+
+    def __init__(
+        self, builder: SpanBuilder, rec: StepRecord, comps: list[ComponentStart], ends: list[int]
+    ) -> None:
+        self._builder = builder
+        self.record = rec
+        self.components = comps
+        self.ends = ends
+        self._infos: list[SpanInfo] | None = None
+        self._json: list[dict[str, object]] | None = None
+
+    def span_infos(self) -> list[SpanInfo]:
         infos = self._infos
         if infos is None:
             infos = self._infos = [SpanInfo(**d) for d in self.span_json()]  # type: ignore[arg-type]
         return infos
 
     def span_json(self) -> list[dict[str, object]]:
-        """The components as the ``spans`` entries of the spans JSONL file (what
-        ``SpanInfo.to_json()`` gives), made straight from the records."""
         dicts = self._json
         if dicts is None:
             dicts = self._json = self._builder.span_json(self)
@@ -403,7 +427,7 @@ class SpanBuilder:
             found = self._threads[thread] = (thread.native_id or thread.ident or 0, thread.name)
         return found
 
-    def span_json(self, step: FinishedStep) -> list[dict[str, object]]:
+    def span_json(self, step: FinishedStep | _SpanEntries) -> list[dict[str, object]]:
         """The components of a step as the ``spans`` entries of the spans JSONL file (the
         fields of :class:`SpanInfo`, which is made from them when asked for)."""
         out: list[dict[str, object]] = []

@@ -337,6 +337,39 @@ def test_the_metrics_summary_counts_rows_of_changing_names(monkeypatch: Any) -> 
     assert s.first_time <= s.last_time
 
 
+def test_processed_and_exported_steps_are_freed_by_reference_counts() -> None:
+    """A processed step, its summary and its spans form no reference cycle: once exported,
+    they are freed at once, not left for the garbage collector (which in a process with a
+    large heap walks everything it holds at each full collection)."""
+    import gc
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exp = InMemorySpanExporter()
+    otel_tunix.configure(output_dir="none", span_exporters=[exp])
+    with otel_tunix.step(0):  # warm-up: caches made once
+        with otel_tunix.component("warm"):
+            pass
+    otel_tunix.force_flush()
+    exp.clear()
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(1, 21):
+            with otel_tunix.step(n):
+                with otel_tunix.component("load", blocked=True):
+                    pass
+                with otel_tunix.component("compute"):
+                    pass
+        otel_tunix.force_flush()
+        assert len(exp.get_finished_spans()) == 20 * 3
+        exp.clear()
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+        otel_tunix.shutdown()
+
+
 def test_runs_of_rows_with_the_same_names_count_and_keep_every_last_value() -> None:
     """Backends take a run of rows with the same names at once (the summary counts the run,
     the logger copies only its last row): the counts and last values must be those of
