@@ -103,13 +103,19 @@ class StepSummary:
         busy_time_sec: Time with at least one busy component open.
         blocked_time_sec: Time with a blocked component open and no busy one.
         idle_time_sec: The rest of the window.
-        components: Per component name, its :class:`ComponentTime`.
+        components: Per component name, its :class:`ComponentTime` (made on first access).
+        component_times: Per component name, ``(busy_time_sec, blocked_time_sec, count)``:
+            the same numbers as plain tuples (what otel-tunix's own sinks read: a tuple of
+            numbers costs less to make, and Python's garbage collector stops tracking it the
+            first time it looks at it, where an object of a class stays tracked until the
+            step is exported).
         spans: The component spans (:class:`SpanInfo`), converted on first access.
         trace_id: The step's trace id (32 hex digits; may be given as an int).
         attributes: Extra attributes of the step span.
     """
 
     __slots__ = (
+        "_components",
         "_span_json",
         "_span_source",
         "_spans",
@@ -117,7 +123,7 @@ class StepSummary:
         "attributes",
         "blocked_time_sec",
         "busy_time_sec",
-        "components",
+        "component_times",
         "end_ns",
         "idle_time_sec",
         "scope",
@@ -136,7 +142,7 @@ class StepSummary:
         busy_time_sec: float,
         blocked_time_sec: float,
         idle_time_sec: float,
-        components: Mapping[str, ComponentTime],
+        component_times: Mapping[str, tuple[float, float, int]],
         spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
         trace_id: str | int = "",
         attributes: Mapping[str, object] | None = None,
@@ -150,7 +156,8 @@ class StepSummary:
         self.busy_time_sec = busy_time_sec
         self.blocked_time_sec = blocked_time_sec
         self.idle_time_sec = idle_time_sec
-        self.components = components
+        self.component_times = component_times
+        self._components: dict[str, ComponentTime] | None = None
         self._trace_id = trace_id
         self.attributes = dict(attributes or {})
         # What to_json() writes for the spans when they were not needed as SpanInfo
@@ -161,6 +168,16 @@ class StepSummary:
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
         else:
             self._spans, self._span_source = tuple(spans), None
+
+    @property
+    def components(self) -> dict[str, ComponentTime]:
+        """Per component name, its :class:`ComponentTime` (made on first access)."""
+        comps = self._components
+        if comps is None:
+            comps = self._components = {
+                name: ComponentTime(*times) for name, times in self.component_times.items()
+            }
+        return comps
 
     @property
     def trace_id(self) -> str:
@@ -201,7 +218,10 @@ class StepSummary:
             "busy_time_sec": self.busy_time_sec,
             "blocked_time_sec": self.blocked_time_sec,
             "idle_time_sec": self.idle_time_sec,
-            "components": {k: v.to_json() for k, v in self.components.items()},
+            "components": {
+                name: {"busy_time_sec": busy, "blocked_time_sec": blocked, "count": count}
+                for name, (busy, blocked, count) in self.component_times.items()
+            },
             "spans": (
                 self._span_json()
                 if self._span_json is not None and self._spans is None
@@ -225,7 +245,6 @@ Interval = tuple[str, bool, int, int]
 """``(component name, blocked, start_ns, end_ns)``."""
 
 _by_start = operator.itemgetter(2)
-_new_object = object.__new__
 
 
 def account_step(
@@ -317,15 +336,13 @@ def account_components(
     ``perf_counter_ns`` readings to Unix epoch ns); durations do not depend on it.
     """
     # One pass, in start order: each component's end, the window end, each component's time
-    # (taken whole for a component seen once in the step, the usual case: one frame-free
-    # object each, ComponentTime made in C and its three fields set here; the union of its
+    # (taken whole for a component seen once in the step, the usual case; the union of its
     # intervals for one seen more than once, after the loop), and the union of the open
     # intervals as runs (starts clipped to the step's keep the order). Until the first
     # blocked interval, the busy union is that union; from there it is kept apart.
     window_end = end_ns
-    found: dict[str, ComponentTime] = {}
+    found: dict[str, tuple[float, float, int]] = {}
     repeated: set[str] | None = None
-    new = _new_object
     add_end = ends_out.append if ends_out is not None else None
     total = 0
     run_start = run_end = start_ns  # the union of every interval: done runs, open run
@@ -349,12 +366,7 @@ def account_components(
             repeated.add(name)
         else:
             length = (e - s) * _NS if e > s else 0.0
-            ct = found[name] = new(ComponentTime)
-            if is_blocked:
-                ct.busy_time_sec, ct.blocked_time_sec = 0.0, length
-            else:
-                ct.busy_time_sec, ct.blocked_time_sec = length, 0.0
-            ct.count = 1
+            found[name] = (0.0, length, 1) if is_blocked else (length, 0.0, 1)
         if e <= s:
             continue
         if is_blocked:
@@ -381,8 +393,8 @@ def account_components(
     idle_ns = wall_ns - open_ns
     if repeated is not None:
         if len(found) == 1 and busy_total is None:  # one component, all busy: busy_ns
-            ((name, ct),) = found.items()
-            ct.busy_time_sec, ct.count = busy_ns * _NS, len(components)
+            (name,) = found
+            found[name] = (busy_ns * _NS, 0.0, len(components))
         else:
             intervals = [
                 (n, b, s, e)
@@ -392,7 +404,7 @@ def account_components(
             ]
             for name in repeated:
                 group = [iv for iv in intervals if iv[0] == name]
-                found[name] = ComponentTime(
+                found[name] = (
                     _union_clipped(group, start_ns, False) * _NS,
                     _union_clipped(group, start_ns, True) * _NS,
                     len(group),
@@ -483,13 +495,13 @@ class ScopeSession:
         self.blocked_time_sec += summary.blocked_time_sec
         self.idle_time_sec += summary.idle_time_sec
         totals = self.components
-        for name, ct in summary.components.items():
+        for name, (busy, blocked, count) in summary.component_times.items():
             acc = totals.get(name)
             if acc is None:
                 acc = totals[name] = ComponentTime()
-            acc.busy_time_sec += ct.busy_time_sec
-            acc.blocked_time_sec += ct.blocked_time_sec
-            acc.count += ct.count
+            acc.busy_time_sec += busy
+            acc.blocked_time_sec += blocked
+            acc.count += count
 
     def copy(self) -> ScopeSession:
         """A snapshot that later :meth:`add` calls do not change."""

@@ -74,12 +74,12 @@ def perf_metrics(summary: StepSummary) -> dict[str, float]:
         blocked: summary.blocked_time_sec,
         idle: summary.idle_time_sec,
     }
-    for name, ct in summary.components.items():
+    for name, (c_busy_sec, c_blocked_sec, _) in summary.component_times.items():
         c_busy, c_blocked = names[name]
-        if ct.busy_time_sec or not ct.blocked_time_sec:
-            out[c_busy] = ct.busy_time_sec
-        if ct.blocked_time_sec:
-            out[c_blocked] = ct.blocked_time_sec
+        if c_busy_sec or not c_blocked_sec:
+            out[c_busy] = c_busy_sec
+        if c_blocked_sec:
+            out[c_blocked] = c_blocked_sec
     return out
 
 
@@ -119,12 +119,12 @@ class InstrumentSink:
         self._busy.record(summary.busy_time_sec, a)
         self._blocked.record(summary.blocked_time_sec, a)
         self._idle.record(summary.idle_time_sec, a)
-        for name, ct in summary.components.items():
+        for name, (busy, blocked, _) in summary.component_times.items():
             ca = {attr.METRIC_SCOPE: summary.scope, attr.METRIC_COMPONENT: name}
-            if ct.busy_time_sec or not ct.blocked_time_sec:
-                self._c_busy.record(ct.busy_time_sec, ca)
-            if ct.blocked_time_sec:
-                self._c_blocked.record(ct.blocked_time_sec, ca)
+            if busy or not blocked:
+                self._c_busy.record(busy, ca)
+            if blocked:
+                self._c_blocked.record(blocked, ca)
 
     def record_custom(self, name: str, value: float, scope: str) -> None:
         """Record a value returned by a custom export function."""

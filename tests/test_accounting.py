@@ -382,3 +382,19 @@ def test_a_session_whose_first_step_is_not_sampled_starts_at_that_step():
     # (A start never set would read from the clock's zero: far more than a second.)
     assert 0.06 <= session.wall_time_sec < 5.0
     assert session.steps_per_sec <= 3 / 0.06
+
+
+def test_component_times_as_tuples_and_as_objects_agree():
+    """Sinks read a step's component times as plain tuples; ``components`` (made on first
+    access) and the JSON line give the same numbers."""
+    from otel_tunix.accounting import ComponentTime, account_intervals
+
+    ivs = [("load", True, 0, 20), ("compute", False, 20, 60), ("compute", False, 30, 70)]
+    s = account_intervals("train", 1, 0, 100, ivs)
+    assert s.component_times == {"load": (0.0, 20 * 1e-9, 1), "compute": (50 * 1e-9, 0.0, 2)}
+    comps = s.components
+    assert comps is s.components  # made once
+    assert comps == {
+        "load": ComponentTime(0.0, 20 * 1e-9, 1), "compute": ComponentTime(50 * 1e-9, 0.0, 2)
+    }
+    assert s.to_json()["components"] == {k: v.to_json() for k, v in comps.items()}
