@@ -792,7 +792,7 @@ class DatadogStepSink:
             kinds: dict[str, set[str]] = {}
             for span in summary.spans:
                 kinds.setdefault(span.name, set()).add(span.kind)
-            for component, times in summary.components.items():
+            for component, (busy, blocked, _) in summary.component_times.items():
                 ctags = self._component_tags.get((scope, component))
                 if ctags is None:
                     ctags = self._component_tags.setdefault(
@@ -801,14 +801,14 @@ class DatadogStepSink:
                 seen = kinds.get(component)
                 if seen is None:  # no span list: infer the kinds from the times
                     seen = set()
-                    if times.busy_time_sec > 0 or times.blocked_time_sec == 0:
+                    if busy > 0 or blocked == 0:
                         seen.add(attr.KIND_BUSY)
-                    if times.blocked_time_sec > 0:
+                    if blocked > 0:
                         seen.add(attr.KIND_BLOCKED)
                 if attr.KIND_BUSY in seen:
-                    _send(send, COMPONENT_BUSY_TIME, times.busy_time_sec, ctags)
+                    _send(send, COMPONENT_BUSY_TIME, busy, ctags)
                 if attr.KIND_BLOCKED in seen:
-                    _send(send, COMPONENT_BLOCKED_TIME, times.blocked_time_sec, ctags)
+                    _send(send, COMPONENT_BLOCKED_TIME, blocked, ctags)
         except Exception:
             self._report("on_step", "Datadog step sink failed to send a step", exc_info=True)
 
