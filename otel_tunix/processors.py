@@ -2,11 +2,13 @@
 
 :class:`StepAccountingProcessor` is a real OTel ``SpanProcessor``. otel-tunix's span
 builder hands it each finished step whole (:meth:`~StepAccountingProcessor.on_finished_step`,
-no SDK spans needed); fed SDK spans one at a time instead (``on_end``, from any span
+no SDK spans needed), with the step's counters already derived as the builder read it
+(``FinishedStep.summary``); fed SDK spans one at a time instead (``on_end``, from any span
 pipeline), it groups the components of each step by the ``tunix.*`` attributes and derives
-the same numbers when the step span ends. The busy / blocked / idle counters come from
-:func:`otel_tunix.accounting.account_intervals`; the resulting :class:`StepSummary` goes to
-*sinks*: OTel instruments, the MetricsLogger, the spans JSONL file, a user's export function.
+the same numbers when the step span ends. Either way the busy / blocked / idle counters come
+from :func:`otel_tunix.accounting.account_components`; the resulting :class:`StepSummary`
+goes to *sinks*: OTel instruments, the MetricsLogger, the spans JSONL file, a user's export
+function.
 Spans from other code pass through untouched.
 """
 
