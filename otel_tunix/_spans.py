@@ -385,6 +385,7 @@ class SpanBuilder:
         self._targets_key: object = None
         self._targets: list[tuple[SpanProcessor, Any, Any]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
+        self._step_names: dict[str, str] = {}
         self._attributes: dict[str, tuple[bool, Any, str, int, dict[str, Any]]] = {}
         """Per component name: (blocked, thread, scope, step, the attributes of its spans)
         as last made (never changed once made: spans and other threads may hold them)."""
@@ -544,22 +545,36 @@ class SpanBuilder:
                 append(span)
             else:
                 append(make(name, ctx, parent_ctx, attrs, start_pc + off, end + off))
-        step_end = step.end_ns - off
-        status, events = _error(rec.error, rec.end_ns + off)
-        if rec.events:
-            events += _step_events(rec, step_end, off)
         parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None
         step_attrs = {**step.attributes, _SPAN_TYPE: attr.SPAN_TYPE_STEP, _STEP: number,
                       _SCOPE: scope}  # fmt: skip
-        name = f"{scope}_step"
-        if events or status is not _UNSET:
+        name = self._step_names.get(scope) or self._step_name(scope)
+        if rec.error is not None or rec.events:
+            status, events = _error(rec.error, rec.end_ns + off)
+            if rec.events:
+                events += _step_events(rec, step.end_ns - off, off)
             step_span = self._full_span(
                 name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns
             )
+        elif span_class is not None:  # as for the components: make() written out
+            step_span = new_obj(span_class)
+            step_span._name = name
+            step_span._context = step_ctx
+            step_span._parent = parent
+            step_span._attributes = step_attrs
+            step_span._start_time = step.start_ns
+            step_span._end_time = step.end_ns
         else:
             step_span = make(name, step_ctx, parent, step_attrs, step.start_ns, step.end_ns)
         out.append(step_span)
         return out
+
+    def _step_name(self, scope: str) -> str:
+        """``<scope>_step``, made once per scope."""
+        if len(self._step_names) >= _MAX_CACHED:  # scopes made up per step
+            self._step_names.clear()
+        name = self._step_names[scope] = f"{scope}_step"
+        return name
 
     def _full_span(
         self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],

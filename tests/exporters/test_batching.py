@@ -362,8 +362,9 @@ def test_fast_span_and_context_factories_match_the_sdk_constructors():
 
 
 def test_component_spans_built_in_the_loop_answer_as_sdk_spans_do():
-    """The span builder writes the fast maker's assignments out for components: each span
-    must read as the SDK's constructor would have made it (all public properties)."""
+    """The span builder writes the fast maker's assignments out for components and the step:
+    each span must read as the SDK's constructor would have made it (all public
+    properties)."""
     otel_tunix.configure(output_dir="none")
     with steps_set_aside() as kept:
         for n in (2, 3):  # the second step copies the first one's attributes
@@ -377,7 +378,7 @@ def test_component_spans_built_in_the_loop_answer_as_sdk_spans_do():
     scope, resource = steps[0]._builder._scope, steps[0]._builder._resource
     for step in steps:
         spans = step.spans()
-        for s in spans[:-1]:
+        for s in spans:  # the components, then the step span
             assert type(s) is step._builder._span_class
             sdk = _spans.sdk_span(
                 resource, scope, s.name, s.context, s.parent, dict(s.attributes),
@@ -386,6 +387,7 @@ def test_component_spans_built_in_the_loop_answer_as_sdk_spans_do():
             assert _spans._same_span(s, sdk)
             assert s.attributes[attr.STEP] == step.number
         assert [s.name for s in spans] == ["load", "compute", "train_step"]
+        assert spans[-1].start_time == step.start_ns and spans[-1].end_time == step.end_ns
 
 
 def test_span_maker_falls_back_to_the_constructor_when_the_sdk_changes(monkeypatch):
