@@ -385,7 +385,6 @@ class SpanBuilder:
         self._targets_key: object = None
         self._targets: list[tuple[SpanProcessor, Any, Any]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
-        self._step_names: dict[str, str] = {}
         self._attributes: dict[str, tuple[bool, Any, str, int, dict[str, Any]]] = {}
         """Per component name: (blocked, thread, scope, step, the attributes of its spans)
         as last made (never changed once made: spans and other threads may hold them)."""
@@ -548,7 +547,7 @@ class SpanBuilder:
         parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None
         step_attrs = {**step.attributes, _SPAN_TYPE: attr.SPAN_TYPE_STEP, _STEP: number,
                       _SCOPE: scope}  # fmt: skip
-        name = self._step_names.get(scope) or self._step_name(scope)
+        name = f"{scope}_step"
         if rec.error is not None or rec.events:
             status, events = _error(rec.error, rec.end_ns + off)
             if rec.events:
@@ -556,25 +555,10 @@ class SpanBuilder:
             step_span = self._full_span(
                 name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns
             )
-        elif span_class is not None:  # as for the components: make() written out
-            step_span = new_obj(span_class)
-            step_span._name = name
-            step_span._context = step_ctx
-            step_span._parent = parent
-            step_span._attributes = step_attrs
-            step_span._start_time = step.start_ns
-            step_span._end_time = step.end_ns
         else:
             step_span = make(name, step_ctx, parent, step_attrs, step.start_ns, step.end_ns)
         out.append(step_span)
         return out
-
-    def _step_name(self, scope: str) -> str:
-        """``<scope>_step``, made once per scope."""
-        if len(self._step_names) >= _MAX_CACHED:  # scopes made up per step
-            self._step_names.clear()
-        name = self._step_names[scope] = f"{scope}_step"
-        return name
 
     def _full_span(
         self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],

@@ -84,11 +84,12 @@ class ComponentTime:
     count: int = 0
 
     def to_json(self) -> dict[str, float | int]:
-        return {
-            "busy_time_sec": self.busy_time_sec,
-            "blocked_time_sec": self.blocked_time_sec,
-            "count": self.count,
-        }
+        return _times_json(self.busy_time_sec, self.blocked_time_sec, self.count)
+
+
+def _times_json(busy: float, blocked: float, count: int) -> dict[str, float | int]:
+    """A component's times as the JSON lines write them."""
+    return {"busy_time_sec": busy, "blocked_time_sec": blocked, "count": count}
 
 
 class StepSummary:
@@ -218,10 +219,7 @@ class StepSummary:
             "busy_time_sec": self.busy_time_sec,
             "blocked_time_sec": self.blocked_time_sec,
             "idle_time_sec": self.idle_time_sec,
-            "components": {
-                name: {"busy_time_sec": busy, "blocked_time_sec": blocked, "count": count}
-                for name, (busy, blocked, count) in self.component_times.items()
-            },
+            "components": {name: _times_json(*t) for name, t in self.component_times.items()},
             "spans": (
                 self._span_json()
                 if self._span_json is not None and self._spans is None
@@ -332,7 +330,7 @@ def account_components(
 
     A component ends at ``device_ends[key]``, else ``ends[key]``, else at its start; one that
     would end before it starts ends at its start (empty). Those ends, in order, are appended
-    to ``ends_out``. ``offset`` is added to the summary's ``start_ns`` / ``end_ns`` (from
+    to ``ends_out`` when given. ``offset`` is added to the summary's ``start_ns`` / ``end_ns`` (from
     ``perf_counter_ns`` readings to Unix epoch ns); durations do not depend on it.
     """
     # One pass, in start order: each component's end, the window end, each component's time
@@ -343,7 +341,9 @@ def account_components(
     window_end = end_ns
     found: dict[str, tuple[float, float, int]] = {}
     repeated: set[str] | None = None
-    add_end = ends_out.append if ends_out is not None else None
+    ends_list = ends_out if ends_out is not None else []
+    first = len(ends_list)
+    add_end = ends_list.append
     total = 0
     run_start = run_end = start_ns  # the union of every interval: done runs, open run
     busy_total: int | None = None  # the busy union, once a blocked interval split it off
@@ -356,8 +356,7 @@ def account_components(
             e = s
         if e > window_end:
             window_end = e
-        if add_end is not None:
-            add_end(e)
+        add_end(e)
         if s < start_ns:
             s = start_ns
         if name in found:
@@ -398,9 +397,7 @@ def account_components(
         else:
             intervals = [
                 (n, b, s, e)
-                for (n, b, _, _, s, _), e in zip(
-                    components, _ends_of(components, ends, device_ends), strict=True
-                )
+                for (n, b, _, _, s, _), e in zip(components, ends_list[first:], strict=True)
             ]
             for name in repeated:
                 group = [iv for iv in intervals if iv[0] == name]
@@ -424,21 +421,6 @@ def account_components(
         attributes,
         span_json,
     )
-
-
-def _ends_of(
-    components: Sequence[ComponentRecord],
-    ends: Mapping[Hashable, int],
-    device_ends: Mapping[Hashable, int] | None,
-) -> list[int]:
-    """Each component's end, as :func:`account_components` takes it."""
-    out = []
-    for _, _, key, _, s, _ in components:
-        e = ends.get(key, s)
-        if device_ends is not None:
-            e = device_ends.get(key, e)
-        out.append(e if e > s else s)
-    return out
 
 
 def _union_clipped(intervals: Sequence[Interval], start_ns: int, blocked: bool | None) -> int:

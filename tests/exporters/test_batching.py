@@ -362,9 +362,9 @@ def test_fast_span_and_context_factories_match_the_sdk_constructors():
 
 
 def test_component_spans_built_in_the_loop_answer_as_sdk_spans_do():
-    """The span builder writes the fast maker's assignments out for components and the step:
-    each span must read as the SDK's constructor would have made it (all public
-    properties)."""
+    """The span builder writes the fast maker's assignments out for components: each span,
+    and the step span its maker makes, must read as the SDK's constructor would have made it
+    (all public properties)."""
     otel_tunix.configure(output_dir="none")
     with steps_set_aside() as kept:
         for n in (2, 3):  # the second step copies the first one's attributes
