@@ -471,19 +471,53 @@ class ScopeSession:
 
     def add(self, summary: StepSummary) -> None:
         """Add one sampled step's counters."""
-        self.sampled_steps += 1
-        self.step_time_sec += summary.step_time_sec
-        self.busy_time_sec += summary.busy_time_sec
-        self.blocked_time_sec += summary.blocked_time_sec
-        self.idle_time_sec += summary.idle_time_sec
+        self.add_all((summary,))
+
+    def add_all(self, summaries: Iterable[StepSummary]) -> None:
+        """Add sampled steps' counters, in order (the worker's batches)."""
+        step_time, busy, blocked, idle = (
+            self.step_time_sec, self.busy_time_sec, self.blocked_time_sec, self.idle_time_sec
+        )  # fmt: skip
+        count = 0
+        # Steps with the same component names in the same order (the usual run of steps)
+        # are summed a column at a time: transposed by zip and added by sum(), in C, in the
+        # same order as one step at a time (~0.7k instructions less a component than a
+        # Python loop over each step's components, in a batch of many steps).
+        layout: tuple[str, ...] = ()
+        run: list[Iterable[tuple[float, float, int]]] = []
+        for summary in summaries:
+            count += 1
+            step_time += summary.step_time_sec
+            busy += summary.busy_time_sec
+            blocked += summary.blocked_time_sec
+            idle += summary.idle_time_sec
+            times = summary.component_times
+            names = tuple(times)
+            if names != layout:
+                self._add_columns(layout, run)
+                layout, run = names, []
+            run.append(times.values())
+        self._add_columns(layout, run)
+        self.sampled_steps += count
+        self.step_time_sec, self.busy_time_sec, self.blocked_time_sec, self.idle_time_sec = (
+            step_time, busy, blocked, idle
+        )  # fmt: skip
+
+    def _add_columns(
+        self, names: tuple[str, ...], run: list[Iterable[tuple[float, float, int]]]
+    ) -> None:
+        """Add the component times of steps whose components are ``names``, in that order."""
+        if not run:
+            return
         totals = self.components
-        for name, (busy, blocked, count) in summary.component_times.items():
+        for name, column in zip(names, zip(*run, strict=True), strict=True):
             acc = totals.get(name)
             if acc is None:
                 acc = totals[name] = ComponentTime()
-            acc.busy_time_sec += busy
-            acc.blocked_time_sec += blocked
-            acc.count += count
+            busy, blocked, count = zip(*column, strict=True)
+            acc.busy_time_sec = sum(busy, acc.busy_time_sec)
+            acc.blocked_time_sec = sum(blocked, acc.blocked_time_sec)
+            acc.count = sum(count, acc.count)
 
     def copy(self) -> ScopeSession:
         """A snapshot that later :meth:`add` calls do not change."""

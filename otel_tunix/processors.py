@@ -186,13 +186,20 @@ class StepAccountingProcessor(SpanProcessor):
     def _publish(self, summaries: Sequence[StepSummary]) -> None:
         """Session totals, then every sink: ``on_steps(summaries)`` where it has one, else
         ``on_step`` per summary."""
+        by_scope: dict[str, list[StepSummary]] = {}
+        for summary in summaries:
+            scope = summary.scope
+            if scope in by_scope:
+                by_scope[scope].append(summary)
+            else:
+                by_scope[scope] = [summary]
         with self._lock:
             sessions = self._sessions
-            for summary in summaries:
-                session = sessions.get(summary.scope)
+            for scope, steps in by_scope.items():
+                session = sessions.get(scope)
                 if session is None:
-                    session = sessions[summary.scope] = ScopeSession(summary.scope)
-                session.add(summary)
+                    session = sessions[scope] = ScopeSession(scope)
+                session.add_all(steps)
         self.last_summary = summaries[-1]
         for sink in self._sinks:
             if hasattr(sink, "on_steps"):

@@ -398,3 +398,53 @@ def test_component_times_as_tuples_and_as_objects_agree():
         "load": ComponentTime(0.0, 20 * 1e-9, 1), "compute": ComponentTime(50 * 1e-9, 0.0, 2)
     }
     assert s.to_json()["components"] == {k: v.to_json() for k, v in comps.items()}
+
+
+def test_session_totals_of_batches_with_changing_component_names_match_step_by_step_sums():
+    """The worker adds a batch of steps a column at a time, over runs of steps whose
+    components have the same names in the same order; every mix of orders, new names, steps
+    without components and scopes must give what adding each step's times one by one gives."""
+    import random
+
+    from otel_tunix.accounting import ScopeSession, account_intervals
+    from otel_tunix.processors import StepAccountingProcessor
+
+    rng = random.Random(7)
+    layouts = [("load", "compute"), ("compute", "load"), ("load", "compute", "save"), ()]
+    summaries = []
+    for n in range(300):
+        t, comps = 0, []
+        for name in rng.choice(layouts) if rng.random() < 0.8 else layouts[0]:
+            d = rng.randrange(1, 1000)
+            comps.append((name, name == "save" and rng.random() < 0.5, t, t + d))
+            t += d + rng.randrange(0, 50)
+        summaries.append(account_intervals(rng.choice(("train", "eval")), n, 0, t + 10, comps))
+    expected: dict[str, dict[str, list[float]]] = {}
+    for s in summaries:
+        totals = expected.setdefault(s.scope, {})
+        for name, (busy, blocked, count) in s.component_times.items():
+            acc = totals.setdefault(name, [0.0, 0.0, 0])
+            acc[0] += busy
+            acc[1] += blocked
+            acc[2] += count
+
+    proc = StepAccountingProcessor()
+    for i in range(0, len(summaries), 37):  # batches of several scopes and layouts
+        proc._publish(summaries[i : i + 37])
+    one_call = ScopeSession("train")
+    one_call.add_all(s for s in summaries if s.scope == "train")
+    sessions = {s.scope: s for s in proc.sessions()}
+    assert set(sessions) == {"train", "eval"}
+    for scope, session in [*sessions.items(), ("train", one_call)]:
+        mine = [s for s in summaries if s.scope == scope]
+        assert session.sampled_steps == len(mine)
+        assert session.step_time_sec == pytest.approx(sum(s.step_time_sec for s in mine))
+        assert session.idle_time_sec == pytest.approx(sum(s.idle_time_sec for s in mine))
+        got = {
+            k: [v.busy_time_sec, v.blocked_time_sec, v.count]
+            for k, v in session.components.items()
+        }
+        assert set(got) == set(expected[scope])
+        for name, times in got.items():
+            assert times == pytest.approx(expected[scope][name]), name
+        assert got["save"][1] > 0 and got["save"][0] > 0  # both kinds under one name
