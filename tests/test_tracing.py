@@ -312,18 +312,92 @@ def test_device_end_accepts_a_future_and_a_failing_resolver_keeps_host_time(capl
 
 
 def test_a_component_left_in_another_context_still_ends_its_span(caplog):
-    """Exiting in another context than the one entered in cannot restore the context
-    variables (reported), but the span ends and the step is processed at once."""
+    """On the step's thread the innermost component is kept on the step, so leaving it in
+    another context restores it like any exit. In a thread given a copy of the context it is
+    in the context variable, which cannot be restored from another context (reported); the
+    span ends and the step is processed at once either way."""
+
+    def cross(name: str) -> None:
+        c = otel_tunix.component(name)
+        c.__enter__()
+        contextvars.copy_context().run(c.__exit__, None, None, None)
+
     with capture() as cap:
         with otel_tunix.step(0):
-            c = otel_tunix.component("crossed")
-            c.__enter__()
-            contextvars.copy_context().run(c.__exit__, None, None, None)
+            cross("crossed")
+            with otel_tunix.component("after"):
+                pass
+        with caplog.at_level(logging.ERROR, logger="otel_tunix"):
+            assert not any("closing a component" in r.message for r in caplog.records)
+        with otel_tunix.step(1):
+            t = threading.Thread(target=contextvars.copy_context().run, args=(cross, "thread"))
+            t.start()
+            t.join()
         t0 = time.perf_counter()
-        (span,) = _by_name(cap.spans())["crossed"]
+        by = _by_name(cap.spans())
         assert time.perf_counter() - t0 < 5  # not held back as still open
-    assert attr.INCOMPLETE not in span.attributes
+    assert by["after"][0].parent.span_id == by["train_step"][0].context.span_id
+    for name in ("crossed", "thread"):
+        assert attr.INCOMPLETE not in by[name][0].attributes
+        assert by[name][0].end_time >= by[name][0].start_time
     assert any("closing a component failed" in r.message for r in caplog.records)
+
+
+def test_an_event_loop_run_inside_a_component_nests_its_tasks_under_it():
+    """Tasks interleave on the step's thread: their components use the context variable, and
+    take the component the loop was run from as their parent."""
+
+    async def work(i: int) -> None:
+        with otel_tunix.component(f"task{i}"):
+            await asyncio.sleep(0.001)
+            with otel_tunix.component(f"inner{i}"):
+                await asyncio.sleep(0.001)
+
+    async def both() -> None:
+        await asyncio.gather(work(0), work(1))
+
+    with capture() as cap:
+        with otel_tunix.step(0):
+            with otel_tunix.component("rollout"):
+                asyncio.run(both())
+            with otel_tunix.component("after"):
+                pass
+        by = _by_name(cap.spans())
+    rollout = by["rollout"][0].context.span_id
+    assert by["task0"][0].parent.span_id == by["task1"][0].parent.span_id == rollout
+    for i in (0, 1):
+        assert by[f"inner{i}"][0].parent.span_id == by[f"task{i}"][0].context.span_id
+    assert by["after"][0].parent.span_id == by["train_step"][0].context.span_id
+
+
+def test_components_interleaving_in_contexts_of_one_thread_nest_right_while_trio_is_loaded(
+    monkeypatch,
+):
+    """Trio runs its tasks on one thread, each in its own context, with no asyncio loop:
+    while it is loaded, components keep the innermost one in the context variable. Trio is
+    not installed here: a module of that name stands in for it, and two generators, each
+    resumed in its own context, interleave as two trio tasks would."""
+    import sys
+    import types
+
+    def task(name: str):
+        with otel_tunix.component(name):
+            yield
+            with otel_tunix.component(f"{name}.inner"):
+                yield
+
+    monkeypatch.setitem(sys.modules, "trio", types.ModuleType("trio"))
+    with capture() as cap:
+        with otel_tunix.step(0):
+            tasks = [(contextvars.copy_context(), task(n)) for n in ("a", "b")]
+            for _ in range(3):  # a enters, b enters, a's inner, b's inner, both leave
+                for ctx, gen in tasks:
+                    ctx.run(next, gen, None)
+        by = _by_name(cap.spans())
+    step_id = by["train_step"][0].context.span_id
+    assert by["a"][0].parent.span_id == by["b"][0].parent.span_id == step_id
+    assert by["a.inner"][0].parent.span_id == by["a"][0].context.span_id
+    assert by["b.inner"][0].parent.span_id == by["b"][0].context.span_id
 
 
 def test_a_reused_component_object_does_not_carry_a_device_end_into_its_next_use():
