@@ -267,8 +267,8 @@ class FinishedStep:
             device_ends=ex.device_ends if ex is not None and ex.device_ends else None,
             offset=off,
             ends_out=self.ends,
-            spans=entries.span_infos,  # not this step's methods: the summary would refer
-            span_json=entries.span_json,  # back to the step, a cycle only the collector frees
+            spans=entries,  # not this step's methods: the summary would refer back to the
+            # step, a cycle only the collector frees (and two objects less a step to walk)
             trace_id=rec.trace_id,
             attributes=self.attributes,
         )
@@ -316,7 +316,7 @@ class FinishedStep:
 
     def span_infos(self) -> list[SpanInfo]:
         """The components as :class:`~otel_tunix.accounting.SpanInfo` (export functions)."""
-        return self._entries.span_infos()
+        return self._entries()
 
     def span_json(self) -> list[dict[str, object]]:
         """The components as the ``spans`` entries of the spans JSONL file (what
@@ -326,8 +326,9 @@ class FinishedStep:
 
 class _SpanEntries:
     """A step's components as span entries (JSON dicts, then ``SpanInfo``), made on first
-    use and kept: shared by a :class:`FinishedStep` and its ``StepSummary``. Apart from the
-    step so that the summary's factories do not refer back to it: the step, its summary and
+    use and kept: shared by a :class:`FinishedStep` and its ``StepSummary`` (whose span
+    factory it is: called for the ``SpanInfo`` list, ``span_json()`` for the JSON dicts). Apart
+    from the step so that the summary does not refer back to it: the step, its summary and
     everything they hold are then freed as soon as the export is done, by reference counts,
     not left to the garbage collector as a reference cycle."""
 
@@ -343,7 +344,9 @@ class _SpanEntries:
         self._infos: list[SpanInfo] | None = None
         self._json: list[dict[str, object]] | None = None
 
-    def span_infos(self) -> list[SpanInfo]:
+    def __call__(self) -> list[SpanInfo]:
+        """The components as :class:`~otel_tunix.accounting.SpanInfo` (the summary's span
+        factory)."""
         infos = self._infos
         if infos is None:
             infos = self._infos = [SpanInfo(**d) for d in self.span_json()]  # type: ignore[arg-type]

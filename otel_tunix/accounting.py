@@ -117,7 +117,6 @@ class StepSummary:
 
     __slots__ = (
         "_components",
-        "_span_json",
         "_span_source",
         "_spans",
         "_trace_id",
@@ -147,7 +146,6 @@ class StepSummary:
         spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
         trace_id: str | int = "",
         attributes: Mapping[str, object] | None = None,
-        span_json: Callable[[], list[dict[str, object]]] | None = None,
     ) -> None:
         self.scope = scope
         self.step = step
@@ -161,9 +159,6 @@ class StepSummary:
         self._components: dict[str, ComponentTime] | None = None
         self._trace_id = trace_id
         self.attributes = dict(attributes or {})
-        # What to_json() writes for the spans when they were not needed as SpanInfo
-        # objects (the same dicts as SpanInfo.to_json(), made straight from the records).
-        self._span_json = span_json
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -198,6 +193,16 @@ class StepSummary:
             self._span_source = None
         return self._spans
 
+    def _spans_json(self) -> list[dict[str, object]]:
+        """The ``spans`` of :meth:`to_json`: from a span factory that has a ``span_json()``
+        method (the same dicts as ``SpanInfo.to_json()``, made straight from the records),
+        while the spans were not needed as ``SpanInfo`` objects; else from those."""
+        source = self._span_source
+        span_json = getattr(source, "span_json", None) if source is not None else None
+        if span_json is not None:
+            return span_json()  # type: ignore[no-any-return]
+        return [s.to_json() for s in self.spans]
+
     def __repr__(self) -> str:
         return (
             f"StepSummary(scope={self.scope!r}, step={self.step}, "
@@ -220,11 +225,7 @@ class StepSummary:
             "blocked_time_sec": self.blocked_time_sec,
             "idle_time_sec": self.idle_time_sec,
             "components": {name: _times_json(*t) for name, t in self.component_times.items()},
-            "spans": (
-                self._span_json()
-                if self._span_json is not None and self._spans is None
-                else [s.to_json() for s in self.spans]
-            ),
+            "spans": self._spans_json(),
         }
         if self.attributes:
             out["attributes"] = dict(self.attributes)
@@ -282,11 +283,10 @@ def account_intervals(
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
     trace_id: str | int = "",
     attributes: Mapping[str, object] | None = None,
-    span_json: Callable[[], list[dict[str, object]]] | None = None,
 ) -> StepSummary:
     """:func:`account_step` on plain intervals (``presorted``: they are in start order
-    already); ``spans`` may be a factory (made lazily), ``span_json`` a factory of their
-    JSON dicts (see :meth:`StepSummary.to_json`)."""
+    already); ``spans`` may be a factory, called when the spans are first read (one with a
+    ``span_json()`` method also gives :meth:`StepSummary.to_json` their JSON dicts)."""
     if not presorted:
         intervals = sorted(intervals, key=_by_start)
     return account_components(
@@ -299,7 +299,6 @@ def account_intervals(
         spans=spans,
         trace_id=trace_id,
         attributes=attributes,
-        span_json=span_json,
     )
 
 
@@ -323,7 +322,6 @@ def account_components(
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
     trace_id: str | int = "",
     attributes: Mapping[str, object] | None = None,
-    span_json: Callable[[], list[dict[str, object]]] | None = None,
 ) -> StepSummary:
     """The accounting itself, on components in start order (the worker's path: what the hot
     path recorded, read in one pass).
@@ -419,7 +417,6 @@ def account_components(
         spans,
         trace_id,
         attributes,
-        span_json,
     )
 
 
