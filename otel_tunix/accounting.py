@@ -22,6 +22,7 @@ How time is counted (all intervals are clipped to the step window):
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -440,6 +441,11 @@ def _union_clipped(intervals: Sequence[Interval], start_ns: int, blocked: bool |
     return total + run_end - run_start
 
 
+def _component_names(summary: StepSummary) -> tuple[str, ...]:
+    """A step's component names, in order (what splits steps into runs of one layout)."""
+    return tuple(summary.component_times)
+
+
 @dataclass(slots=True)
 class ScopeSession:
     """Totals of one scope over a session (first to last step)."""
@@ -475,27 +481,20 @@ class ScopeSession:
         step_time, busy, blocked, idle = (
             self.step_time_sec, self.busy_time_sec, self.blocked_time_sec, self.idle_time_sec
         )  # fmt: skip
-        count = 0
         # Steps with the same component names in the same order (the usual run of steps)
         # are summed a column at a time: transposed by zip and added by sum(), in C, in the
         # same order as one step at a time (~0.7k instructions less a component than a
         # Python loop over each step's components, in a batch of many steps).
-        layout: tuple[str, ...] = ()
-        run: list[Iterable[tuple[float, float, int]]] = []
-        for summary in summaries:
-            count += 1
-            step_time += summary.step_time_sec
-            busy += summary.busy_time_sec
-            blocked += summary.blocked_time_sec
-            idle += summary.idle_time_sec
-            times = summary.component_times
-            names = tuple(times)
-            if names != layout:
-                self._add_columns(layout, run)
-                layout, run = names, []
-            run.append(times.values())
-        self._add_columns(layout, run)
-        self.sampled_steps += count
+        for names, run in itertools.groupby(summaries, _component_names):
+            times: list[Iterable[tuple[float, float, int]]] = []
+            for summary in run:
+                step_time += summary.step_time_sec
+                busy += summary.busy_time_sec
+                blocked += summary.blocked_time_sec
+                idle += summary.idle_time_sec
+                times.append(summary.component_times.values())
+            self.sampled_steps += len(times)
+            self._add_columns(names, times)
         self.step_time_sec, self.busy_time_sec, self.blocked_time_sec, self.idle_time_sec = (
             step_time, busy, blocked, idle
         )  # fmt: skip
@@ -504,8 +503,6 @@ class ScopeSession:
         self, names: tuple[str, ...], run: list[Iterable[tuple[float, float, int]]]
     ) -> None:
         """Add the component times of steps whose components are ``names``, in that order."""
-        if not run:
-            return
         totals = self.components
         for name, column in zip(names, zip(*run, strict=True), strict=True):
             acc = totals.get(name)

@@ -10,6 +10,7 @@ gauges) and :class:`ConsoleBackend`.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import math
@@ -42,6 +43,14 @@ _logger = logging.getLogger(__name__)
 PERF_SOURCE = "perf"
 """``source`` keyword of the perf/... scalars that the accounting processor logs: they are
 already OTel histograms, so :class:`OTelBackend` skips them."""
+
+
+def row_names(row: tuple[int | None, Mapping[str, float]]) -> tuple[str, ...]:
+    """The names of a ``(step, values)`` row, in order: the key that splits rows into runs
+    with the same names (``itertools.groupby(rows, row_names)``). A loop logs the same set of
+    names step after step, so a backend does once per run what does not change within one.
+    """
+    return tuple(row[1])
 
 
 @runtime_checkable
@@ -247,17 +256,11 @@ class MetricsLogger:
             # The last values: of a run of rows with the same names only the run's last row
             # counts (it overwrites every value of the others), so only it is copied.
             last = self.last_values
-            pending: Mapping[str, float] | None = None
-            pending_names: tuple[str, ...] = ()
-            for step, values in rows:
-                names = tuple(values)
-                if pending is not None and names != pending_names:
-                    last.update(pending)
-                pending, pending_names = values, names
-                if step is not None:
-                    self.last_step = step
-            if pending is not None:
-                last.update(pending)
+            for _, run in itertools.groupby(rows, row_names):
+                for row in run:
+                    if row[0] is not None:
+                        self.last_step = row[0]
+                last.update(row[1])
             source = kwargs.get("source")
             for backend in self.backends:
                 if source is not None and source in getattr(backend, "skip_sources", ()):

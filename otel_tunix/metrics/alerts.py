@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
+import itertools
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from otel_tunix._once import ReportOnce
+from otel_tunix.metrics_logger import row_names
 
 __all__ = [
     "Alert",
@@ -619,21 +621,17 @@ class AlertEngine:
         out: list[Alert] = []
         by_names = self._watched_by_names
         watched = []  # the values some rule watches
-        last: tuple[str, ...] | None = None
-        found: list[tuple[str, Any]] = []
-        for step, values in rows:
-            # A loop logs the same few sets of names step after step: which of them some
-            # rule watches is looked up once per set, not once per name and step, and not
-            # at all for a row with the previous row's names (compared, not hashed).
-            names = tuple(values)
-            if names != last:
-                found = by_names.get(names)  # type: ignore[assignment]
-                if found is None:
-                    found = self._watched_of(names)
-                # a set not kept (a name failed to route) is looked up again next row
-                last = names if names in by_names else None
-            for name, rules in found:
-                watched.append((name, values[name], step, rules))
+        # A loop logs the same few sets of names step after step: which of them some rule
+        # watches is looked up once per set and run of rows, not once per name and step.
+        for names, run in itertools.groupby(rows, row_names):
+            found = by_names.get(names)
+            for step, values in run:
+                watch = found
+                if watch is None:  # a set not seen yet, or one with a name that failed to
+                    watch = self._watched_of(names)  # route: routed (again) for this row
+                    found = by_names.get(names)  # kept once every name routed
+                for name, rules in watch:
+                    watched.append((name, values[name], step, rules))
         if watched:
             with self._lock:
                 for name, value, step, rules in watched:

@@ -19,6 +19,7 @@ system samplers on the logger add their state.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from otel_tunix._json import floats_finite
+from otel_tunix.metrics_logger import row_names
 
 __all__ = ["MetricsSummary", "get_metrics_summary", "install", "track_sampler"]
 
@@ -70,22 +72,15 @@ class MetricsSummary:
                 self.first_time = now
             self.last_time = now
             counts = self._rows
-            # Rows come in runs with the same names (a loop logs the same set every step):
-            # a run is counted once, compared to the previous row's names (pointer
-            # comparisons) instead of hashing a tuple of every name twice per row.
-            last: tuple[str, ...] | None = None
-            run = 0
-            for _, values in rows:
-                names = tuple(values)
-                if names != last:
-                    if run:
-                        counts[last] = counts.get(last, 0) + run  # type: ignore[index]
-                    last, run = names, 0
-                run += 1
-                if not floats_finite(values.values()):
-                    self.nonfinite.update(k for k, v in values.items() if not math.isfinite(v))
-            if run:
-                counts[last] = counts.get(last, 0) + run  # type: ignore[index]
+            for names, run in itertools.groupby(rows, row_names):  # counted once a run
+                n = 0
+                for _, values in run:
+                    n += 1
+                    if not floats_finite(values.values()):
+                        self.nonfinite.update(
+                            k for k, v in values.items() if not math.isfinite(v)
+                        )
+                counts[names] = counts.get(names, 0) + n
             if len(counts) > _MAX_NAME_SETS:  # names that change from row to row
                 for names, n in counts.items():
                     self._folded.update(dict.fromkeys(names, n))
