@@ -623,31 +623,30 @@ class Component:
         if cur is None:  # a step that is not sampled
             return self
         try:
-            ident = _get_ident()
             if type(cur) is StepRecord:
                 st = cur
                 top = st.top
                 outer_id = st.span_id if top is None else top._span_id
-                # On the step's thread and outside an event loop, components open and close
-                # in nested order: the innermost is kept on the step (st.top, two attribute
-                # writes) instead of in the context variable (a set and its reset: ~1.3k
-                # instructions more). In an event loop tasks interleave: the variable.
-                fast = ident == st.nest_ident and _running_loop() is None
             elif cur is _NOT_SET:  # no step in this context: a thread that did not inherit it
                 rt = _runtime
                 if rt is None or not rt.open_steps:
                     return self
                 st = rt.open_steps[-1]
                 outer_id = st.span_id
-                fast = False
             else:  # the component open around this one (set in the context variable)
                 st = cur._step
                 outer_id = cur._span_id
-                fast = False
             allowed = st.runtime.allowed
             name = self._name
             if allowed is not None and name not in allowed:
                 return self
+            ident = _get_ident()
+            # On the step's thread and outside an event loop, components open and close in
+            # nested order: the innermost is kept on the step (st.top, two attribute writes)
+            # instead of in the context variable (a set and its reset: ~1.3k instructions
+            # more). In an event loop tasks interleave: the variable. (cur is st: the
+            # context holds the step itself, no component of its own.)
+            fast = cur is st and ident == st.nest_ident and _running_loop() is None
             span = _otel_context().get(_SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id
