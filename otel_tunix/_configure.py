@@ -81,6 +81,8 @@ class _State:
     sampler: Any = None
     logger_provider: Any = None
     owns_logger_provider: bool = False
+    meter: Any = None
+    """The meter of the run's observable instruments."""
 
 
 _lock = threading.RLock()
@@ -339,7 +341,8 @@ def configure(
                 interval_sec=cfg.process_interval_ms / 1e3,  # type: ignore[operator]
             )
             state.runtime = runtime
-        _register_observables(mp.get_meter(cfg.otel_scope, __version__), state)
+        state.meter = mp.get_meter(cfg.otel_scope, __version__)
+        _register_observables(state.meter, state)
         _tracer.set_runtime(state.runtime)
         _state = state
         _register_atexit()
@@ -663,10 +666,6 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                     proc.shutdown()
                 except Exception:
                     _logger.exception("otel-tunix: shutting down %s failed", proc.exporter)
-            if st.tracer_provider is not None:
-                _otel_setup.detach_span_processors(
-                    st.tracer_provider, (st.processor, *st.export_processors)
-                )
         for provider, owned in (
             (st.tracer_provider, st.owns_tracer_provider),
             (st.meter_provider, st.owns_meter_provider),
@@ -681,6 +680,15 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                     provider.force_flush(int(timeout * 1000))
             except Exception:
                 _logger.exception("otel-tunix: shutting down %s failed", type(provider).__name__)
+        # A provider can outlive the run (the application's, or ours made global, which
+        # OTel never replaces): it lets go of this run's processors and callbacks, which
+        # would otherwise keep the whole run (pipeline, steps, sinks) in memory for good.
+        if st.tracer_provider is not None and st.processor is not None:
+            _otel_setup.detach_span_processors(
+                st.tracer_provider, (st.processor, *st.export_processors)
+            )
+        if st.meter is not None:
+            _register_observables(st.meter, None)
         if st.datadog is not None:
             st.datadog.close()
         if st.perfetto is not None and st.perfetto.path is not None:

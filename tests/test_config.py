@@ -317,6 +317,33 @@ def test_runs_on_the_same_meter_provider_report_their_own_step_counts():
     otel_tunix.shutdown()
 
 
+@pytest.mark.parametrize("own_provider", [True, False], ids=["ours", "the application's"])
+def test_a_run_that_was_shut_down_is_released(own_provider, tmp_path):
+    """Nothing global keeps a finished run (its providers, pipeline, steps) in memory: a
+    notebook or a test suite configures many runs in one process. The metric instruments'
+    callbacks used to: every run stayed alive for good, and later runs slowed down."""
+    import gc
+    import weakref
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_tunix import _tracer
+
+    app = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    for run in range(2):
+        otel_tunix.configure(
+            output_dir=tmp_path / str(run), meter_provider=None if own_provider else app
+        )
+        for n in range(3):
+            with otel_tunix.step(n), otel_tunix.component("train_step_compute"):
+                pass
+        pipeline = weakref.ref(_tracer.get_runtime().pipeline)  # type: ignore[union-attr]
+        assert otel_tunix.shutdown()[0].steps == 3
+        gc.collect()
+        assert pipeline() is None, f"run {run} is still referenced"
+
+
 def test_otlp_endpoint_env_selects_the_otlp_exporter(monkeypatch):
     from otel_tunix import _otel_setup
 

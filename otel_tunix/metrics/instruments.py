@@ -80,10 +80,23 @@ def _create(meter: Meter, spec: MetricSpec) -> Any:
 
 ObservableCallback = Callable[[CallbackOptions], Sequence[Observation]]
 
-_observed: weakref.WeakKeyDictionary[Any, dict[str, list[ObservableCallback | None]]] = (
+
+class _Slot:
+    """The callback an observable instrument reads now (``None``: nothing to report)."""
+
+    __slots__ = ("__weakref__", "callback")
+
+    def __init__(self, callback: ObservableCallback | None) -> None:
+        self.callback = callback
+
+
+_observed: weakref.WeakKeyDictionary[Any, dict[str, weakref.ref[_Slot]]] = (
     weakref.WeakKeyDictionary()
 )
-"""Per meter and instrument name: the callback its observable instrument reads now."""
+"""Per meter and instrument name: the slot its observable instrument reads. Weakly on both
+sides: the instrument's own callback holds the slot, and a slot's callback usually reaches
+its meter (a run's state holds its meter provider), so a strong slot here would keep every
+meter, and every run's state, alive for good."""
 _observed_lock = threading.Lock()
 
 
@@ -109,16 +122,18 @@ def observable(
             names = _observed.setdefault(meter, {})
         except TypeError:  # a meter that cannot be weakly referenced: no replacing
             names = {}
-        slot = names.get(name)
+        ref = names.get(name)
+        slot = ref() if ref is not None else None
         if slot is not None:
-            slot[0] = callback
+            slot.callback = callback
             return
         if callback is None:  # nothing made yet, nothing to report
             return
-        slot = names[name] = [callback]
+        slot = _Slot(callback)
+        names[name] = weakref.ref(slot)
 
     def observe(options: CallbackOptions) -> Sequence[Observation]:
-        current = slot[0]
+        current = slot.callback
         return current(options) if current is not None else ()
 
     if kind is Instrument.GAUGE:

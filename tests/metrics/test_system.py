@@ -112,6 +112,45 @@ def test_a_later_sampler_on_the_same_provider_reports_its_own_readings(reader):
     assert [d.value for d in p["process.cpu.utilization"][1]] == [0.5]
 
 
+class _RunState:
+    """What a run's observable callbacks read; like a real run's, it holds the provider."""
+
+    def __init__(self, provider: MeterProvider, count: int) -> None:
+        self.provider = provider
+        self.count = count
+
+    def observe(self, _: object) -> list:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(self.count)]
+
+
+def test_an_observable_whose_callback_reaches_its_provider_does_not_keep_it_alive():
+    """The registry that lets a later run or sampler take a meter's instruments over holds
+    the meter weakly and its callbacks only through the instruments. A callback usually
+    reaches its own provider (a run's state holds it): held strongly by the registry, every
+    such provider, and everything its callbacks read, stayed alive for good."""
+    import gc
+    import weakref
+
+    from otel_tunix.metrics.catalog import Instrument
+    from otel_tunix.metrics.instruments import observable
+
+    reader = InMemoryMetricReader()  # not the fixture's: pytest would keep it (and mp)
+    mp = MeterProvider(metric_readers=[reader])
+    meter = mp.get_meter("test")
+    observable(meter, Instrument.COUNTER, "test.count", _RunState(mp, 7).observe)
+    assert [d.value for d in _points(reader)["test.count"][1]] == [7]
+    # a later run on the same meter takes the instrument over
+    observable(meter, Instrument.COUNTER, "test.count", _RunState(mp, 11).observe)
+    assert [d.value for d in _points(reader)["test.count"][1]] == [11]
+    mp.shutdown()  # its atexit hook holds it until then
+    provider = weakref.ref(mp)
+    del mp, meter, reader
+    gc.collect()
+    assert provider() is None
+
+
 def test_background_thread_samples_at_the_interval_and_stops():
     s = SystemMetricsSampler(instruments=False, interval_sec=0.05)
     with s:
