@@ -101,6 +101,16 @@ def test_collector_killed_and_restarted_mid_run(rotel_collector, monkeypatch, tm
     _run_steps(5, start=100)
     otel_tunix.force_flush(timeout=3)
     during = time.perf_counter() - t
+    # The collector comes back only once the exporter has given up on what it sent while
+    # the collector was down: a retry still in flight at the restart would deliver those
+    # spans, and there would be no loss to count (the exporter's count, read directly).
+    from otel_tunix import _configure
+
+    stats = _configure._state.export_stats["otlp"]  # type: ignore[union-attr]
+    deadline = time.monotonic() + 15
+    while stats.failed == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stats.failed > 0, "the export made while the collector was down never failed"
     rotel_collector.restart()
 
     def seen_steps() -> set[int]:

@@ -1,21 +1,49 @@
-"""Generation metrics from real token timestamps: a Python generator with controlled sleeps,
-and a real (tiny, randomly initialised) Hugging Face model whose forward passes take a known
-time."""
+"""Generation metrics from real token timestamps: a Python generator, and a real (tiny,
+randomly initialised) Hugging Face model, whose prefill and decode steps take a known time.
+
+The time is the generation module's clock, stepped by the test (:class:`SteppedClock`): a
+prefill takes exactly ``PREFILL_SEC`` and a decode step ``DECODE_SEC``, so the measured
+durations are asserted exactly. With real sleeps they could only be bounded, and a loaded
+2-core CI machine overran any upper bound tight enough to tell a prefill from a decode step.
+"""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from otel_tunix.metrics import generation
 from otel_tunix.metrics.catalog import TIME_TO_FIRST_TOKEN_BUCKETS
 from otel_tunix.metrics.generation import GenerationMetrics
 
 PREFILL_SEC = 0.12
 DECODE_SEC = 0.03
-SLACK = 0.08  # scheduling noise on a shared 2-core machine (upper bounds only)
+
+
+class SteppedClock:
+    """Stands in for ``time.perf_counter`` in the generation module: it moves only when the
+    test advances it, by exactly that much (a fake clock: the only stand-in in this file)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, sec: float) -> None:
+        self.now += sec
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = SteppedClock()
+    monkeypatch.setattr(generation, "_clock", c)
+    return c
+
+
+def _exactly(value: float) -> object:
+    return pytest.approx(value, rel=0, abs=1e-9)  # sums of stepped floats, rounded
 
 
 @pytest.fixture
@@ -35,23 +63,21 @@ def _points(reader):
     return out
 
 
-def _tokens(n: int):
-    time.sleep(PREFILL_SEC)
+def _tokens(n: int, clock: SteppedClock):
+    clock.advance(PREFILL_SEC)
     for i in range(n):
         if i:
-            time.sleep(DECODE_SEC)
+            clock.advance(DECODE_SEC)
         yield i
 
 
-def test_stream_of_a_python_generator_measures_ttft_tpot_and_e2e(reader_and_metrics):
+def test_stream_of_a_python_generator_measures_ttft_tpot_and_e2e(reader_and_metrics, clock):
     reader, gm = reader_and_metrics
-    t0 = time.perf_counter()
-    assert list(gm.stream(_tokens(5), prompt_tokens=7)) == [0, 1, 2, 3, 4]
-    wall = time.perf_counter() - t0
+    assert list(gm.stream(_tokens(5, clock), prompt_tokens=7)) == [0, 1, 2, 3, 4]
     s = gm.stats()
-    assert PREFILL_SEC <= s.last_ttft_sec < PREFILL_SEC + SLACK
-    assert DECODE_SEC <= s.last_tpot_sec < DECODE_SEC + SLACK
-    assert s.last_ttft_sec + 4 * DECODE_SEC <= s.last_e2e_sec <= wall
+    assert s.last_ttft_sec == _exactly(PREFILL_SEC)
+    assert s.last_tpot_sec == _exactly(DECODE_SEC)
+    assert s.last_e2e_sec == _exactly(PREFILL_SEC + 4 * DECODE_SEC)
     assert s.requests == {"stop": 1} and s.active == 0
     assert (s.prompt_tokens, s.output_tokens) == (7, 5)
     p = _points(reader)
@@ -70,7 +96,7 @@ def test_stream_of_a_python_generator_measures_ttft_tpot_and_e2e(reader_and_metr
     assert p["tunix.generation.requests.active"][0].value == 0
     assert p["tunix.generation.output_tokens"][0].value == 5
     assert p["tunix.generation.tokens_per_second"][0].value == pytest.approx(
-        5 / (s.last_ttft_sec + 4 * s.last_tpot_sec), rel=0.05
+        5 / (PREFILL_SEC + 4 * DECODE_SEC)
     )
 
 
@@ -107,7 +133,7 @@ def test_manual_request_with_a_queue(reader_and_metrics):
     assert p["tunix.generation.prefill.duration"][0].sum == pytest.approx(0.5)  # queue excluded
 
 
-def test_hugging_face_generate_with_real_first_token_timestamps(reader_and_metrics):
+def test_hugging_face_generate_with_real_first_token_timestamps(reader_and_metrics, clock):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     reader, gm = reader_and_metrics
@@ -120,7 +146,7 @@ def test_hugging_face_generate_with_real_first_token_timestamps(reader_and_metri
 
     def slow_forward(module, args, kwargs):  # the prompt pass is the slow one, as on a GPU
         ids = kwargs.get("input_ids", args[0] if args else None)
-        time.sleep(PREFILL_SEC if ids.shape[1] > 1 else DECODE_SEC)
+        clock.advance(PREFILL_SEC if ids.shape[1] > 1 else DECODE_SEC)
 
     model.register_forward_pre_hook(slow_forward, with_kwargs=True)
 
@@ -146,14 +172,13 @@ def test_hugging_face_generate_with_real_first_token_timestamps(reader_and_metri
     p = _points(reader)
     ttft = p["gen_ai.server.time_to_first_token"][0]
     assert ttft.count == 2
-    assert PREFILL_SEC <= ttft.min <= ttft.max < PREFILL_SEC + SLACK
+    assert (ttft.min, ttft.max) == (_exactly(PREFILL_SEC), _exactly(PREFILL_SEC))
     tpot = p["gen_ai.server.time_per_output_token"][0]
-    assert DECODE_SEC <= tpot.min <= tpot.max < DECODE_SEC + SLACK
+    assert (tpot.min, tpot.max) == (_exactly(DECODE_SEC), _exactly(DECODE_SEC))
     e2e = p["gen_ai.server.request.duration"][0]
     # row 0 ends at its EOS (2 decode steps after the first token), row 1 runs 5
-    assert e2e.min >= ttft.min + 2 * DECODE_SEC
-    assert e2e.max >= ttft.max + 5 * DECODE_SEC
-    assert e2e.max - e2e.min >= 3 * DECODE_SEC
+    assert e2e.min == _exactly(PREFILL_SEC + 2 * DECODE_SEC)
+    assert e2e.max == _exactly(PREFILL_SEC + 5 * DECODE_SEC)
     reasons = {dict(d.attributes)["finish_reason"]: d.value for d in p["tunix.generation.requests"]}
     assert reasons == {"stop": 1, "length": 1}
 
