@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 from otel_tunix._json import dumps_line, floats_finite
 from otel_tunix._once import ReportOnce
 from otel_tunix.config import ConfigurationError
+from otel_tunix.perf_rows import PerfRows, perf_metrics
 
 __all__ = [
     "ConsoleBackend",
@@ -59,9 +60,10 @@ class LoggingBackend(Protocol):
 
     Two optional methods make a backend cheaper to feed, and are used when present:
     ``log_scalars(values, **kwargs)`` (several scalars of one step) and ``log_rows(rows,
-    **kwargs)`` (several steps at once: ``(step, {name: float})`` in order, as
+    **kwargs)`` (several steps at once: a sequence of ``(step, {name: float})`` in order, as
     :meth:`MetricsLogger.log_rows` gets them; one that raises loses that batch for this
-    backend only).
+    backend only). The worker's ``perf/...`` rows come as a
+    :class:`~otel_tunix.perf_rows.PerfRows`, a sequence whose dicts are made on first read.
     """
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
@@ -256,11 +258,16 @@ class MetricsLogger:
             # The last values: of a run of rows with the same names only the run's last row
             # counts (it overwrites every value of the others), so only it is copied.
             last = self.last_values
-            for _, run in itertools.groupby(rows, row_names):
-                for row in run:
-                    if row[0] is not None:
-                        self.last_step = row[0]
-                last.update(row[1])
+            if isinstance(rows, PerfRows):  # the worker's: no row made for this
+                for _, steps in rows.runs():
+                    last.update(perf_metrics(steps[-1]))
+                self.last_step = rows.summaries[-1].step
+            else:
+                for _, run in itertools.groupby(rows, row_names):
+                    for row in run:
+                        if row[0] is not None:
+                            self.last_step = row[0]
+                    last.update(row[1])
             source = kwargs.get("source")
             for backend in self.backends:
                 if source is not None and source in getattr(backend, "skip_sources", ()):

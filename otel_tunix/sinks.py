@@ -16,6 +16,7 @@ from otel_tunix import attributes as attr
 from otel_tunix._once import ReportOnce
 from otel_tunix.accounting import ScopeSession, StepSummary
 from otel_tunix.metrics_logger import PERF_SOURCE, MetricsLogger, otel_metric_name, to_scalar
+from otel_tunix.perf_rows import PerfRows
 
 _logger = logging.getLogger(__name__)
 
@@ -25,62 +26,6 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 """Histogram boundaries for durations in seconds: 0.5 ms to ~17 min (the SDK's default
 boundaries are shaped for milliseconds)."""
-
-
-_STEP_LEAVES = ("step_time_sec", "busy_time_sec", "blocked_time_sec", "idle_time_sec")
-_COMPONENT_LEAVES = ("busy_time_sec", "blocked_time_sec")
-_MAX_NAMES = 4096
-"""Names kept per scope: names made up per step would otherwise pile up."""
-
-
-class _ScopeNames(dict[str, tuple[str, ...]]):
-    """The ``perf/<scope>/...`` metric names of one scope, made once each (a handful per
-    run) instead of formatted per step: ``step`` holds the step's four names; the dict maps
-    a component to its busy and blocked names (one lookup per component and step)."""
-
-    def __init__(self, scope: str) -> None:
-        super().__init__()
-        self.prefix = f"perf/{scope}/"
-        self.step = tuple(self.prefix + leaf for leaf in _STEP_LEAVES)
-
-    def __missing__(self, component: str) -> tuple[str, ...]:
-        if len(self) >= _MAX_NAMES:
-            self.clear()
-        names = self[component] = tuple(
-            f"{self.prefix}{component}/{leaf}" for leaf in _COMPONENT_LEAVES
-        )
-        return names
-
-
-_NAMES: dict[str, _ScopeNames] = {}
-
-
-def _scope_names(scope: str) -> _ScopeNames:
-    names = _NAMES.get(scope)
-    if names is None:
-        if len(_NAMES) >= _MAX_NAMES:
-            _NAMES.clear()
-        names = _NAMES[scope] = _ScopeNames(scope)
-    return names
-
-
-def perf_metrics(summary: StepSummary) -> dict[str, float]:
-    """The Tunix-style ``perf/<scope>/...`` scalars of one step."""
-    names = _scope_names(summary.scope)
-    step_time, busy, blocked, idle = names.step
-    out = {
-        step_time: summary.step_time_sec,
-        busy: summary.busy_time_sec,
-        blocked: summary.blocked_time_sec,
-        idle: summary.idle_time_sec,
-    }
-    for name, (c_busy_sec, c_blocked_sec, _) in summary.component_times.items():
-        c_busy, c_blocked = names[name]
-        if c_busy_sec or not c_blocked_sec:
-            out[c_busy] = c_busy_sec
-        if c_blocked_sec:
-            out[c_blocked] = c_blocked_sec
-    return out
 
 
 class InstrumentSink:
@@ -156,10 +101,11 @@ class MetricsLoggerSink:
         self.on_steps((summary,))
 
     def on_steps(self, summaries: Sequence[StepSummary]) -> None:
-        """A batch of steps, logged with one :meth:`MetricsLogger.log_rows` call."""
+        """A batch of steps, logged with one :meth:`MetricsLogger.log_rows` call (as
+        :class:`~otel_tunix.perf_rows.PerfRows`: dicts made only for backends that read
+        them)."""
         if self._logger.wants(PERF_SOURCE):
-            rows = [(s.step, perf_metrics(s)) for s in summaries]
-            self._logger.log_rows(rows, source=PERF_SOURCE)
+            self._logger.log_rows(PerfRows(summaries), source=PERF_SOURCE)
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:

@@ -263,11 +263,11 @@ def test_perf_scalars_reach_the_metrics_logger_with_tunix_names():
 def test_perf_scalars_of_a_step_by_scope_and_component_and_the_names_kept_are_bounded(
     monkeypatch,
 ):
-    from otel_tunix import sinks
+    from otel_tunix import perf_rows
     from otel_tunix.accounting import account_intervals
 
     def step(scope: str, *components: tuple[str, bool, int, int]) -> dict[str, float]:
-        return sinks.perf_metrics(account_intervals(scope, 1, 0, 100, list(components)))
+        return perf_rows.perf_metrics(account_intervals(scope, 1, 0, 100, list(components)))
 
     got = step("rl/learner", ("load", False, 0, 10), ("wait", True, 10, 30))
     assert got == pytest.approx({
@@ -281,11 +281,11 @@ def test_perf_scalars_of_a_step_by_scope_and_component_and_the_names_kept_are_bo
     # the same component name in another scope gets that scope's names
     assert "perf/eval/load/busy_time_sec" in step("eval", ("load", False, 0, 10))
     # names made up per step (a component named after its step) do not pile up
-    monkeypatch.setattr(sinks, "_MAX_NAMES", 8)
+    monkeypatch.setattr(perf_rows, "_MAX_NAMES", 8)
     for i in range(50):
         got = step("eval", (f"batch_{i}", False, 0, 5))
         assert got[f"perf/eval/batch_{i}/busy_time_sec"] == pytest.approx(5e-9)
-        assert len(sinks._NAMES["eval"]) <= 8
+        assert len(perf_rows._NAMES["eval"]) <= 8
 
 
 def test_custom_export_fn_object_is_published_like_ours():

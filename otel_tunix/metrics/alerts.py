@@ -45,6 +45,7 @@ import itertools
 import json
 import logging
 import math
+import operator
 import os
 import threading
 import time
@@ -58,6 +59,7 @@ from typing import Any, Literal
 
 from otel_tunix._once import ReportOnce
 from otel_tunix.metrics_logger import row_names
+from otel_tunix.perf_rows import PerfRows, perf_value
 
 __all__ = [
     "Alert",
@@ -621,9 +623,16 @@ class AlertEngine:
         out: list[Alert] = []
         by_names = self._watched_by_names
         watched = []  # the values some rule watches
+        runs: Iterable[tuple[tuple[str, ...], Iterable[tuple[int | None, Any]]]]
+        if isinstance(rows, PerfRows):  # the worker's: values read from the step summaries
+            runs = ((names, [(s.step, s) for s in steps]) for names, steps in rows.runs())
+            value_of: Any = perf_value
+        else:
+            runs = itertools.groupby(rows, row_names)
+            value_of = operator.getitem
         # A loop logs the same few sets of names step after step: which of them some rule
         # watches is looked up once per set and run of rows, not once per name and step.
-        for names, run in itertools.groupby(rows, row_names):
+        for names, run in runs:
             found = by_names.get(names)
             for step, values in run:
                 watch = found
@@ -631,7 +640,7 @@ class AlertEngine:
                     watch = self._watched_of(names)  # route: routed (again) for this row
                     found = by_names.get(names)  # kept once every name routed
                 for name, rules in watch:
-                    watched.append((name, values[name], step, rules))
+                    watched.append((name, value_of(values, name), step, rules))
         if watched:
             with self._lock:
                 for name, value, step, rules in watched:

@@ -29,6 +29,7 @@ from typing import Any
 
 from otel_tunix._json import floats_finite
 from otel_tunix.metrics_logger import row_names
+from otel_tunix.perf_rows import PerfRows
 
 __all__ = ["MetricsSummary", "get_metrics_summary", "install", "track_sampler"]
 
@@ -72,15 +73,19 @@ class MetricsSummary:
                 self.first_time = now
             self.last_time = now
             counts = self._rows
-            for names, run in itertools.groupby(rows, row_names):  # counted once a run
-                n = 0
-                for _, values in run:
-                    n += 1
-                    if not floats_finite(values.values()):
-                        self.nonfinite.update(
-                            k for k, v in values.items() if not math.isfinite(v)
-                        )
-                counts[names] = counts.get(names, 0) + n
+            if isinstance(rows, PerfRows):  # counted from the step summaries: no row made
+                for names, steps in rows.runs():  # durations: always finite
+                    counts[names] = counts.get(names, 0) + len(steps)
+            else:
+                for names, run in itertools.groupby(rows, row_names):  # counted once a run
+                    n = 0
+                    for _, values in run:
+                        n += 1
+                        if not floats_finite(values.values()):
+                            self.nonfinite.update(
+                                k for k, v in values.items() if not math.isfinite(v)
+                            )
+                    counts[names] = counts.get(names, 0) + n
             if len(counts) > _MAX_NAME_SETS:  # names that change from row to row
                 for names, n in counts.items():
                     self._folded.update(dict.fromkeys(names, n))
