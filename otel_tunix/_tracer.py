@@ -555,7 +555,13 @@ def _decorate(name: str, blocked: bool, device_end: Any, fn: _F) -> _F:
 class Component:
     """A component being (or to be) recorded: what :func:`component` returns outside a step
     that is not sampled (made only there). A context manager, reusable across steps, and a
-    decorator."""
+    decorator.
+
+    One object is one open span at a time: enter it again only after it exited. A kept
+    object entered inside itself (``with c: with c:``) would mix up the two uses; nest
+    ``component(name)`` calls instead (a decorated function that recurses does: each call
+    makes its own).
+    """
 
     __slots__ = (
         "_blocked",
