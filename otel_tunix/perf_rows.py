@@ -127,7 +127,10 @@ def perf_value(summary: StepSummary, name: str) -> float:
     Raises:
         KeyError: ``name`` is no perf name of the step's scope and components.
     """
-    component, i = _scope_names(summary.scope).fields[name]
+    found = _scope_names(summary.scope).fields.get(name)
+    if found is None:  # forgotten since (names made up per step, past the bound), or none
+        return perf_metrics(summary)[name]
+    component, i = found
     if component is None:
         return (
             summary.step_time_sec,

@@ -130,6 +130,26 @@ def test_every_backend_sees_perf_rows_as_the_plain_rows_they_stand_for():
     assert lazy_parts["scalars"].seen == plain_parts["scalars"].seen
 
 
+def test_names_made_up_per_step_stay_bounded_and_readable(monkeypatch):
+    """Components named after their step: the names and layouts kept are bounded, and a
+    name forgotten meanwhile still reads right."""
+    from otel_tunix import perf_rows
+
+    monkeypatch.setattr(perf_rows, "_MAX_NAMES", 8)
+    monkeypatch.setattr(perf_rows, "_NAMES", {})
+    monkeypatch.setattr(perf_rows, "_LAYOUTS", {})
+    steps = [
+        account_intervals("train", i, 0, 50, [(f"batch_{i}", False, 0, 9 + i), ("w", True, 30, 40)])
+        for i in range(40)
+    ]
+    expected = [perf_metrics(s) for s in steps]
+    for s, values in zip(steps, expected, strict=True):
+        assert perf_names(s) == tuple(values)
+        assert len(perf_rows._LAYOUTS) <= 8 and len(perf_rows._NAMES["train"]) <= 8
+    for s, values in zip(steps, expected, strict=True):  # most names forgotten since
+        assert {name: perf_value(s, name) for name in values} == values
+
+
 def test_rows_are_made_once_for_all_their_readers():
     steps = _random_steps(5, seed=3)
     rows = PerfRows(steps)
