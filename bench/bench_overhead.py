@@ -339,6 +339,10 @@ def main() -> None:
                 "  same, garbage collector off (diagnostic)", gc_off(ours(True, per, True))
             )
             rounds.take("  same, threads on one CPU (diagnostic)", one_cpu(ours(True, per, True)))
+            rounds.take(
+                "  own names, threads on one CPU (diagnostic)",
+                one_cpu(ours(True, per, True, distinct=True)),
+            )
         with configured(tracer_provider=one_thread):
             rounds.take(
                 "  same, every stage on the training thread (diagnostic)",
@@ -365,6 +369,7 @@ def main() -> None:
         "otel-tunix, sampled (+ processing)", "  same, each component its own name",
         "  same, garbage collector off (diagnostic)",
         "  same, threads on one CPU (diagnostic)",
+        "  own names, threads on one CPU (diagnostic)",
         "  same, every stage on the training thread (diagnostic)",
         "  same, joined to an app provider + SDK batch(null)", "  same, no span exporter",
         "  same, no span exporter, garbage collector off", "Tunix PerfTracer.span",
@@ -398,6 +403,8 @@ def main() -> None:
         print(f"  each component its own name / Tunix = {distinct / tunix:.3f}")
         pinned = rows["  same, threads on one CPU (diagnostic)"]
         print(f"  threads on one CPU / Tunix       = {pinned / tunix:.3f}")
+        pinned = rows["  own names, threads on one CPU (diagnostic)"]
+        print(f"  own names, threads on one CPU / Tunix = {pinned / tunix:.3f}")
         inline = rows["  same, every stage on the training thread (diagnostic)"]
         print(f"  every stage on one thread / Tunix = {inline / tunix:.3f}")
         used = rows["Tunix, as its RL learner uses it (+ export() per step)"]

@@ -39,6 +39,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         "same, joined to an app provider + SDK batch(null)",
         "same, no span exporter",
         "same, threads on one CPU (diagnostic)",
+        "own names, threads on one CPU (diagnostic)",
         "same, every stage on the training thread (diagnostic)",
     ):
         assert re.search(re.escape(row) + r"\s+\d+\.\d{3}", text), row
@@ -52,6 +53,7 @@ def test_bench_overhead_prints_every_row_and_ratio():
         assert re.search(r"each component its own name / Tunix = \d+\.\d{3}", text)
         assert re.search(r"/ Tunix with its per-step export = \d+\.\d{3}", text)
         assert re.search(r"threads on one CPU / Tunix\s+= \d+\.\d{3}", text)
+        assert re.search(r"own names, threads on one CPU / Tunix = \d+\.\d{3}", text)
         assert re.search(r"every stage on one thread / Tunix = \d+\.\d{3}", text)
 
 
