@@ -66,6 +66,16 @@ def _scope_names(scope: str) -> _ScopeNames:
     return names
 
 
+def _step_values(summary: StepSummary) -> tuple[float, float, float, float]:
+    """The step's own values, in the order of ``_STEP_LEAVES``."""
+    return (
+        summary.step_time_sec,
+        summary.busy_time_sec,
+        summary.blocked_time_sec,
+        summary.idle_time_sec,
+    )
+
+
 def perf_metrics(summary: StepSummary) -> dict[str, float]:
     """The Tunix-style ``perf/<scope>/...`` scalars of one step.
 
@@ -73,13 +83,7 @@ def perf_metrics(summary: StepSummary) -> dict[str, float]:
     waited logs its blocked time alone.
     """
     names = _scope_names(summary.scope)
-    step_time, busy, blocked, idle = names.step
-    out = {
-        step_time: summary.step_time_sec,
-        busy: summary.busy_time_sec,
-        blocked: summary.blocked_time_sec,
-        idle: summary.idle_time_sec,
-    }
+    out = dict(zip(names.step, _step_values(summary), strict=True))
     for name, (c_busy_sec, c_blocked_sec, _) in summary.component_times.items():
         c_busy, c_blocked = names[name]
         if c_busy_sec or not c_blocked_sec:
@@ -132,12 +136,7 @@ def perf_value(summary: StepSummary, name: str) -> float:
         return perf_metrics(summary)[name]
     component, i = found
     if component is None:
-        return (
-            summary.step_time_sec,
-            summary.busy_time_sec,
-            summary.blocked_time_sec,
-            summary.idle_time_sec,
-        )[i]
+        return _step_values(summary)[i]
     times = summary.component_times.get(component)
     if times is None:
         raise KeyError(name)
