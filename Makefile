@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check otel_tunix tests bench
+	$(BIN)/ruff format --check otel_tunix tests bench
 	$(BIN)/pytest -q
 
 bench: $(STAMP)

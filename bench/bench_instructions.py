@@ -139,9 +139,7 @@ def main() -> None:
     ap.add_argument("--base", type=int, default=5000, help="spans of the smaller run")
     ap.add_argument("--per-step", type=int, default=10, help="components per step")
     ap.add_argument("--gc", action="store_true", help="count the garbage collector too")
-    ap.add_argument(
-        "--distinct", action="store_true", help="each component of a step its own name"
-    )
+    ap.add_argument("--distinct", action="store_true", help="each component of a step its own name")
     ap.add_argument("--no-tunix", action="store_true", help="skip Tunix's row")
     ap.add_argument("--child", choices=(*STAGES, "tunix"), help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -332,12 +332,8 @@ def main() -> None:
             rounds.take("  component alone, in one step not sampled", unsampled_alone)
             rounds.take("otel-tunix, sampled: training thread alone", ours(True, per, False))
             rounds.take("otel-tunix, sampled (+ processing)", ours(True, per, True))
-            rounds.take(
-                "  same, each component its own name", ours(True, per, True, distinct=True)
-            )
-            rounds.take(
-                "  same, garbage collector off (diagnostic)", gc_off(ours(True, per, True))
-            )
+            rounds.take("  same, each component its own name", ours(True, per, True, distinct=True))
+            rounds.take("  same, garbage collector off (diagnostic)", gc_off(ours(True, per, True)))
             rounds.take("  same, threads on one CPU (diagnostic)", one_cpu(ours(True, per, True)))
             rounds.take(
                 "  own names, threads on one CPU (diagnostic)",

@@ -180,8 +180,7 @@ def configure(
         for exporter in span_exporters:
             if not callable(getattr(exporter, "export", None)):
                 raise ConfigurationError(
-                    f"span_exporters: {exporter!r} is not a SpanExporter (it has no export "
-                    "method)"
+                    f"span_exporters: {exporter!r} is not a SpanExporter (it has no export method)"
                 )
         rid = run_id or new_run_id()
         rank = detect_rank()
@@ -712,9 +711,7 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         return sessions
 
 
-def _write_summary(
-    path: Path, st: _State, sessions: list[ScopeSession], *, complete: bool
-) -> None:
+def _write_summary(path: Path, st: _State, sessions: list[ScopeSession], *, complete: bool) -> None:
     """``summary.json``; ``complete`` is false while exporters are still shutting down
     (spans still queued then count as dropped)."""
     rt = st.runtime

@@ -136,9 +136,7 @@ def build_tracer_provider(resource: Resource, stats: dict[str, ExportStats]) -> 
     (``stats`` gets one :class:`ExportStats` per exporter name)."""
     tp = TracerProvider(resource=resource)
     for name, exporter in trace_exporters():
-        tp.add_span_processor(
-            BatchExportProcessor(exporter, stats.setdefault(name, ExportStats()))
-        )
+        tp.add_span_processor(BatchExportProcessor(exporter, stats.setdefault(name, ExportStats())))
     return tp
 
 

@@ -515,9 +515,7 @@ class ScopeSession:
 
     def copy(self) -> ScopeSession:
         """A snapshot that later :meth:`add` calls do not change."""
-        return replace(
-            self, components={k: replace(v) for k, v in self.components.items()}
-        )
+        return replace(self, components={k: replace(v) for k, v in self.components.items()})
 
     def mean(self, total: float) -> float:
         """A session total divided by the number of sampled steps."""

@@ -146,8 +146,7 @@ def _check_interval(value: object, field: str) -> float:
         or not 0 < value <= _MAX_INTERVAL_MS
     ):
         raise ConfigurationError(
-            f"{field} must be a number of milliseconds in (0, {_MAX_INTERVAL_MS:g}], "
-            f"got {value!r}"
+            f"{field} must be a number of milliseconds in (0, {_MAX_INTERVAL_MS:g}], got {value!r}"
         )
     return float(value)
 

@@ -245,9 +245,7 @@ class MetricsLogger:
         if values:
             self.log_rows(((step, values),), **kwargs)
 
-    def log_rows(
-        self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any
-    ) -> None:
+    def log_rows(self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any) -> None:
         """Several steps' scalars at once, ``(step, values)`` in order, the values Python
         floats already (no conversion or checks per value): one lock and one pass over the
         backends for the lot (the worker logs a batch of steps' ``perf/...`` scalars this

@@ -395,7 +395,8 @@ def test_component_times_as_tuples_and_as_objects_agree():
     comps = s.components
     assert comps is s.components  # made once
     assert comps == {
-        "load": ComponentTime(0.0, 20 * 1e-9, 1), "compute": ComponentTime(50 * 1e-9, 0.0, 2)
+        "load": ComponentTime(0.0, 20 * 1e-9, 1),
+        "compute": ComponentTime(50 * 1e-9, 0.0, 2),
     }
     assert s.to_json()["components"] == {k: v.to_json() for k, v in comps.items()}
 
@@ -441,8 +442,7 @@ def test_session_totals_of_batches_with_changing_component_names_match_step_by_s
         assert session.step_time_sec == pytest.approx(sum(s.step_time_sec for s in mine))
         assert session.idle_time_sec == pytest.approx(sum(s.idle_time_sec for s in mine))
         got = {
-            k: [v.busy_time_sec, v.blocked_time_sec, v.count]
-            for k, v in session.components.items()
+            k: [v.busy_time_sec, v.blocked_time_sec, v.count] for k, v in session.components.items()
         }
         assert set(got) == set(expected[scope])
         for name, times in got.items():

@@ -386,9 +386,7 @@ def test_runs_of_rows_with_the_same_names_count_and_keep_every_last_value() -> N
     s.log_rows(rows[:2])
     assert s.counts == {"a": 8, "b": 7, "c": 1}
     assert s.nonfinite == {"b": 1}
-    ml = MetricsLogger(
-        MetricsLoggerOptions(default_backends=False, backend_factories=[]), rank=0
-    )
+    ml = MetricsLogger(MetricsLoggerOptions(default_backends=False, backend_factories=[]), rank=0)
     ml.log_rows(rows)
     assert ml.last_values == {"a": 11.0, "b": 10.0, "c": 5.0}
     assert ml.last_step == 7

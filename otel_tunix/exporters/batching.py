@@ -63,9 +63,7 @@ class ExportStats:
         self.failed = 0
         self.dropped_full = 0
 
-    def add(
-        self, offered: int = 0, exported: int = 0, failed: int = 0, dropped: int = 0
-    ) -> None:
+    def add(self, offered: int = 0, exported: int = 0, failed: int = 0, dropped: int = 0) -> None:
         with self._lock:
             self.offered += offered
             self.exported += exported
@@ -215,9 +213,7 @@ class BatchExportProcessor(SpanProcessor):
         self._count_lock = threading.Lock()
         self._export_lock = threading.Lock()
         self._wake = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="otel-tunix-export", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="otel-tunix-export", daemon=True)
         self._thread.start()
 
     # --- receiving ------------------------------------------------------------------------

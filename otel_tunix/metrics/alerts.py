@@ -94,6 +94,7 @@ class Severity(IntEnum):
 
 _OK = Severity.OK  # read per evaluated value: a module global is the cheapest lookup
 
+
 # --- thresholds ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Threshold:
@@ -602,9 +603,7 @@ class AlertEngine:
                         key = (rule.name, metric)
                         s = self._series.get(key)
                         if s is None:
-                            s = self._series[key] = _Series(
-                                history=_Window(max(rule.window, 1))
-                            )
+                            s = self._series[key] = _Series(history=_Window(max(rule.window, 1)))
                         routes.append((rule, s))
             self._routes[metric] = routes
         return routes
@@ -613,9 +612,7 @@ class AlertEngine:
         """Evaluate one value; returns the transitions it caused (usually none)."""
         return self._evaluate_rows(((step, {metric: value}),))
 
-    def _evaluate_rows(
-        self, rows: Iterable[tuple[int | None, Mapping[str, float]]]
-    ) -> list[Alert]:
+    def _evaluate_rows(self, rows: Iterable[tuple[int | None, Mapping[str, float]]]) -> list[Alert]:
         """Evaluate the values of several steps, in order, under one lock; act on the
         transitions afterwards and return them."""
         if self._closed:

@@ -141,9 +141,7 @@ def observable(
     elif kind is Instrument.COUNTER:
         meter.create_observable_counter(name, [observe], unit=unit, description=description)
     elif kind is Instrument.UP_DOWN_COUNTER:
-        meter.create_observable_up_down_counter(
-            name, [observe], unit=unit, description=description
-        )
+        meter.create_observable_up_down_counter(name, [observe], unit=unit, description=description)
     else:
         raise ValueError(f"{name} is a histogram; histograms cannot be observable")
 
