@@ -8,61 +8,50 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.environment_variables import OTEL_SDK_DISABLED
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_tunix import _otel_setup, _resource, _signals, _tracer
+from otel_tunix import _ids, _otel_setup, _resource, _signals, _tracer
 from otel_tunix import attributes as attr
 from otel_tunix import environment_variables as env
+from otel_tunix._current import CurrentRun, RunInfo, set_current
 from otel_tunix._pipeline import Pipeline
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
 from otel_tunix._spans import SpanBuilder, epoch_offset_ns
 from otel_tunix._version import __version__
 from otel_tunix.accounting import ScopeSession
-from otel_tunix.config import (
-    ConfigurationError,
-    PerformanceMetricsConfig,
-    env_bool,
-    load_callable,
-)
+from otel_tunix.config import PerformanceMetricsConfig, load_callable
 from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
+from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, DatadogStepSink
 from otel_tunix.exporters.jsonl import StepJsonlWriter
+from otel_tunix.metrics.alerts import AlertEngine
+from otel_tunix.metrics.catalog import Instrument
+from otel_tunix.metrics.instruments import observable
+from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
-from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.processors import StepAccountingProcessor, StepSink
+from otel_tunix.settings import ConfigurationError, Settings, load_settings
 from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
 
 _logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """What ``configure()`` set up: the run id, the local folder and its files, the resource,
-    and the URLs of endpoints it serves (``endpoints["prometheus"]``)."""
-
-    run_id: str
-    output_dir: Path | None
-    resource: Resource
-    rank: RankInfo
-    enabled: bool
-    files: dict[str, Path] = field(default_factory=dict)
-    endpoints: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class _State:
     info: RunInfo
     config: PerformanceMetricsConfig
+    settings: Settings
     logger: MetricsLogger
     owns_logger: bool
     runtime: _tracer.Runtime | None = None
@@ -83,6 +72,8 @@ class _State:
     owns_logger_provider: bool = False
     meter: Any = None
     """The meter of the run's observable instruments."""
+    user_processors: tuple[SpanProcessor, ...] = ()
+    """The ``span_processors`` given to ``configure()``."""
 
 
 _lock = threading.RLock()
@@ -91,8 +82,8 @@ _installed: list[object] = []  # providers otel-tunix made global (replaceable b
 _atexit_registered = False
 
 
-def _output_dir(arg: str | os.PathLike[str] | None, run_id: str) -> Path | None:
-    raw = os.fspath(arg) if arg is not None else os.environ.get(env.OTEL_TUNIX_OUTPUT_DIR)
+def _output_dir(arg: str | os.PathLike[str] | None, run_id: str, settings: Settings) -> Path | None:
+    raw = os.fspath(arg) if arg is not None else settings.output_dir
     if raw is not None and raw.strip().lower() == "none":
         return None
     if raw is None or not raw.strip():
@@ -118,6 +109,11 @@ def configure(
     alerts: bool | Iterable[Any] | None = None,
     system_metrics: bool | float | None = None,
     logger_provider: Any = None,
+    span_processors: Sequence[SpanProcessor] = (),
+    metric_readers: Sequence[MetricReader] = (),
+    step_sinks: Sequence[StepSink] = (),
+    clock: Callable[[], int] | None = None,
+    id_seed: int | None = None,
 ) -> RunInfo:
     """Set up otel-tunix for this process (keyword-only, idempotent, thread-safe).
 
@@ -151,6 +147,18 @@ def configure(
         logger_provider: An SDK LoggerProvider for alert log records. Default: the
             application's global SDK provider if it set one, else a new one with the
             exporters of ``OTEL_LOGS_EXPORTER`` (none: records stay in process).
+        span_processors: More OTel ``SpanProcessor`` objects, added to the tracer provider
+            in use (they see otel-tunix's spans and every other span of the provider).
+        metric_readers: More OTel ``MetricReader`` objects for the MeterProvider otel-tunix
+            builds (an application's own provider keeps its readers; then this must be
+            empty).
+        step_sinks: More :class:`~otel_tunix.processors.StepSink` objects: each gets every
+            :class:`~otel_tunix.accounting.StepSummary` and the session totals.
+        clock: What step and component times are read from instead of
+            ``time.perf_counter_ns`` (nanoseconds); span times are then the clock's values
+            as they are (no offset to the Unix epoch). For deterministic tests.
+        id_seed: Draw trace and span ids from ``random.Random(id_seed)`` instead of the
+            OS's entropy. For deterministic tests.
 
     Returns:
         The :class:`RunInfo` of the run.
@@ -162,13 +170,14 @@ def configure(
     with _lock:
         if _state is not None:
             shutdown()
-        cfg = (perf if perf is not None else PerformanceMetricsConfig()).resolved()
+        settings = load_settings()
+        cfg = (perf if perf is not None else PerformanceMetricsConfig()).resolved(settings)
         if not isinstance(cfg, PerformanceMetricsConfig):  # pragma: no cover - typing guard
             raise ConfigurationError("perf must be a PerformanceMetricsConfig")
         export_fn = cfg.export_fn
         if isinstance(export_fn, str):
             export_fn = load_callable(export_fn, "export_fn / " + env.OTEL_TUNIX_EXPORT_FN)
-        interval = _system_interval(system_metrics)
+        interval = _system_interval(system_metrics, settings)
         if metrics_logger is not None and not isinstance(
             metrics_logger, MetricsLogger | MetricsLoggerOptions
         ):
@@ -176,48 +185,81 @@ def configure(
                 "metrics_logger must be a MetricsLogger or MetricsLoggerOptions, "
                 f"got {metrics_logger!r}"
             )
+        for sink in step_sinks:
+            if not isinstance(sink, StepSink):
+                raise ConfigurationError(
+                    f"step_sinks: {sink!r} is not an otel_tunix.processors.StepSink"
+                )
+        for proc in span_processors:
+            if not isinstance(proc, SpanProcessor):
+                raise ConfigurationError(f"span_processors: {proc!r} is not a SpanProcessor")
+        for reader in metric_readers:
+            if not isinstance(reader, MetricReader):
+                raise ConfigurationError(f"metric_readers: {reader!r} is not a MetricReader")
+        if metric_readers and meter_provider is not None:
+            raise ConfigurationError(
+                "metric_readers: add them to the meter_provider given instead (an SDK "
+                "MeterProvider takes its readers when it is made)"
+            )
+        if clock is not None and not callable(clock):
+            raise ConfigurationError(f"clock must be a function returning ns, got {clock!r}")
+        if id_seed is not None and (isinstance(id_seed, bool) or not isinstance(id_seed, int)):
+            raise ConfigurationError(f"id_seed must be an int or None, got {id_seed!r}")
         span_exporters = tuple(span_exporters)
         for exporter in span_exporters:
             if not callable(getattr(exporter, "export", None)):
                 raise ConfigurationError(
                     f"span_exporters: {exporter!r} is not a SpanExporter (it has no export method)"
                 )
-        rid = run_id or new_run_id()
-        rank = detect_rank()
+        rid = run_id or new_run_id(settings)
+        rank = detect_rank(settings)
         ours = _resource.resource_attributes(
             service_name=service_name, run_id=rid, rank=rank, extra=resource_attributes
         )
         resource = build_resource(ours)
-        disabled = env_bool(OTEL_SDK_DISABLED, False)
-        out_dir = None if disabled else _output_dir(output_dir, rid)
+        disabled = settings.sdk_disabled
+        out_dir = None if disabled else _output_dir(output_dir, rid, settings)
         files: dict[str, Path] = {}
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
 
         if disabled:
-            logger = _make_logger(metrics_logger, None, rid, rank, None, enabled=False)
+            logger = _make_logger(
+                metrics_logger, None, rid, rank, None, enabled=False, settings=settings
+            )
             info = RunInfo(rid, None, resource, rank, enabled=False)
             _tracer.set_runtime(None)
             _state = _State(
-                info, cfg, logger, owns_logger=not isinstance(metrics_logger, MetricsLogger)
+                info,
+                cfg,
+                settings,
+                logger,
+                owns_logger=not isinstance(metrics_logger, MetricsLogger),
             )
+            set_current(CurrentRun(info, logger, cfg.otel_scope or "tunix"))
             return info
 
         # --- providers -------------------------------------------------------------------
         export_stats: dict[str, ExportStats] = {}
-        datadog = _datadog_client()
+        datadog = _datadog_client(settings)
         endpoints: dict[str, str] = {}
         readers: list[Any] = []  # those of a MeterProvider otel-tunix builds
 
         def build_meter_provider() -> MeterProvider:
-            readers.extend([*_otel_setup.metric_readers(endpoints), *_datadog_readers(datadog)])
+            readers.extend(
+                [
+                    *metric_readers,
+                    *_otel_setup.metric_readers(settings, endpoints),
+                    *_datadog_readers(datadog, settings),
+                ]
+            )
             return _otel_setup.build_meter_provider(resource, readers)
 
         tp, owns_tp = _provider(
             tracer_provider,
             trace.get_tracer_provider(),
             TracerProvider,
-            lambda: _otel_setup.build_tracer_provider(resource, export_stats),
+            lambda: _otel_setup.build_tracer_provider(resource, export_stats, settings),
         )
         mp, owns_mp = _provider(
             meter_provider,
@@ -236,7 +278,9 @@ def configure(
         span_resource = resource if owns_tp else tp.resource.merge(Resource(ours))
 
         # --- sinks -----------------------------------------------------------------------
-        logger = _make_logger(metrics_logger, out_dir, rid, rank, mp, enabled=True)
+        logger = _make_logger(
+            metrics_logger, out_dir, rid, rank, mp, enabled=True, settings=settings
+        )
         if out_dir is not None and logger.backends:
             files["metrics"] = out_dir / "metrics.jsonl"
         processor = StepAccountingProcessor()
@@ -261,25 +305,25 @@ def configure(
         if export_fn is not None:
             processor.add_sink(ExportFnSink(export_fn, instruments=instruments, logger=logger))
         if datadog is not None:
-            from otel_tunix.exporters.datadog import DatadogStepSink
-
             processor.add_sink(DatadogStepSink(datadog, resource=resource))
+        for sink in step_sinks:
+            processor.add_sink(sink)
         if out_dir is not None:
             files["summary"] = out_dir / f"summary{_rank_suffix(rank)}.json"
         lp, owns_lp = logger_provider, False
         if lp is None:
             lp = _global_logger_provider()
             if lp is None:
-                lp = _otel_setup.build_logger_provider(resource)
+                lp = _otel_setup.build_logger_provider(resource, settings)
                 owns_lp = lp is not None
         alerts_path = out_dir / f"alerts{_rank_suffix(rank)}.jsonl" if out_dir else None
+        if alerts is None:
+            alerts = settings.alerts
         engine = _alert_engine(alerts, logger, lp, mp, datadog, alerts_path)
         if engine is not None and alerts_path is not None:
             files["alerts"] = alerts_path
         sampler = None
         if interval is not None:
-            from otel_tunix.metrics.system import SystemMetricsSampler
-
             sampler = SystemMetricsSampler(
                 mp, interval_sec=interval, gpus=rank.local_rank in (None, 0)
             ).start()
@@ -296,6 +340,7 @@ def configure(
         state = _State(
             info,
             cfg,
+            settings,
             logger,
             owns_logger=not isinstance(metrics_logger, MetricsLogger),
             processor=processor,
@@ -303,7 +348,7 @@ def configure(
             owns_tracer_provider=owns_tp,
             meter_provider=mp,
             owns_meter_provider=owns_mp,
-            offset_ns=epoch_offset_ns(),
+            offset_ns=0 if clock is not None else epoch_offset_ns(),
             datadog=datadog,
             export_stats=export_stats,
             alerts=engine,
@@ -312,38 +357,52 @@ def configure(
             owns_logger_provider=owns_lp,
         )
         tp.add_span_processor(processor)
+        for proc in span_processors:
+            tp.add_span_processor(proc)
+        state.user_processors = tuple(span_processors)
         for exporter in span_exporters:
             name = type(exporter).__name__
             stats = export_stats.setdefault(name, ExportStats())
-            state.export_processors.append(BatchExportProcessor(exporter, stats))
+            state.export_processors.append(BatchExportProcessor(exporter, stats, settings=settings))
             tp.add_span_processor(state.export_processors[-1])
-        perfetto_dir = _perfetto_dir(cfg, out_dir)
+        perfetto_dir = _perfetto_dir(cfg, out_dir, settings)
         state.perfetto_at_shutdown = perfetto_dir == _PERFETTO_AT_SHUTDOWN
         if isinstance(perfetto_dir, Path):
             from otel_tunix.exporters.perfetto import PerfettoSpanExporter
 
             perfetto = PerfettoSpanExporter(directory=perfetto_dir)
             stats = export_stats.setdefault("perfetto", ExportStats())
-            state.export_processors.append(BatchExportProcessor(perfetto, stats))
+            state.export_processors.append(BatchExportProcessor(perfetto, stats, settings=settings))
             tp.add_span_processor(state.export_processors[-1])
             state.perfetto = perfetto
         span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
         if cfg.enabled:
-            runtime = _tracer.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline=None)
-            runtime.pipeline = Pipeline(
+            pipeline = Pipeline(
                 SpanBuilder(
                     span_sink,
                     span_resource,
                     InstrumentationScope(cfg.otel_scope or "tunix", __version__),
+                    offset=state.offset_ns,
                 ),
                 after_batch=processor.flush_sinks,
-                interval_sec=cfg.process_interval_ms / 1e3,  # type: ignore[operator]
+                interval_sec=(cfg.process_interval_ms or 250.0) / 1e3,
             )
-            state.runtime = runtime
+            state.runtime = _tracer.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline)
+        _tracer.set_clock(clock)
+        _ids.seed(id_seed)
         state.meter = mp.get_meter(cfg.otel_scope, __version__)
         _register_observables(state.meter, state)
         _tracer.set_runtime(state.runtime)
         _state = state
+        set_current(
+            CurrentRun(
+                info,
+                logger,
+                cfg.otel_scope or "tunix",
+                meter_provider=mp,
+                last_step_summary=lambda: processor.last_summary,
+            )
+        )
         _register_atexit()
         _signals.install(shutdown)
         _logger.info("otel-tunix: run %s, local folder %s", rid, out_dir)
@@ -370,7 +429,9 @@ _MAX_SHUTDOWN_CONVERT_BYTES = 256 * 2**20
 translated while the program exits."""
 
 
-def _perfetto_dir(cfg: PerformanceMetricsConfig, out_dir: Path | None) -> Path | str | None:
+def _perfetto_dir(
+    cfg: PerformanceMetricsConfig, out_dir: Path | None, settings: Settings
+) -> Path | str | None:
     """Where the Perfetto trace goes.
 
     ``perfetto_trace_dir`` / ``OTEL_TUNIX_PERFETTO_DIR`` stream it during the run (``none``
@@ -379,8 +440,7 @@ def _perfetto_dir(cfg: PerformanceMetricsConfig, out_dir: Path | None) -> Path |
     installed: the translation costs tens of microseconds per span, which the training loop
     should not pay. ``OTEL_TRACES_EXPORTER=perfetto`` builds its own exporter instead.
     """
-    names = {n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")}
-    if "perfetto" in names:
+    if "perfetto" in (settings.traces_exporter or ()):
         return None
     raw = cfg.perfetto_trace_dir
     if raw is not None:
@@ -430,54 +490,30 @@ def _perfetto_from_jsonl(spans: Path, rank: RankInfo) -> Path | None:
     return out
 
 
-def _datadog_client() -> Any:
+def _datadog_client(settings: Settings) -> Any:
     """A DatadogClient when ``DATADOG_ENABLED`` / ``OTEL_METRICS_EXPORTER=datadog`` ask for it.
 
-    The env check comes first so that the ``datadog`` package is imported only when used.
+    The settings are checked first so that the ``datadog`` package is imported only when used.
     """
-    names = os.environ.get("OTEL_METRICS_EXPORTER", "").lower()
-    if not env_bool("DATADOG_ENABLED", False) and "datadog" not in names:
+    if not settings.datadog_enabled and "datadog" not in (settings.metrics_exporter or ()):
         return None
     try:
-        from otel_tunix.exporters.datadog import DatadogClient
+        return DatadogClient()
     except ImportError as exc:
-        raise ConfigurationError(
-            f"DATADOG_ENABLED / OTEL_METRICS_EXPORTER=datadog need pip install "
-            f"'otel-tunix[datadog]' ({exc})"
-        ) from exc
-    return DatadogClient()
+        raise ConfigurationError(f"DATADOG_ENABLED / OTEL_METRICS_EXPORTER=datadog: {exc}") from exc
 
 
-def _datadog_readers(client: Any) -> list[Any]:
+def _datadog_readers(client: Any, settings: Settings) -> list[Any]:
     """The Datadog metric reader, unless ``OTEL_METRICS_EXPORTER`` already names datadog."""
-    if client is None:
+    if client is None or "datadog" in (settings.metrics_exporter or ()):
         return []
-    names = {n.strip().lower() for n in os.environ.get("OTEL_METRICS_EXPORTER", "").split(",")}
-    if "datadog" in names:
-        return []
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-
-    from otel_tunix.exporters.datadog import DatadogMetricExporter
-
     return [PeriodicExportingMetricReader(DatadogMetricExporter(client))]
 
 
-def _system_interval(arg: bool | float | None) -> float | None:
+def _system_interval(arg: bool | float | None, settings: Settings) -> float | None:
     """Seconds between system samples, or ``None`` for no sampler."""
     if arg is None:
-        raw = os.environ.get(env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL, "10").strip().lower()
-        if raw in ("", "none", "off", "false", "0"):
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise ConfigurationError(
-                f"{env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL} must be a number of seconds > 0, "
-                f"0 or none; got {raw!r}"
-            )
-        return value
+        return settings.system_metrics_interval
     if arg is True:
         return 10.0
     if arg is False or arg == 0:
@@ -497,7 +533,7 @@ def _global_logger_provider() -> Any:
 
 
 def _alert_engine(
-    alerts: bool | Iterable[Any] | None,
+    alerts: bool | Iterable[Any],
     logger: MetricsLogger,
     logger_provider: Any,
     meter_provider: Any,
@@ -505,12 +541,8 @@ def _alert_engine(
     jsonl_path: Path | None,
 ) -> Any:
     """The alert engine, added to the logger's backends (``None``: alerts off)."""
-    if alerts is None:
-        alerts = env_bool(env.OTEL_TUNIX_ALERTS, True)
     if alerts is False or not logger.active:
         return None
-    from otel_tunix.metrics.alerts import AlertEngine
-
     engine = AlertEngine(
         None if alerts is True else list(alerts),  # type: ignore[arg-type]
         logger_provider=logger_provider,
@@ -530,15 +562,21 @@ def _make_logger(
     meter_provider: Any,
     *,
     enabled: bool,
+    settings: Settings,
 ) -> MetricsLogger:
     if isinstance(given, MetricsLogger):
         return given
     if not enabled:
         return MetricsLogger(
-            MetricsLoggerOptions(default_backends=False), run_id=run_id, rank=rank.rank
+            MetricsLoggerOptions(default_backends=False),
+            run_id=run_id,
+            rank=rank.rank,
+            settings=settings,
         )
     opts = given or MetricsLoggerOptions(log_dir=out_dir, run_name=run_id)
-    return MetricsLogger(opts, run_id=run_id, rank=rank.rank, meter_provider=meter_provider)
+    return MetricsLogger(
+        opts, run_id=run_id, rank=rank.rank, meter_provider=meter_provider, settings=settings
+    )
 
 
 def _register_observables(meter: Any, state: _State | None) -> None:
@@ -546,9 +584,6 @@ def _register_observables(meter: Any, state: _State | None) -> None:
     reading ``state``; ``None`` (a disabled run) leaves them nothing to report. A later run
     on the same meter takes them over (:func:`~otel_tunix.metrics.instruments.observable`).
     """
-    from otel_tunix.metrics.catalog import Instrument
-    from otel_tunix.metrics.instruments import observable
-
     counter, gauge = Instrument.COUNTER, Instrument.GAUGE
     instruments = (
         (counter, "tunix.steps", "{step}", "Steps run (sampled or not)"),
@@ -634,6 +669,9 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             return []
         _state = None
         _tracer.set_runtime(None)
+        _tracer.set_clock(None)
+        _ids.seed(None)
+        set_current(None)
         _signals.uninstall()
         sessions: list[ScopeSession] = []
         if st.sampler is not None:
@@ -684,7 +722,7 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         # would otherwise keep the whole run (pipeline, steps, sinks) in memory for good.
         if st.tracer_provider is not None and st.processor is not None:
             _otel_setup.detach_span_processors(
-                st.tracer_provider, (st.processor, *st.export_processors)
+                st.tracer_provider, (st.processor, *st.export_processors, *st.user_processors)
             )
         if st.meter is not None:
             _register_observables(st.meter, None)

@@ -10,10 +10,12 @@ go through the standard library.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Callable, Collection
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 
 def _default(obj: Any) -> Any:
@@ -79,3 +81,11 @@ def all_finite(values: Any) -> bool:
 
 
 __all__ = ["all_finite", "dumps_line", "floats_finite"]
+
+
+def open_text(path: Path, mode: str = "a") -> IO[str]:
+    """Open a text file for writing; a ``.gz`` suffix writes gzip."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return open(path, mode, encoding="utf-8")

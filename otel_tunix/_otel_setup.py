@@ -10,27 +10,17 @@ own ``perfetto`` and ``datadog`` all work with ``OTEL_TRACES_EXPORTER`` /
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER, OTEL_TRACES_EXPORTER
-from opentelemetry.sdk.environment_variables import (
-    OTEL_EXPORTER_OTLP_ENDPOINT,
-    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
-    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
-    OTEL_EXPORTER_OTLP_PROTOCOL,
-    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
-    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
-)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.util._importlib_metadata import entry_points
 
-from otel_tunix.config import ConfigurationError
 from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
+from otel_tunix.settings import ConfigurationError, Settings
 
 _logger = logging.getLogger(__name__)
 
@@ -43,31 +33,14 @@ _EXTRA_FOR = {
 }
 
 
-def exporter_names(var: str, endpoint_vars: tuple[str, ...]) -> list[str]:
-    """Names listed in ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``.
-
-    Unset means ``otlp`` when an OTLP endpoint variable is set, else nothing (the local run
-    folder still gets everything).
-    """
-    raw = os.environ.get(var)
-    if raw is None or not raw.strip():
-        return ["otlp"] if any(os.environ.get(v) for v in endpoint_vars) else []
-    names = [n.strip().lower() for n in raw.split(",") if n.strip()]
-    return [] if "none" in names else names
+def _otlp_entry_point(settings: Settings, signal: str) -> str:
+    """The entry point of the OTLP exporter of ``signal`` for its configured protocol."""
+    protocol = settings.otlp_protocol_of(signal)
+    return "otlp_proto_grpc" if protocol == "grpc" else "otlp_proto_http"
 
 
-def _otlp_entry_point(signal_protocol_var: str, var: str) -> str:
-    protocol = (
-        os.environ.get(signal_protocol_var) or os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL) or "grpc"
-    ).strip()
-    if protocol == "grpc":
-        return "otlp_proto_grpc"
-    if protocol == "http/protobuf":
-        return "otlp_proto_http"
-    raise ConfigurationError(
-        f"{signal_protocol_var} / {OTEL_EXPORTER_OTLP_PROTOCOL}={protocol!r} is not supported "
-        f"for {var}=otlp; use 'grpc' or 'http/protobuf'"
-    )
+def _exporter_var(signal: str) -> str:
+    return f"OTEL_{signal.upper()}_EXPORTER"
 
 
 def load_exporter_class(group: str, name: str, var: str) -> Any:
@@ -80,31 +53,25 @@ def load_exporter_class(group: str, name: str, var: str) -> Any:
     return found[0].load()
 
 
-def trace_exporters() -> list[tuple[str, Any]]:
+def trace_exporters(settings: Settings) -> list[tuple[str, Any]]:
     """``(name, exporter)`` for each name in ``OTEL_TRACES_EXPORTER``, built from the env."""
     out = []
-    for name in exporter_names(
-        OTEL_TRACES_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
-    ):
-        ep = (
-            _otlp_entry_point(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_TRACES_EXPORTER)
-            if name == "otlp"
-            else name
-        )
-        cls = load_exporter_class("opentelemetry_traces_exporter", ep, OTEL_TRACES_EXPORTER)
+    var = _exporter_var("traces")
+    for name in settings.exporters("traces"):
+        ep = _otlp_entry_point(settings, "traces") if name == "otlp" else name
+        cls = load_exporter_class("opentelemetry_traces_exporter", ep, var)
         out.append((name, cls()))
     return out
 
 
-def metric_readers(urls: dict[str, str] | None = None) -> list[MetricReader]:
+def metric_readers(settings: Settings, urls: dict[str, str] | None = None) -> list[MetricReader]:
     """Metric readers for ``OTEL_METRICS_EXPORTER`` (a reader class is used as is).
 
     Endpoints that serve metrics (Prometheus) put their URL into ``urls``.
     """
     out: list[MetricReader] = []
-    for name in exporter_names(
-        OTEL_METRICS_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)
-    ):
+    var = _exporter_var("metrics")
+    for name in settings.exporters("metrics"):
         if name == "prometheus":
             # Our endpoint rather than the stock one: a private registry, /healthz, loopback
             # by default, OTEL_TUNIX_PROMETHEUS_{HOST,PORT} (see exporters/prometheus.py).
@@ -112,31 +79,29 @@ def metric_readers(urls: dict[str, str] | None = None) -> list[MetricReader]:
                 from otel_tunix.exporters.prometheus import PrometheusEndpoint
             except ImportError as exc:
                 raise ConfigurationError(
-                    f"{OTEL_METRICS_EXPORTER}=prometheus needs pip install "
-                    f"'otel-tunix[prometheus]' ({exc})"
+                    f"{var}=prometheus needs pip install 'otel-tunix[prometheus]' ({exc})"
                 ) from exc
             endpoint = PrometheusEndpoint()
             if urls is not None:
                 urls["prometheus"] = endpoint.url
             out.append(endpoint.reader)
             continue
-        ep = (
-            _otlp_entry_point(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_METRICS_EXPORTER)
-            if name == "otlp"
-            else name
-        )
-        cls = load_exporter_class("opentelemetry_metrics_exporter", ep, OTEL_METRICS_EXPORTER)
+        ep = _otlp_entry_point(settings, "metrics") if name == "otlp" else name
+        cls = load_exporter_class("opentelemetry_metrics_exporter", ep, var)
         obj = cls()
         out.append(obj if isinstance(obj, MetricReader) else PeriodicExportingMetricReader(obj))
     return out
 
 
-def build_tracer_provider(resource: Resource, stats: dict[str, ExportStats]) -> TracerProvider:
+def build_tracer_provider(
+    resource: Resource, stats: dict[str, ExportStats], settings: Settings
+) -> TracerProvider:
     """A new SDK TracerProvider with a counting batch processor per configured exporter
     (``stats`` gets one :class:`ExportStats` per exporter name)."""
     tp = TracerProvider(resource=resource)
-    for name, exporter in trace_exporters():
-        tp.add_span_processor(BatchExportProcessor(exporter, stats.setdefault(name, ExportStats())))
+    for name, exporter in trace_exporters(settings):
+        stat = stats.setdefault(name, ExportStats())
+        tp.add_span_processor(BatchExportProcessor(exporter, stat, settings=settings))
     return tp
 
 
@@ -200,19 +165,11 @@ def detach_span_processors(tp: Any, processors: tuple[Any, ...]) -> None:
         )
 
 
-def build_logger_provider(resource: Resource) -> Any:
+def build_logger_provider(resource: Resource, settings: Settings) -> Any:
     """A new SDK LoggerProvider with a batch processor per exporter named in
     ``OTEL_LOGS_EXPORTER`` (``otlp`` when only an OTLP endpoint is set), or ``None`` when
     no exporter is configured (log records then stay in process)."""
-    from opentelemetry.environment_variables import OTEL_LOGS_EXPORTER
-    from opentelemetry.sdk.environment_variables import (
-        OTEL_EXPORTER_OTLP_LOGS_ENDPOINT,
-        OTEL_EXPORTER_OTLP_LOGS_PROTOCOL,
-    )
-
-    names = exporter_names(
-        OTEL_LOGS_EXPORTER, (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_LOGS_ENDPOINT)
-    )
+    names = settings.exporters("logs")
     if not names:
         return None
     from opentelemetry.sdk._logs import LoggerProvider
@@ -220,11 +177,7 @@ def build_logger_provider(resource: Resource) -> Any:
 
     provider = LoggerProvider(resource=resource)
     for name in names:
-        ep = (
-            _otlp_entry_point(OTEL_EXPORTER_OTLP_LOGS_PROTOCOL, OTEL_LOGS_EXPORTER)
-            if name == "otlp"
-            else name
-        )
-        cls = load_exporter_class("opentelemetry_logs_exporter", ep, OTEL_LOGS_EXPORTER)
+        ep = _otlp_entry_point(settings, "logs") if name == "otlp" else name
+        cls = load_exporter_class("opentelemetry_logs_exporter", ep, _exporter_var("logs"))
         provider.add_log_record_processor(BatchLogRecordProcessor(cls()))
     return provider

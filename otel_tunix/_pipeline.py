@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from otel_tunix._tracer import StepRecord, step_extras
+from otel_tunix._errors import report_internal_error
+from otel_tunix._tracer import StepRecord, now_ns, step_extras
 
 _logger = logging.getLogger(__name__)
 
@@ -167,9 +168,9 @@ class Pipeline:
         try:
             failed = self._process(batch)
         except Exception:  # ``process`` reports what fails inside it; this is a last guard
-            failed = len(batch)
-            if not self.failed_steps:
-                _logger.exception("otel-tunix: processing steps failed (reported once)")
+            self.failed_steps += len(batch)
+            report_internal_error("processing a batch of steps")
+            return
         self.failed_steps += failed
         self.processed_steps += len(batch) - failed
 
@@ -238,7 +239,7 @@ def _host_done(rec: StepRecord) -> bool:
 def _close_open_spans(rec: StepRecord) -> None:
     """Process a step anyway: components still open end now, device ends still resolving
     keep the host end; both are marked incomplete."""
-    now = time.perf_counter_ns()
+    now = now_ns()
     ends = rec.ends
     ex = step_extras(rec)
     for _, _, sid, *_ in list(rec.spans):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
 from otel_tunix import attributes as attr
-from otel_tunix import environment_variables as env
+from otel_tunix.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,20 +28,12 @@ class RankInfo:
         return self.world_size > 1
 
 
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        raw = os.environ.get(name)
-        if raw is not None and raw.strip().lstrip("-").isdigit():
-            return int(raw)
-    return None
-
-
-def detect_rank() -> RankInfo:
+def detect_rank(settings: Settings) -> RankInfo:
     """Rank and world size from launcher variables (torchrun, MPI, SLURM), an initialised
     ``torch.distributed`` process group, or JAX (in that order)."""
-    rank = _env_int("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
-    world = _env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
-    local = _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+    rank = settings.launcher_rank
+    world = settings.launcher_world_size
+    local = settings.launcher_local_rank
     if rank is None and "torch.distributed" in sys.modules:
         # An initialised process group knows its rank even without launcher variables.
         try:
@@ -62,15 +54,16 @@ def detect_rank() -> RankInfo:
     return RankInfo(rank=rank, world_size=max(world or 1, rank + 1), local_rank=local)
 
 
-def new_run_id() -> str:
+def new_run_id(settings: Settings) -> str:
     """The run id: ``OTEL_TUNIX_RUN_ID``, else the launcher's job id, else a fresh one."""
-    explicit = os.environ.get(env.OTEL_TUNIX_RUN_ID, "").strip()
-    if explicit:
-        return explicit
-    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        job = os.environ.get(name, "").strip()
+    if settings.run_id:
+        return settings.run_id
+    for launcher, job in (
+        ("torchelastic", settings.torchelastic_run_id),
+        ("slurm", settings.slurm_job_id),
+    ):
         if job and job != "none":
-            return f"{name.split('_')[0].lower()}-{job}"
+            return f"{launcher}-{job}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{secrets.token_hex(3)}"
 

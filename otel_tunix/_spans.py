@@ -24,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind, Status, StatusCode
 
 from otel_tunix import attributes as attr
-from otel_tunix._once import ReportOnce
+from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix._tracer import (
     SAMPLED,
     SPAN_CONTEXT_AS_TUPLE,
@@ -378,13 +378,17 @@ class SpanBuilder:
         processor: SpanProcessor,
         resource: Resource,
         scope: InstrumentationScope,
+        *,
+        offset: int | None = None,
     ) -> None:
+        """``offset``: added to the recorded clock readings to make span times (default:
+        :func:`epoch_offset_ns`, from ``perf_counter_ns`` to Unix epoch ns)."""
         self._processor = processor
         self._resource = resource
         self._scope = scope
         self._make = span_maker(resource, scope)
         self._span_class: type[ReadableSpan] | None = getattr(self._make, "span_class", None)
-        self.offset = epoch_offset_ns()
+        self.offset = epoch_offset_ns() if offset is None else offset
         self._targets_key: object = None
         self._targets: list[tuple[SpanProcessor, Any, Any]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
@@ -400,7 +404,7 @@ class SpanBuilder:
             try:
                 steps.append(FinishedStep(self, rec))
             except Exception:
-                self._report("step", "otel-tunix: reading a recorded step failed")
+                report_internal_error("reading a recorded step")
         key = getattr(self._processor, "_span_processors", self._processor)
         if key is not self._targets_key:
             self._targets, self._targets_key = _dispatch_targets(self._processor), key

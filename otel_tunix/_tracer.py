@@ -37,7 +37,6 @@ import contextvars
 import functools
 import inspect
 import itertools
-import logging
 import sys
 import threading
 import time
@@ -54,12 +53,12 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
+from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import random_bits, refill_span_ids, take_span_id
 
 if TYPE_CHECKING:
     from otel_tunix._pipeline import Pipeline
 
-_logger = logging.getLogger(__name__)
 _clock = time.perf_counter_ns
 _current_thread = threading.current_thread
 _threads_by_ident = threading._active  # what current_thread() reads, without its Python frame
@@ -348,9 +347,6 @@ def _step_of(cur: Any) -> StepRecord | None:
     return cur._step if isinstance(cur, Component) else None
 
 
-_warned: set[str] = set()
-
-
 def set_runtime(runtime: Runtime | None) -> None:
     """Install the runtime of a ``configure()`` (``None``: otel-tunix is off, silently)."""
     global _runtime, _quiet
@@ -362,10 +358,16 @@ def get_runtime() -> Runtime | None:
     return _runtime
 
 
-def _warn_once(key: str, msg: str, *args: object) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        _logger.warning(msg, *args)
+def set_clock(clock: Callable[[], int] | None) -> None:
+    """Read step and component times from ``clock`` (ns) instead of
+    ``time.perf_counter_ns`` (``None``: back to it). ``configure(clock=...)`` calls it."""
+    global _clock
+    _clock = clock if clock is not None else time.perf_counter_ns
+
+
+def now_ns() -> int:
+    """The hot path's clock now."""
+    return _clock()
 
 
 class step:
@@ -416,7 +418,7 @@ class step:
         rt = _runtime
         if rt is None:
             if not _quiet:
-                _warn_once(
+                warn_once(
                     "not-configured",
                     "otel_tunix.step() was called before otel_tunix.configure(); "
                     "nothing is recorded until configure() runs",
@@ -431,7 +433,7 @@ class step:
             self._stats = stats
             n = self._n
             if type(n) is not int:
-                _warn_once("step-n", "otel_tunix.step() wants an int step number, got %r", n)
+                warn_once("step-n", "otel_tunix.step() wants an int step number, got %r", n)
                 n = self._n = count
             if n % rt.sampling_rate:  # not sampled: the clock only for the scope's first step
                 if not count:
@@ -449,8 +451,8 @@ class step:
             self._otel_token = _attach_span(rec)
             rt.open_steps.append(rec)
         except Exception:  # never hurt the training loop
-            _logger.exception("otel-tunix: step() failed; this step is not recorded")
             self._record = None
+            report_internal_error("step() (the step is not recorded)")
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -478,7 +480,7 @@ class step:
                 rt.pipeline.submit(rec)
                 self._record = None
         except Exception:
-            _logger.exception("otel-tunix: closing a step failed")
+            report_internal_error("closing a step")
 
 
 def component(
@@ -678,8 +680,8 @@ class Component:
             self._sid = self._span_id = sid
             st.spans.append((name, self._blocked, sid, parent, self._start_ns or _clock(), thread))
         except Exception:
-            _logger.exception("otel-tunix: component() failed; it is not recorded")
             self._sid = 0
+            report_internal_error("component() (the component is not recorded)")
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -717,8 +719,14 @@ class Component:
                 st.top = self._outer
             else:
                 _current.reset(ctoken)
+        except ValueError:  # reset() in another context than the one entered: the caller's
+            warn_once(
+                "component-context",
+                "otel-tunix: closing a component failed: it was left in another context "
+                "(thread or task) than it was entered in; its span ends all the same",
+            )
         except Exception:
-            _logger.exception("otel-tunix: closing a component failed")
+            report_internal_error("closing a component")
 
     def __call__(self, fn: _F) -> _F:
         """Use as a decorator: each call of ``fn`` runs inside a fresh component."""
@@ -747,6 +755,12 @@ class Unrecorded:
         self._blocked = blocked
         self._device_end = device_end
 
+    if TYPE_CHECKING:  # the C callables set below the class, as type checkers see them
+
+        def __enter__(self) -> Unrecorded: ...
+
+        def __exit__(self, *exc_info: object) -> None: ...
+
     def set_attribute(self, key: str, value: Any) -> None:
         """Ignored: nothing is recorded."""
 
@@ -761,8 +775,8 @@ class Unrecorded:
 
 UNRECORDED = Unrecorded("", False, None)
 """What ``with`` an :class:`Unrecorded` binds with ``as``."""
-Unrecorded.__enter__ = staticmethod(functools.partial(next, itertools.repeat(UNRECORDED)))  # type: ignore[attr-defined]
-Unrecorded.__exit__ = staticmethod("".format)  # type: ignore[attr-defined]
+Unrecorded.__enter__ = staticmethod(functools.partial(next, itertools.repeat(UNRECORDED)))  # type: ignore[method-assign,assignment]
+Unrecorded.__exit__ = staticmethod("".format)  # type: ignore[method-assign,assignment]
 
 _unrecorded: dict[str, Unrecorded] = {}
 """One :class:`Unrecorded` per component name (the latest arguments given with it)."""
@@ -880,7 +894,7 @@ def add_step_event(name: str, attributes: Mapping[str, Any] | None = None) -> bo
             return True
         rt.pending_events.append(event)
     except Exception:
-        _logger.exception("otel-tunix: add_step_event() failed")
+        report_internal_error("add_step_event()")
     return False
 
 

@@ -1,28 +1,22 @@
-"""Configuration objects and the one settings table (argument, then environment, then default).
+"""The configuration object of what otel-tunix records (``PerformanceMetricsConfig``).
 
-Values are validated when a config is built, never per step: a bad value raises
-:class:`ConfigurationError` naming the field (or the environment variable) and what is
-allowed.
+Fields are validated when a config is built, never per step: a bad value raises
+:class:`ConfigurationError` naming the field and what is allowed. Fields left unset are
+filled from the environment (:mod:`otel_tunix.settings`, the one table of variables) by
+:meth:`PerformanceMetricsConfig.resolved`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_tunix import environment_variables as env
+from otel_tunix.settings import MAX_INTERVAL_MS, ConfigurationError, Settings, load_settings
 
 __all__ = ["ConfigurationError", "PerformanceMetricsConfig"]
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-class ConfigurationError(ValueError):
-    """A configuration value is not allowed; the message names the field and what is."""
-
 
 _UNSET: Any = object()
 
@@ -99,31 +93,21 @@ class PerformanceMetricsConfig:
                 f"'pkg.module:function', got {self.export_fn!r}"
             )
 
-    def resolved(self) -> PerformanceMetricsConfig:
-        """A copy with every unset field taken from the environment or the default."""
-        components = self.components
-        if components is _UNSET:
-            raw = os.environ.get(env.OTEL_TUNIX_COMPONENTS, "").strip()
-            components = tuple(c.strip() for c in raw.split(",") if c.strip()) or None
+    def resolved(self, settings: Settings | None = None) -> PerformanceMetricsConfig:
+        """A copy with every unset field taken from ``settings`` (default: the environment,
+        read by :func:`~otel_tunix.settings.load_settings`)."""
+        s = settings if settings is not None else load_settings()
         return PerformanceMetricsConfig(
-            enabled=self.enabled
-            if self.enabled is not None
-            else env_bool(env.OTEL_TUNIX_ENABLED, True),
-            sampling_rate=self.sampling_rate
-            if self.sampling_rate is not None
-            else env_sampling_rate(),
-            components=components,
-            otel_scope=self.otel_scope or os.environ.get(env.OTEL_TUNIX_SCOPE) or "tunix",
-            export_jsonl_path=self.export_jsonl_path
-            or os.environ.get(env.OTEL_TUNIX_EXPORT_JSONL_PATH)
-            or None,
-            export_fn=self.export_fn or os.environ.get(env.OTEL_TUNIX_EXPORT_FN) or None,
-            perfetto_trace_dir=self.perfetto_trace_dir
-            or os.environ.get(env.OTEL_TUNIX_PERFETTO_DIR)
-            or None,
+            enabled=self.enabled if self.enabled is not None else s.enabled,
+            sampling_rate=self.sampling_rate if self.sampling_rate is not None else s.sampling_rate,
+            components=s.components if self.components is _UNSET else self.components,
+            otel_scope=self.otel_scope or s.scope,
+            export_jsonl_path=self.export_jsonl_path or s.export_jsonl_path,
+            export_fn=self.export_fn or s.export_fn,
+            perfetto_trace_dir=self.perfetto_trace_dir or s.perfetto_dir,
             process_interval_ms=self.process_interval_ms
             if self.process_interval_ms is not None
-            else env_process_interval_ms(),
+            else s.process_interval_ms,
         )
 
 
@@ -136,27 +120,16 @@ def _check_sampling_rate(value: object, field: str) -> int:
     return value
 
 
-_MAX_INTERVAL_MS = 60_000.0
-
-
 def _check_interval(value: object, field: str) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not 0 < value <= _MAX_INTERVAL_MS
+        or not 0 < value <= MAX_INTERVAL_MS
     ):
         raise ConfigurationError(
-            f"{field} must be a number of milliseconds in (0, {_MAX_INTERVAL_MS:g}], got {value!r}"
+            f"{field} must be a number of milliseconds in (0, {MAX_INTERVAL_MS:g}], got {value!r}"
         )
     return float(value)
-
-
-def env_process_interval_ms() -> float:
-    """Read ``OTEL_TUNIX_PROCESS_INTERVAL_MS`` (default 250)."""
-    value = _env_number(
-        env.OTEL_TUNIX_PROCESS_INTERVAL_MS, 250.0, float, "a number of milliseconds"
-    )
-    return _check_interval(value, env.OTEL_TUNIX_PROCESS_INTERVAL_MS)
 
 
 def _check_components(value: object, field: str) -> tuple[str, ...]:
@@ -173,46 +146,8 @@ def _check_components(value: object, field: str) -> tuple[str, ...]:
     return items
 
 
-def env_bool(name: str, default: bool) -> bool:
-    """Read a boolean environment variable (true/false/1/0/yes/no/on/off)."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    val = raw.strip().lower()
-    if val in _TRUE:
-        return True
-    if val in _FALSE:
-        return False
-    raise ConfigurationError(f"{name}={raw!r} is not a boolean; use true or false")
-
-
-def _env_number(name: str, default: float, parse: Callable[[str], float], what: str) -> float:
-    """The environment variable ``name`` parsed with ``parse`` (``default`` when unset or
-    empty); a value that does not parse fails naming the variable and ``what`` it must be."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        return parse(raw.strip())
-    except ValueError:
-        raise ConfigurationError(f"{name}={raw!r} is not {what}") from None
-
-
-def env_sampling_rate() -> int:
-    """Read ``OTEL_TUNIX_SAMPLING_RATE`` (default 1)."""
-    value = _env_number(
-        env.OTEL_TUNIX_SAMPLING_RATE,
-        1,
-        int,
-        "a positive integer (1 = every step, N = every N-th step)",
-    )
-    return _check_sampling_rate(value, env.OTEL_TUNIX_SAMPLING_RATE)
-
-
 def load_callable(path: str, field: str) -> Callable[..., Any]:
     """Import ``"pkg.module:function"`` (or ``pkg.module.function``) and return it."""
-    import importlib
-
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")

@@ -62,3 +62,15 @@ OTEL_TUNIX_SYSTEM_METRICS_INTERVAL: Final = "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL"
 """Seconds between samples of the GPU / process / host metrics
 (:class:`~otel_tunix.metrics.system.SystemMetricsSampler`); ``0`` or ``none`` turns the
 sampler off. Default: ``10``."""
+
+OTEL_TUNIX_RAISE_INTERNAL_ERRORS: Final = "OTEL_TUNIX_RAISE_INTERNAL_ERRORS"
+"""``true``: an internal error of otel-tunix is re-raised instead of being reported once
+and skipped (the test suite sets it, so a swallowed bug fails a test). Default: ``false``."""
+
+OTEL_TUNIX_PROMETHEUS_HOST: Final = "OTEL_TUNIX_PROMETHEUS_HOST"
+"""Host of the Prometheus ``/metrics`` endpoint (``OTEL_METRICS_EXPORTER=prometheus``);
+beats the SDK's ``OTEL_EXPORTER_PROMETHEUS_HOST``. Default: ``127.0.0.1``."""
+
+OTEL_TUNIX_PROMETHEUS_PORT: Final = "OTEL_TUNIX_PROMETHEUS_PORT"
+"""Port of the Prometheus ``/metrics`` endpoint (``0``: a free port); beats the SDK's
+``OTEL_EXPORTER_PROMETHEUS_PORT``. Default: a free port."""

@@ -1,33 +1,46 @@
 """``MetricsLogger``: scalars (loss, rewards, perf/...) to pluggable backends.
 
-Backends follow Tunix's / metrax's protocol, structurally: an object with
-``log_scalar(event, value, **kwargs)`` and ``close()``; no base class needed. They are given
-as *factories* (a class or a lambda) so that :class:`MetricsLoggerOptions` stays copyable.
-Built in: :class:`JsonlBackend` (``<log_dir>/metrics.jsonl``), :class:`OTelBackend` (OTel
-gauges) and :class:`ConsoleBackend`.
+A backend is a :class:`~otel_tunix.logging_backend.LoggingBackend` subclass, or any object
+with Tunix's / metrax's ``log_scalar(event, value, **kwargs)`` and ``close()``
+(:mod:`otel_tunix.logging_backend`). Backends are given as *factories* (a class or a lambda)
+so that :class:`MetricsLoggerOptions` stays copyable. Built in: :class:`JsonlBackend`
+(``<log_dir>/metrics.jsonl``), :class:`OTelBackend` (OTel gauges) and
+:class:`ConsoleBackend`.
 """
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import logging
 import math
 import os
-import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import IO, Any
 
-from otel_tunix._json import dumps_line, floats_finite
-from otel_tunix._once import ReportOnce
-from otel_tunix.config import ConfigurationError
+from opentelemetry import metrics
+
+from otel_tunix._errors import ReportOnce, warn_once
+from otel_tunix._json import dumps_line, floats_finite, open_text
+from otel_tunix._resource import detect_rank
+from otel_tunix.logging_backend import (
+    PERF_SOURCE,
+    LoggingBackend,
+    ScalarProtocol,
+    otel_metric_name,
+    row_names,
+    to_scalar,
+    unit_for,
+)
+from otel_tunix.metrics.instruments import CatalogOTelBackend
+from otel_tunix.metrics.summary import MetricsSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics
+from otel_tunix.settings import ConfigurationError, Settings, load_settings
 
 __all__ = [
     "ConsoleBackend",
@@ -41,39 +54,10 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-PERF_SOURCE = "perf"
-"""``source`` keyword of the perf/... scalars that the accounting processor logs: they are
-already OTel histograms, so :class:`OTelBackend` skips them."""
-
-
-def row_names(row: tuple[int | None, Mapping[str, float]]) -> tuple[str, ...]:
-    """The names of a ``(step, values)`` row, in order: the key that splits rows into runs
-    with the same names (``itertools.groupby(rows, row_names)``). A loop logs the same set of
-    names step after step, so a backend does once per run what does not change within one.
-    """
-    return tuple(row[1])
-
-
-@runtime_checkable
-class LoggingBackend(Protocol):
-    """The backend protocol (metrax's ``LoggingBackend``).
-
-    Two optional methods make a backend cheaper to feed, and are used when present:
-    ``log_scalars(values, **kwargs)`` (several scalars of one step) and ``log_rows(rows,
-    **kwargs)`` (several steps at once: a sequence of ``(step, {name: float})`` in order, as
-    :meth:`MetricsLogger.log_rows` gets them; one that raises loses that batch for this
-    backend only). The worker's ``perf/...`` rows come as a
-    :class:`~otel_tunix.perf_rows.PerfRows`, a sequence whose dicts are made on first read.
-    """
-
-    def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
-        """Log one scalar; ``kwargs`` usually holds ``step``."""
-
-    def close(self) -> None:
-        """Flush and release resources."""
-
-
-BackendFactory = Callable[[], LoggingBackend]
+Backend = LoggingBackend | ScalarProtocol
+"""A backend: a :class:`LoggingBackend` subclass, or any object with ``log_scalar`` and
+``close`` (Tunix's protocol)."""
+BackendFactory = Callable[[], Backend]
 
 
 @dataclass(kw_only=True)
@@ -122,26 +106,6 @@ class MetricsLoggerOptions:
                 )
 
 
-def to_scalar(value: Any) -> float:
-    """A Python float from a Python, numpy, JAX or torch scalar (or 1-element array).
-
-    Raises:
-        TypeError: the value is not a number or has more than one element.
-    """
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int | float):
-        return float(value)
-    item = getattr(value, "item", None)
-    if item is not None:
-        numel = getattr(value, "numel", None)  # torch; numpy and JAX have an int .size
-        size = numel() if callable(numel) else getattr(value, "size", 1)
-        if isinstance(size, int) and size != 1:
-            raise TypeError(f"expected a scalar, got an array with {size} elements")
-        return float(item())
-    return float(value)
-
-
 class MetricsLogger:
     """Logs scalars to every configured backend.
 
@@ -157,27 +121,29 @@ class MetricsLogger:
         run_id: str | None = None,
         rank: int | None = None,
         meter_provider: Any = None,
+        settings: Settings | None = None,
     ) -> None:
-        from otel_tunix import environment_variables as env
-        from otel_tunix._resource import detect_rank
-        from otel_tunix.config import env_bool
-
+        """Args:
+        metrics_logger_options: The options (default: all defaults).
+        run_id: Written into the JSONL header.
+        rank: This process's rank (default: the launcher's); only rank 0 logs unless
+            ``log_all_ranks``.
+        meter_provider: For the OTel backend (default: the global one).
+        settings: Where ``OTEL_TUNIX_LOG_ALL_RANKS`` and the launcher's rank come from
+            (default: the environment).
+        """
         self.options = opts = metrics_logger_options or MetricsLoggerOptions()
         self.run_id = run_id
-        self.rank = detect_rank().rank if rank is None else rank
-        log_all = (
-            opts.log_all_ranks
-            if opts.log_all_ranks is not None
-            else env_bool(env.OTEL_TUNIX_LOG_ALL_RANKS, False)
-        )
+        s = settings if settings is not None else load_settings()
+        self.rank = detect_rank(s).rank if rank is None else rank
+        log_all = opts.log_all_ranks if opts.log_all_ranks is not None else s.log_all_ranks
         self.active = log_all or self.rank == 0
         self._lock = threading.Lock()
         self._report = ReportOnce(_logger)
-        self._warned: set[str] = set()
         self._closed = False
         self.last_values: dict[str, float] = {}
         self.last_step: int | None = None
-        self.backends: list[LoggingBackend] = []
+        self.backends: list[Backend] = []
         if not self.active:
             return
         if opts.default_backends:
@@ -194,15 +160,14 @@ class MetricsLogger:
                         },
                     )
                 )
-            from otel_tunix.metrics.instruments import CatalogOTelBackend
-            from otel_tunix.metrics.summary import MetricsSummary
-
             self.backends.append(CatalogOTelBackend(meter_provider))
             self.backends.append(MetricsSummary())
         factories = [*opts.backend_factories, *opts.backend_kwargs.get("custom_backend", [])]
         for factory in factories:
             backend = factory()
-            if not callable(getattr(backend, "log_scalar", None)):
+            if not isinstance(backend, LoggingBackend) and not callable(
+                getattr(backend, "log_scalar", None)
+            ):
                 raise ConfigurationError(
                     f"backend factory {factory!r} returned {backend!r}, which has no "
                     "log_scalar(event, value, **kwargs) method"
@@ -222,20 +187,18 @@ class MetricsLogger:
             try:
                 v = to_scalar(value)
             except Exception as exc:  # not a number: report once, never raise
-                self._warn_once(f"type:{name}", "otel-tunix: metric %r skipped: %s", name, exc)
+                warn_once((id(self), "type", name), "otel-tunix: metric %r skipped: %s", name, exc)
                 continue
             if not math.isfinite(v):
-                self._warn_once(
-                    f"nan:{name}", "otel-tunix: metric %r is %s at step %s", name, v, step
+                warn_once(
+                    (id(self), "nan", name), "otel-tunix: metric %r is %s at step %s", name, v, step
                 )
             out[name] = v
         return out
 
     def wants(self, source: str) -> bool:
         """False when no backend takes scalars of this ``source`` (they can be skipped)."""
-        return self.active and any(
-            source not in getattr(b, "skip_sources", ()) for b in self.backends
-        )
+        return self.active and any(not _skips(b, source) for b in self.backends)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log several scalars at one step (one record in the JSONL backend)."""
@@ -268,21 +231,16 @@ class MetricsLogger:
                     last.update(row[1])
             source = kwargs.get("source")
             for backend in self.backends:
-                if source is not None and source in getattr(backend, "skip_sources", ()):
-                    continue
-                batch = getattr(backend, "log_rows", None)
-                if batch is not None:
-                    try:
-                        batch(rows, **kwargs)
+                if isinstance(backend, LoggingBackend):
+                    if source is not None and source in backend.skip_sources:
+                        continue
+                    try:  # one that raises loses this batch, for itself only
+                        backend.log_rows(rows, **kwargs)
                     except Exception:
                         self._failed(backend)
                     continue
-                many = getattr(backend, "log_scalars", None)
                 for step, values in rows:  # a row that fails does not lose the others
                     try:
-                        if many is not None:
-                            many(values, step=step, **kwargs)
-                            continue
                         for name, v in values.items():
                             if math.isfinite(v):
                                 backend.log_scalar(name, v, step=step, **kwargs)
@@ -295,11 +253,6 @@ class MetricsLogger:
         self._report(
             id(backend), "otel-tunix: backend %s failed (reported once)", type(backend).__name__
         )
-
-    def _warn_once(self, key: str, msg: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            _logger.warning(msg, *args)
 
     def close(self) -> None:
         """Flush and close every backend (idempotent)."""
@@ -314,15 +267,12 @@ class MetricsLogger:
                     _logger.exception("otel-tunix: closing %s failed", type(backend).__name__)
 
 
-def open_text(path: Path, mode: str = "a") -> IO[str]:
-    """Open a text file for writing; a ``.gz`` suffix writes gzip."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".gz":
-        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
-    return open(path, mode, encoding="utf-8")
+def _skips(backend: Backend, source: str) -> bool:
+    """Whether ``backend`` does not take scalars of ``source``."""
+    return isinstance(backend, LoggingBackend) and source in backend.skip_sources
 
 
-class JsonlBackend:
+class JsonlBackend(LoggingBackend):
     """One JSON object per ``log``/``log_dict`` call: ``{"step": s, "time": t, "metrics":
     {name: value, ...}}``.
 
@@ -370,26 +320,7 @@ class JsonlBackend:
             self._file.close()
 
 
-_NAME_OK = re.compile(r"[^A-Za-z0-9_./\-]")
-
-
-def otel_metric_name(event: str) -> str:
-    """A valid OTel instrument name for a logged scalar (``/`` is kept)."""
-    name = _NAME_OK.sub("_", event)
-    if not name or not name[0].isalpha():
-        name = "m_" + name
-    return name[:255]
-
-
-def _unit_for(event: str) -> str:
-    if event.endswith(("_sec", "_time", "_seconds")):
-        return "s"
-    if "tokens" in event and not event.endswith("per_sec"):
-        return "{token}"
-    return "1"
-
-
-class OTelBackend:
+class OTelBackend(LoggingBackend):
     """Each scalar name becomes an OTel gauge (last value wins), step as no attribute.
 
     The perf/... scalars (``source="perf"``) are skipped: the accounting processor already
@@ -399,8 +330,6 @@ class OTelBackend:
     skip_sources = (PERF_SOURCE,)
 
     def __init__(self, meter_provider: Any = None, scope: str = "otel_tunix.metrics") -> None:
-        from opentelemetry import metrics
-
         provider = meter_provider or metrics.get_meter_provider()
         self._meter = provider.get_meter(scope)
         self._gauges: dict[str, Any] = {}
@@ -411,7 +340,7 @@ class OTelBackend:
         gauge = self._gauges.get(event)
         if gauge is None:
             gauge = self._gauges[event] = self._meter.create_gauge(
-                otel_metric_name(event), unit=_unit_for(event), description=f"logged {event}"
+                otel_metric_name(event), unit=unit_for(event), description=f"logged {event}"
             )
         gauge.set(value)
 
@@ -419,7 +348,7 @@ class OTelBackend:
         return None
 
 
-class ConsoleBackend:
+class ConsoleBackend(LoggingBackend):
     """Prints ``[step N] name = value`` lines to stderr (or the given stream)."""
 
     def __init__(self, stream: IO[str] | None = None) -> None:

@@ -18,14 +18,14 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from otel_tunix import attributes as attr
-from otel_tunix._once import ReportOnce
+from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix.accounting import (
     ScopeSession,
     SpanInfo,
@@ -42,22 +42,40 @@ _EXTRA_SPAN_ATTRS = (attr.DEVICE_END, attr.HOST_DURATION, attr.INCOMPLETE)
 _STEP_KEYS = frozenset((attr.SPAN_TYPE, attr.SCOPE, attr.STEP))
 
 
-@runtime_checkable
-class StepSink(Protocol):
-    """Receives what the accounting processor derives. Implementations must not raise.
+class StepSink:
+    """Base class of what receives the accounting processor's step summaries.
 
-    A sink may also have ``on_steps(summaries)``: it then gets the summaries of a batch of
-    steps in one call (in order) instead of ``on_step`` per step.
+    Every hook is declared here with a default, as the OTel SDK's ``SpanProcessor`` does;
+    a sink overrides what it needs. Contract: hooks run on otel-tunix's worker thread, must
+    not block for long (a file write, a non-blocking send), and should not raise: one that
+    raises is reported once and the other sinks go on.
     """
 
     def on_step(self, summary: StepSummary) -> None:
-        """One sampled step finished."""
+        """One sampled step finished. Default: nothing."""
+
+    def on_steps(self, summaries: Sequence[StepSummary]) -> None:
+        """The steps of one batch, in order. Default: :meth:`on_step` for each; a step that
+        raises does not lose the others (the first error is raised at the end, for the
+        processor to report)."""
+        error: Exception | None = None
+        for summary in summaries:
+            try:
+                self.on_step(summary)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
-        """The session ends (``otel_tunix.shutdown()``): totals per scope."""
+        """The session ends (``otel_tunix.shutdown()``): totals per scope. Default:
+        nothing."""
+
+    def flush(self) -> None:
+        """After each batch of steps: hand buffered output on. Default: nothing."""
 
     def close(self) -> None:
-        """Release files and clients."""
+        """Release files and clients (after :meth:`on_session`). Default: nothing."""
 
 
 def span_info(span: ReadableSpan) -> SpanInfo:
@@ -92,7 +110,9 @@ class StepAccountingProcessor(SpanProcessor):
     """
 
     def __init__(self, sinks: Iterable[StepSink] = (), *, max_open_steps: int = 1024) -> None:
-        self._sinks: list[StepSink] = list(sinks)
+        self._sinks: list[StepSink] = []
+        for sink in sinks:
+            self.add_sink(sink)
         self._open: OrderedDict[tuple[int, str, int], list[ReadableSpan]] = OrderedDict()
         self._max_open = max_open_steps
         self._sessions: dict[str, ScopeSession] = {}
@@ -102,7 +122,13 @@ class StepAccountingProcessor(SpanProcessor):
         self.last_summary: StepSummary | None = None
 
     def add_sink(self, sink: StepSink) -> None:
-        """Add a destination for step summaries."""
+        """Add a destination for step summaries.
+
+        Raises:
+            TypeError: ``sink`` is not a :class:`StepSink`.
+        """
+        if not isinstance(sink, StepSink):
+            raise TypeError(f"{sink!r} is not an otel_tunix.processors.StepSink")
         self._sinks.append(sink)
 
     @property
@@ -134,7 +160,7 @@ class StepAccountingProcessor(SpanProcessor):
                     components = self._open.pop(key, [])  # type: ignore[call-overload]
                 self._finish_step(span, components)
         except Exception:
-            _logger.exception("otel-tunix: accounting of span %r failed", span.name)
+            report_internal_error("the accounting of a span")
 
     def on_finished_step(self, step: FinishedStep) -> None:
         """A whole otel-tunix step at once (see :meth:`on_finished_steps`)."""
@@ -150,10 +176,7 @@ class StepAccountingProcessor(SpanProcessor):
             try:
                 summaries.append(step.summary)  # made as the span builder read the step
             except Exception:
-                self._report(
-                    "step", "otel-tunix: accounting of step %s failed (reported once)",
-                    getattr(step, "number", "?"),
-                )  # fmt: skip
+                report_internal_error("the accounting of a step")
         if summaries:
             self._publish(summaries)
 
@@ -184,8 +207,7 @@ class StepAccountingProcessor(SpanProcessor):
         self._publish((summary,))
 
     def _publish(self, summaries: Sequence[StepSummary]) -> None:
-        """Session totals, then every sink: ``on_steps(summaries)`` where it has one, else
-        ``on_step`` per summary."""
+        """Session totals, then every sink's ``on_steps(summaries)``."""
         by_scope: dict[str, list[StepSummary]] = {}
         for summary in summaries:
             scope = summary.scope
@@ -202,32 +224,26 @@ class StepAccountingProcessor(SpanProcessor):
                 session.add_all(steps)
         self.last_summary = summaries[-1]
         for sink in self._sinks:
-            if hasattr(sink, "on_steps"):
-                self._call(sink, "on_steps", summaries)
-            else:
-                for summary in summaries:
-                    self._call(sink, "on_step", summary)
+            try:
+                sink.on_steps(summaries)
+            except Exception:
+                self._failed(sink, "on_steps")
 
-    def _call(self, sink: StepSink, method: str, arg: object) -> None:
-        try:
-            getattr(sink, method)(arg)
-        except Exception:
-            self._report(
-                id(sink),
-                "otel-tunix: %s.%s failed (reported once; the run goes on)",
-                type(sink).__name__,
-                method,
-            )
+    def _failed(self, sink: StepSink, method: str) -> None:
+        self._report(
+            id(sink),
+            "otel-tunix: %s.%s failed (reported once; the run goes on)",
+            type(sink).__name__,
+            method,
+        )
 
     def flush_sinks(self) -> None:
-        """Call ``flush()`` on every sink that has one (after a batch of steps)."""
+        """Call every sink's ``flush()`` (after a batch of steps)."""
         for sink in self._sinks:
-            flush = getattr(sink, "flush", None)
-            if flush is not None:
-                try:
-                    flush()
-                except Exception:
-                    self._report(id(sink), "otel-tunix: flushing %s failed", type(sink).__name__)
+            try:
+                sink.flush()
+            except Exception:
+                self._failed(sink, "flush")
 
     def sessions(
         self, step_counts: Mapping[str, tuple[int, int, int]] | None = None
@@ -244,12 +260,15 @@ class StepAccountingProcessor(SpanProcessor):
         """Send the session totals to every sink and close the sinks."""
         sessions = self.sessions(step_counts)
         for sink in self._sinks:
-            self._call(sink, "on_session", sessions)
+            try:
+                sink.on_session(sessions)
+            except Exception:
+                self._failed(sink, "on_session")
         for sink in self._sinks:
             try:
                 sink.close()
             except Exception:
-                _logger.exception("otel-tunix: closing %s failed", type(sink).__name__)
+                self._failed(sink, "close")
         self._closed = True
 
     def shutdown(self) -> None:

@@ -13,22 +13,18 @@ from typing import Any
 from opentelemetry.metrics import Histogram, Meter
 
 from otel_tunix import attributes as attr
-from otel_tunix._once import ReportOnce
+from otel_tunix._errors import ReportOnce
 from otel_tunix.accounting import ScopeSession, StepSummary
-from otel_tunix.metrics_logger import PERF_SOURCE, MetricsLogger, otel_metric_name, to_scalar
+from otel_tunix.logging_backend import PERF_SOURCE, otel_metric_name, to_scalar
+from otel_tunix.metrics.catalog import SECONDS_BUCKETS
+from otel_tunix.metrics_logger import MetricsLogger
 from otel_tunix.perf_rows import PerfRows
+from otel_tunix.processors import StepSink
 
 _logger = logging.getLogger(__name__)
 
-SECONDS_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
-)  # fmt: skip
-"""Histogram boundaries for durations in seconds: 0.5 ms to ~17 min (the SDK's default
-boundaries are shaped for milliseconds)."""
 
-
-class InstrumentSink:
+class InstrumentSink(StepSink):
     """Step counters as OTel histograms in seconds (scope / component as attributes).
 
     Instruments: ``tunix.step.duration``, ``tunix.step.busy_time``, ``tunix.step.blocked_time``,
@@ -91,7 +87,7 @@ class InstrumentSink:
         return None
 
 
-class MetricsLoggerSink:
+class MetricsLoggerSink(StepSink):
     """Logs the ``perf/<scope>/...`` scalars of each sampled step at its step number."""
 
     def __init__(self, logger: MetricsLogger) -> None:
@@ -120,7 +116,7 @@ class MetricsLoggerSink:
 ExportFn = Callable[[StepSummary], Mapping[str, Any] | None]
 
 
-class ExportFnSink:
+class ExportFnSink(StepSink):
     """Runs a user's export function on each step and publishes what it returns.
 
     The function gets the :class:`StepSummary` (its ``spans`` are the step's component

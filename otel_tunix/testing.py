@@ -26,10 +26,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_tunix import _configure, _tracer
+from otel_tunix import _configure, _errors, _tracer
 from otel_tunix._pipeline import _MAX_BATCH
 from otel_tunix._spans import FinishedStep
 from otel_tunix.accounting import ScopeSession, StepSummary
+from otel_tunix.processors import StepSink
 
 __all__ = ["Capture", "StepsSetAside", "capture", "reset", "steps_set_aside"]
 
@@ -50,9 +51,10 @@ def reset() -> None:
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()
     metrics_internal._METER_PROVIDER = None
     del metrics  # imported for its side effect of loading the API
+    _errors.forget_reports()
 
 
-class _SummaryCollector:
+class _SummaryCollector(StepSink):
     def __init__(self, cap: Capture) -> None:
         self._cap = cap
 
@@ -116,9 +118,13 @@ def capture(
 ) -> Iterator[Capture]:
     """Configure otel-tunix with in-memory exporters for the duration of the block.
 
-    Keyword arguments go to :func:`otel_tunix.configure`. By default no local run folder
-    is written (``output_dir="none"``). On exit otel-tunix is shut down and the OTel globals
-    are reset.
+    Built on :func:`otel_tunix.configure`'s public options only: an SDK tracer provider
+    with an in-memory span exporter, an SDK meter provider with an in-memory reader, and a
+    step sink that keeps every :class:`StepSummary`. Other keyword arguments go to
+    ``configure()`` as they are (``clock=`` and ``id_seed=`` make times and ids
+    deterministic; ``step_sinks=`` and ``span_processors=`` add to capture's own). By
+    default no local run folder is written (``output_dir="none"``). On exit otel-tunix is
+    shut down and the OTel globals are reset.
     """
     reset()
     exporter = InMemorySpanExporter()
@@ -127,12 +133,14 @@ def capture(
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     mp = configure_kwargs.pop("meter_provider", None) or MeterProvider(metric_readers=[reader])
     cap = Capture(exporter, reader, tp, mp)
+    sinks = (*configure_kwargs.pop("step_sinks", ()), _SummaryCollector(cap))
     _configure.configure(
-        output_dir=output_dir, tracer_provider=tp, meter_provider=mp, **configure_kwargs
+        output_dir=output_dir,
+        tracer_provider=tp,
+        meter_provider=mp,
+        step_sinks=sinks,
+        **configure_kwargs,
     )
-    st = _configure._state
-    if st is not None and st.processor is not None:
-        st.processor.add_sink(_SummaryCollector(cap))
     try:
         yield cap
     finally:

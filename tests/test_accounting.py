@@ -9,7 +9,7 @@ import pytest
 
 import otel_tunix
 from otel_tunix.accounting import SpanInfo, account_step, union_ns
-from otel_tunix.sinks import SECONDS_BUCKETS
+from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 from otel_tunix.testing import capture
 
 MS = 1_000_000

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_tunix
 from otel_tunix import MetricsLogger, MetricsLoggerOptions, _spans, _tracer
-from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.logging_backend import LoggingBackend
+from otel_tunix.processors import StepAccountingProcessor, StepSink
 from otel_tunix.testing import capture, steps_set_aside
 
 STEPS = 40
@@ -64,6 +65,7 @@ def test_processors_get_batches_in_order_and_the_others_step_by_step() -> None:
 def test_a_step_that_cannot_be_read_is_counted_and_the_rest_of_its_batch_goes_on(
     monkeypatch: Any, caplog: Any
 ) -> None:
+    monkeypatch.setenv("OTEL_TUNIX_RAISE_INTERNAL_ERRORS", "false")  # reported, not raised
     real = _spans.FinishedStep.__init__
 
     def broken_at_3(self: Any, builder: Any, rec: Any) -> None:
@@ -81,7 +83,10 @@ def test_a_step_that_cannot_be_read_is_counted_and_the_rest_of_its_batch_goes_on
         assert (pipeline.failed_steps, pipeline.processed_steps) == (1, 7)
     assert [n for call in many.calls for n in call] == [0, 1, 2, 4, 5, 6, 7]
     assert [s.step for s in cap.summaries] == [0, 1, 2, 4, 5, 6, 7]
-    assert sum("reading a recorded step failed" in r.getMessage() for r in caplog.records) == 1
+    assert (
+        sum("internal error in reading a recorded step" in r.getMessage() for r in caplog.records)
+        == 1
+    )
 
 
 def test_a_processor_that_raises_on_a_batch_is_reported_once_and_the_others_go_on(
@@ -100,7 +105,7 @@ def test_a_processor_that_raises_on_a_batch_is_reported_once_and_the_others_go_o
     assert sum("Raising raised" in r.getMessage() for r in caplog.records) == 1
 
 
-class _BatchSink:
+class _BatchSink(StepSink):
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
 
@@ -117,7 +122,7 @@ class _BatchSink:
         return None
 
 
-class _FlakySink:
+class _FlakySink(StepSink):
     """Takes one step at a time; fails on step 2."""
 
     def __init__(self) -> None:
@@ -147,16 +152,14 @@ def test_sinks_get_the_summaries_of_a_batch_together_or_one_by_one(caplog: Any) 
         proc.on_finished_steps(steps[4:])
     assert batch.calls == [[0, 1, 2, 3], [4, 5]]
     assert flaky.steps == [0, 1, 3, 4, 5]  # one failing summary does not lose the others
-    assert sum("_FlakySink.on_step failed" in r.getMessage() for r in caplog.records) == 1
+    assert sum("_FlakySink.on_steps failed" in r.getMessage() for r in caplog.records) == 1
     (session,) = proc.sessions()
     assert session.sampled_steps == 6
     assert proc.last_summary is not None and proc.last_summary.step == 5
 
 
 def test_metrics_logger_log_rows_reaches_every_kind_of_backend() -> None:
-    class Rows:
-        skip_sources: tuple[str, ...] = ()
-
+    class Rows(LoggingBackend):
         def __init__(self) -> None:
             self.got: list[tuple[int | None, dict[str, float]]] = []
 
@@ -179,8 +182,14 @@ def test_metrics_logger_log_rows_reaches_every_kind_of_backend() -> None:
         def close(self) -> None:
             return None
 
-    class SkipsPerf(Scalars):
+    class SkipsPerf(LoggingBackend):  # a base-class backend that does not want perf/...
         skip_sources = ("perf",)
+
+        def __init__(self) -> None:
+            self.got: list[tuple[str, float, int | None, bool]] = []
+
+        def log_scalar(self, event: str, value: float, **kw: Any) -> None:
+            self.got.append((event, value, kw["step"], kw.get("nonfinite", False)))
 
     rows, scalars, skips = Rows(), Scalars(), SkipsPerf()
     ml = MetricsLogger(
@@ -258,7 +267,7 @@ def test_spans_jsonl_writes_a_batch_and_skips_only_a_step_it_cannot_encode(
 
 
 def test_a_backend_failing_on_one_row_still_gets_the_others(caplog: Any) -> None:
-    class FailsAtStep2:
+    class FailsAtStep2(LoggingBackend):
         def __init__(self) -> None:
             self.steps: list[int] = []
 
@@ -286,7 +295,7 @@ def test_a_backend_failing_on_one_row_still_gets_the_others(caplog: Any) -> None
 
 
 def test_a_backend_with_log_rows_gets_each_batch_in_one_call(caplog: Any) -> None:
-    class Batches:
+    class Batches(LoggingBackend):
         def __init__(self, fail_on: int | None = None) -> None:
             self.calls: list[list[tuple[int | None, dict[str, float]]]] = []
             self.fail_on = fail_on
@@ -423,8 +432,9 @@ def test_steps_set_aside_can_be_processed_on_the_calling_thread() -> None:
 
 
 def test_a_step_the_accounting_cannot_read_is_reported_once_and_the_others_counted(
-    caplog: Any,
+    caplog: Any, monkeypatch: Any
 ) -> None:
+    monkeypatch.setenv("OTEL_TUNIX_RAISE_INTERNAL_ERRORS", "false")  # reported, not raised
     proc = StepAccountingProcessor()
     with capture():
         with steps_set_aside() as kept:
@@ -434,6 +444,9 @@ def test_a_step_the_accounting_cannot_read_is_reported_once_and_the_others_count
     with caplog.at_level(logging.ERROR, logger="otel_tunix"):
         proc.on_finished_steps([broken, good[0], broken])  # type: ignore[list-item]
         proc.on_finished_steps([broken, *good[1:]])  # type: ignore[list-item]
-    assert sum("accounting of step" in r.getMessage() for r in caplog.records) == 1
+    assert (
+        sum("internal error in the accounting of a step" in r.getMessage() for r in caplog.records)
+        == 1
+    )
     (session,) = proc.sessions()
     assert session.sampled_steps == 3

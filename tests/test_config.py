@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_tunix
 from otel_tunix import ConfigurationError, PerformanceMetricsConfig
+from otel_tunix.settings import load_settings
 from otel_tunix.testing import capture
 
 
@@ -69,7 +70,7 @@ def test_process_interval_from_argument_env_and_default(monkeypatch):
     with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_PROCESS_INTERVAL_MS='soon'"):
         otel_tunix.configure()
     monkeypatch.setenv("OTEL_TUNIX_PROCESS_INTERVAL_MS", "0")
-    with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_PROCESS_INTERVAL_MS must be"):
+    with pytest.raises(ConfigurationError, match=r"INTERVAL_MS='0' is not allowed; use a number"):
         otel_tunix.configure()
 
 
@@ -226,7 +227,7 @@ def test_installs_global_provider_so_foreign_spans_share_the_pipeline(monkeypatc
     from otel_tunix import _otel_setup
 
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
-    assert [(n, type(e)) for n, e in _otel_setup.trace_exporters()] == [
+    assert [(n, type(e)) for n, e in _otel_setup.trace_exporters(load_settings())] == [
         ("console", ConsoleSpanExporter)
     ]
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
@@ -348,19 +349,18 @@ def test_otlp_endpoint_env_selects_the_otlp_exporter(monkeypatch):
     from otel_tunix import _otel_setup
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    assert _otel_setup.exporter_names("OTEL_TRACES_EXPORTER", ("OTEL_EXPORTER_OTLP_ENDPOINT",)) == [
-        "otlp"
-    ]
-    exporters = [e for _, e in _otel_setup.trace_exporters()]
+    assert load_settings().exporters("traces") == ("otlp",)
+    exporters = [e for _, e in _otel_setup.trace_exporters(load_settings())]
     assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-    exporters = [e for _, e in _otel_setup.trace_exporters()]
+    exporters = [e for _, e in _otel_setup.trace_exporters(load_settings())]
     assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
     with pytest.raises(ConfigurationError, match="http/json"):
-        _otel_setup.trace_exporters()
+        _otel_setup.trace_exporters(load_settings())
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
-    assert _otel_setup.trace_exporters() == []
+    assert _otel_setup.trace_exporters(load_settings()) == []
 
 
 def test_configure_twice_is_idempotent_and_shutdown_twice_is_safe(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 
 from otel_tunix import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.accounting import StepSummary, account_intervals
+from otel_tunix.logging_backend import LoggingBackend
 from otel_tunix.metrics.alerts import AlertEngine, SpikeRule, ThresholdRule, above
 from otel_tunix.metrics.summary import MetricsSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics, perf_names, perf_value
@@ -53,7 +54,7 @@ def test_perf_names_and_values_are_those_of_the_dict():
             perf_value(s, f"perf/{s.scope}/never_logged/busy_time_sec")
 
 
-class _Rows:
+class _Rows(LoggingBackend):
     """A generic backend: keeps the rows it is given (batch entry point)."""
 
     def __init__(self) -> None:

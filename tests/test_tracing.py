@@ -251,7 +251,9 @@ def test_step_before_configure_is_a_noop_with_one_warning(caplog):
     from otel_tunix import _tracer
 
     _tracer._quiet = False
-    _tracer._warned.discard("not-configured")
+    from otel_tunix import _errors
+
+    _errors._warned.discard("not-configured")
     with caplog.at_level(logging.WARNING, logger="otel_tunix"):
         for n in range(3):
             with otel_tunix.step(n), otel_tunix.component("x") as c:
@@ -312,6 +314,9 @@ def test_device_end_accepts_a_future_and_a_failing_resolver_keeps_host_time(capl
 
 
 def test_a_component_left_in_another_context_still_ends_its_span(caplog):
+    from otel_tunix import _errors
+
+    _errors._warned.discard("component-context")
     """On the step's thread the innermost component is kept on the step, so leaving it in
     another context restores it like any exit. In a thread given a copy of the context it is
     in the context variable, which cannot be restored from another context (reported); the
@@ -341,6 +346,7 @@ def test_a_component_left_in_another_context_still_ends_its_span(caplog):
         assert attr.INCOMPLETE not in by[name][0].attributes
         assert by[name][0].end_time >= by[name][0].start_time
     assert any("closing a component failed" in r.message for r in caplog.records)
+    _errors._warned.discard("component-context")
 
 
 def test_an_event_loop_run_inside_a_component_nests_its_tasks_under_it():

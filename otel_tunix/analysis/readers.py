@@ -65,7 +65,7 @@ def open_text(path: str | os.PathLike[str]) -> IO[str]:
     """Open a JSONL file for reading as text; gzip is detected from the magic bytes."""
     p = Path(path)
     if _is_gzip(p):
-        return gzip.open(p, "rt", encoding="utf-8")  # type: ignore[return-value]
+        return gzip.open(p, "rt", encoding="utf-8")
     return open(p, encoding="utf-8")
 
 
@@ -354,7 +354,7 @@ class MetricsTable:
         return df
 
 
-def _iter_blocks(f: IO[bytes]) -> Iterator[bytes]:
+def _iter_blocks(f: IO[bytes] | gzip.GzipFile) -> Iterator[bytes]:
     try:
         while block := f.read(_BLOCK):
             yield block

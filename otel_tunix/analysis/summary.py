@@ -744,11 +744,11 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
         f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time",
         "where the time went", "seconds", "% of wall",
     )  # fmt: skip
-    d = g.denominator_sec
+    denom = g.denominator_sec
     gt.add_row("productive", f"{g.productive_sec:.3f}", _pc(g.goodput), style="green")
     for k in gp.BADPUT:
         v = g.badput_sec.get(k, 0.0)
-        gt.add_row(gp.LABELS[k], f"{v:.3f}", _pc(v / d if d > 0 else 0.0))
+        gt.add_row(gp.LABELS[k], f"{v:.3f}", _pc(v / denom if denom > 0 else 0.0))
     con.print(gt)
 
     if summary.anomaly_count and max_anomalies:

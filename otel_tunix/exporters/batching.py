@@ -33,14 +33,10 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from opentelemetry.context import Context, attach, detach, set_value
-from opentelemetry.sdk.environment_variables import (
-    OTEL_BSP_EXPORT_TIMEOUT,
-    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
-    OTEL_BSP_MAX_QUEUE_SIZE,
-    OTEL_BSP_SCHEDULE_DELAY,
-)
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_tunix.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from otel_tunix._spans import FinishedStep
@@ -83,22 +79,6 @@ class ExportStats:
             "spans_failed": self.failed,
             "spans_dropped": self.dropped,
         }
-
-
-def _env_int(name: str, default: int) -> int:
-    """An ``OTEL_BSP_*`` setting; an unusable value falls back to the default with a
-    warning, as the SDK's own batch processor does."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-        if value <= 0:
-            raise ValueError
-        return value
-    except ValueError:
-        _logger.warning("%s=%r is not a positive integer; using %d", name, raw, default)
-        return default
 
 
 def _span_count(item: ReadableSpan | FinishedStep) -> int:
@@ -174,6 +154,8 @@ class BatchExportProcessor(SpanProcessor):
             512); a full batch wakes the thread early.
         export_timeout_millis: How long ``shutdown`` waits for the last export
             (``OTEL_BSP_EXPORT_TIMEOUT``, 30000).
+        settings: Where the ``OTEL_BSP_*`` defaults come from (default: the environment,
+            read by :func:`~otel_tunix.settings.load_settings`).
     """
 
     def __init__(
@@ -185,16 +167,15 @@ class BatchExportProcessor(SpanProcessor):
         schedule_delay_millis: int | None = None,
         max_export_batch_size: int | None = None,
         export_timeout_millis: int | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        s = settings if settings is not None else load_settings()
         self.exporter = exporter
         self.stats = stats if stats is not None else ExportStats()
-        self._max_queue = max_queue_size or _env_int(OTEL_BSP_MAX_QUEUE_SIZE, 2048)
-        self._delay = (schedule_delay_millis or _env_int(OTEL_BSP_SCHEDULE_DELAY, 5000)) / 1e3
-        self._batch = min(
-            max_export_batch_size or _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 512),
-            self._max_queue,
-        )
-        self._timeout = (export_timeout_millis or _env_int(OTEL_BSP_EXPORT_TIMEOUT, 30000)) / 1e3
+        self._max_queue = max_queue_size or s.bsp_max_queue_size
+        self._delay = (schedule_delay_millis or s.bsp_schedule_delay_ms) / 1e3
+        self._batch = min(max_export_batch_size or s.bsp_max_export_batch_size, self._max_queue)
+        self._timeout = (export_timeout_millis or s.bsp_export_timeout_ms) / 1e3
         self._queue: collections.deque[ReadableSpan | FinishedStep] = collections.deque()
         self._queued = 0  # spans in the queue (a step counts its spans)
         self._count_lock = threading.Lock()

@@ -48,14 +48,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, Unpack
 
-from opentelemetry.environment_variables import OTEL_METRICS_EXPORTER
 from opentelemetry.sdk.metrics import Counter, Histogram, ObservableCounter
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -72,6 +70,8 @@ from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 
 from otel_tunix import attributes as attr
+from otel_tunix.processors import StepSink
+from otel_tunix.settings import load_settings
 
 if TYPE_CHECKING:
     from datadog.dogstatsd import DogStatsd
@@ -121,14 +121,13 @@ AlertType = Literal["error", "warning", "info", "success"]
 TagsLike = Iterable[str] | Mapping[str, object] | None
 """Tags as ``"key:value"`` strings or as a mapping of key to value."""
 
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _ALERT_TYPES: Final = frozenset({"error", "warning", "info", "success"})
 _EVENT_TEXT_MAX: Final = 4000
 """Datadog truncates event text at 4000 characters; cut it here so the payload stays small."""
 _SENDER_QUEUE_SIZE: Final = 4096
 """Packets the background sender may hold; a full queue drops instead of blocking."""
 _CLOSE_TIMEOUT_SEC: Final = 5.0
-_DELTA_PREFERENCE: Final = {
+_DELTA_PREFERENCE: Final[Mapping[type, AggregationTemporality]] = {
     Counter: AggregationTemporality.DELTA,
     ObservableCounter: AggregationTemporality.DELTA,
     Histogram: AggregationTemporality.DELTA,
@@ -176,10 +175,8 @@ def datadog_enabled() -> bool:
     Returns:
         True if a :class:`DatadogMetricExporter` should be added.
     """
-    if os.environ.get(DATADOG_ENABLED, "").strip().lower() in _TRUE:
-        return True
-    names = os.environ.get(OTEL_METRICS_EXPORTER, "")
-    return "datadog" in {name.strip().lower() for name in names.split(",")}
+    settings = load_settings()
+    return settings.datadog_enabled or "datadog" in (settings.metrics_exporter or ())
 
 
 def _tag_value(value: object) -> str:
@@ -672,8 +669,8 @@ class DatadogMetricExporter(MetricExporter):
                 _send(statsd.gauge, name, point.value, _tag_list(point.attributes) + base_tags)
         elif isinstance(data, HistogramData | ExponentialHistogram):
             cumulative = data.aggregation_temporality == AggregationTemporality.CUMULATIVE
-            for point in data.data_points:
-                self._export_histogram_point(name, point, cumulative, base_tags)
+            for hist_point in data.data_points:
+                self._export_histogram_point(name, hist_point, cumulative, base_tags)
         else:
             self._report(
                 f"type:{type(data).__name__}",
@@ -730,7 +727,7 @@ class DatadogMetricExporter(MetricExporter):
         return tuple(v - p for v, p in zip(values, previous[1], strict=True))
 
 
-class DatadogStepSink:
+class DatadogStepSink(StepSink):
     """Sends every sampled step's times as raw DogStatsD ``distribution`` samples.
 
     Datadog builds the distribution from every sample of every rank and host, so p50 / p95 /

@@ -20,15 +20,15 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from otel_tunix._json import all_finite, dumps_line
-from otel_tunix._once import ReportOnce
+from otel_tunix._errors import ReportOnce
+from otel_tunix._json import all_finite, dumps_line, open_text
 from otel_tunix.accounting import ScopeSession, StepSummary
-from otel_tunix.metrics_logger import open_text
+from otel_tunix.processors import StepSink
 
 _logger = logging.getLogger(__name__)
 
 
-class StepJsonlWriter:
+class StepJsonlWriter(StepSink):
     """A step sink (see :class:`otel_tunix.processors.StepSink`) that writes the spans JSONL."""
 
     def __init__(

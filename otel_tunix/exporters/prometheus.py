@@ -31,7 +31,6 @@ machine scrape it.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -40,11 +39,13 @@ from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.environment_variables import (
-    OTEL_EXPORTER_PROMETHEUS_HOST,
-    OTEL_EXPORTER_PROMETHEUS_PORT,
-)
 from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from otel_tunix.environment_variables import (
+    OTEL_TUNIX_PROMETHEUS_HOST,
+    OTEL_TUNIX_PROMETHEUS_PORT,
+)
+from otel_tunix.settings import load_setting
 
 __all__ = [
     "DEFAULT_HOST",
@@ -58,14 +59,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-OTEL_TUNIX_PROMETHEUS_HOST: Final = "OTEL_TUNIX_PROMETHEUS_HOST"
-"""Host (interface) the ``/metrics`` endpoint binds. Wins over
-``OTEL_EXPORTER_PROMETHEUS_HOST``. Default: ``127.0.0.1``."""
-
-OTEL_TUNIX_PROMETHEUS_PORT: Final = "OTEL_TUNIX_PROMETHEUS_PORT"
-"""Port of the ``/metrics`` endpoint, 0 to 65535; ``0`` picks a free port. Wins over
-``OTEL_EXPORTER_PROMETHEUS_PORT``. Default: ``0``."""
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 0
@@ -234,8 +227,8 @@ def _resolve_host(host: str | None) -> str:
         if not host.strip():
             raise ValueError("host must be a non-empty host name or IP address")
         return host.strip()
-    for name in (OTEL_TUNIX_PROMETHEUS_HOST, OTEL_EXPORTER_PROMETHEUS_HOST):
-        value = os.environ.get(name, "").strip()
+    for name in (OTEL_TUNIX_PROMETHEUS_HOST, "OTEL_EXPORTER_PROMETHEUS_HOST"):
+        value: str | None = load_setting(name)
         if value:
             return value
     return DEFAULT_HOST
@@ -244,10 +237,10 @@ def _resolve_host(host: str | None) -> str:
 def _resolve_port(port: int | None) -> int:
     if port is not None:
         return _parse_port(port, "port")
-    for name in (OTEL_TUNIX_PROMETHEUS_PORT, OTEL_EXPORTER_PROMETHEUS_PORT):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return _parse_port(value, name)
+    for name in (OTEL_TUNIX_PROMETHEUS_PORT, "OTEL_EXPORTER_PROMETHEUS_PORT"):
+        port = load_setting(name)
+        if port is not None:
+            return int(port)
     return DEFAULT_PORT
 
 
@@ -273,7 +266,7 @@ def _make_app(registry: CollectorRegistry) -> _WSGIApp:
     # prometheus_client's make_wsgi_app serves the metrics on every path and has no health
     # route, so this wrapper routes /metrics to it, answers /healthz itself, and 404s the
     # rest. All the exposition (text format, OpenMetrics, gzip) stays prometheus_client's.
-    metrics_app = make_wsgi_app(registry)
+    metrics_app: _WSGIApp = make_wsgi_app(registry)
 
     def app(environ: _WSGIEnviron, start_response: _StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "") or "/"

@@ -12,11 +12,11 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, cast
 
 import otel_tunix
 from otel_tunix import attributes as attr
-from otel_tunix.metrics_logger import PERF_SOURCE
+from otel_tunix.logging_backend import PERF_SOURCE
 
 _logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _base_instrumentor() -> type:
                     name="opentelemetry.instrumentation",
                 )
 
-    return _Base
+    return cast(type, _Base)  # Any when imported: mypy skips that module (see pyproject.toml)
 
 
 BaseInstrumentor: Any = _base_instrumentor()

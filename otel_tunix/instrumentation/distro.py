@@ -42,7 +42,7 @@ class OtelTunixDistro(BaseDistro):  # type: ignore[misc]
         os.environ.setdefault(OTEL_PYTHON_CONFIGURATOR, CONFIGURATOR_NAME)
 
 
-class OtelTunixConfigurator(_BaseConfigurator):  # type: ignore[misc]
+class OtelTunixConfigurator(_BaseConfigurator):
     """Arms otel-tunix's lazy ``configure()`` for the integrations (see the module doc)."""
 
     def _configure(self, **kwargs: Any) -> None:

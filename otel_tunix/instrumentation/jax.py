@@ -261,7 +261,7 @@ class _CompileTracker:
         provider = otel_tunix.current_run()
         inst = self._instruments
         if inst is None or inst[0] is not provider:
-            from otel_tunix.sinks import SECONDS_BUCKETS
+            from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 
             meter = run_meter()
             counter = meter.create_counter(

@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import os
 import sys
 import threading
 import time
@@ -41,6 +40,7 @@ from typing import Any, TypeVar
 import otel_tunix
 from otel_tunix import attributes as attr
 from otel_tunix.instrumentation import _base
+from otel_tunix.settings import load_settings
 
 __all__ = [
     "DEVICE_DURATION",
@@ -271,7 +271,8 @@ def _cuda_clock() -> _CudaClock | None:
 
 def _record_attribute(comp: Any) -> dict[str, Any] | None:
     """The span-attribute dict of an open component (``None`` when it is not recorded)."""
-    return comp.span_attributes
+    attrs: dict[str, Any] | None = comp.span_attributes
+    return attrs
 
 
 def _resolver(
@@ -713,9 +714,9 @@ def distributed_rank_attributes() -> dict[str, int]:
         if not (dist.is_available() and dist.is_initialized()):
             return {}
         out = {attr.RANK: int(dist.get_rank()), attr.WORLD_SIZE: int(dist.get_world_size())}
-        local = os.environ.get("LOCAL_RANK", "")
-        if local.isdigit():
-            out[attr.LOCAL_RANK] = int(local)
+        local = load_settings().local_rank
+        if local is not None:
+            out[attr.LOCAL_RANK] = local
         return out
     except Exception:
         return {}
@@ -725,7 +726,7 @@ def ensure_configured() -> bool:
     """:func:`otel_tunix.instrumentation._base.ensure_configured` with the torch rank."""
     if otel_tunix.current_run() is not None:
         return True
-    extra = {} if os.environ.get("RANK") else distributed_rank_attributes()
+    extra = {} if load_settings().rank is not None else distributed_rank_attributes()
     return _base.ensure_configured(extra)
 
 

@@ -98,7 +98,9 @@ def map_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     for key, value in logs.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool):
+            continue  # not a metric (and ``True.item()`` does not exist)
+        if not isinstance(value, int | float):
             try:
                 value = float(value.item())  # a tensor or numpy scalar
             except Exception:
@@ -123,7 +125,7 @@ def map_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
 _RL_SIGNS = ("rewards/mean", "kl", "loss/policy")
 
 
-class OtelTunixCallback(TrainerCallback):  # type: ignore[misc]
+class OtelTunixCallback(TrainerCallback):
     """The ``TrainerCallback`` behind :func:`instrument_trainer`.
 
     Added on its own (``Trainer(callbacks=[OtelTunixCallback()])``) it records steps from

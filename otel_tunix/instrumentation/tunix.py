@@ -53,7 +53,7 @@ from otel_tunix.instrumentation.jax import (
     record_interval,
     run_meter,
 )
-from otel_tunix.metrics_logger import PERF_SOURCE, to_scalar
+from otel_tunix.logging_backend import PERF_SOURCE, LoggingBackend, to_scalar
 
 __all__ = [
     "OTelLoggingBackend",
@@ -392,7 +392,7 @@ _live_backends: list[OTelLoggingBackend] = []
 _live_lock = threading.Lock()
 
 
-class OTelLoggingBackend:
+class OTelLoggingBackend(LoggingBackend):
     """A metrax ``LoggingBackend`` that publishes Tunix's scalars as OTel instruments.
 
     Tunix's ``MetricsLogger`` hands every backend to ``jax.monitoring`` as a scalar
@@ -429,7 +429,7 @@ class OTelLoggingBackend:
             unit = metric.unit
             desc = f"Tunix metric {metric.name}"
             if unit == "s":
-                from otel_tunix.sinks import SECONDS_BUCKETS
+                from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 
                 inst = meter.create_histogram(
                     key,
@@ -744,6 +744,11 @@ _hooked: set[str] = set()
 _patch_lock = threading.Lock()
 
 
+def _apply_on_import(module_name: str) -> _base.OnImport:
+    """A post-import hook that patches ``module_name``."""
+    return lambda _module: _apply(module_name)
+
+
 def _apply(module_name: str) -> None:
     """Patch what lives in ``module_name`` (now imported); idempotent."""
     module = sys.modules.get(module_name)
@@ -799,7 +804,7 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         for module_name in dict.fromkeys(mod for mod, _, _ in _PATCHES):
             if module_name not in _hooked:
                 _hooked.add(module_name)
-                _base.when_imported(module_name, lambda _m, name=module_name: _apply(name))
+                _base.when_imported(module_name, _apply_on_import(module_name))
             else:
                 _apply(module_name)
 

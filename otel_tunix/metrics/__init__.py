@@ -19,19 +19,6 @@ functions that need them):
 from __future__ import annotations
 
 from otel_tunix.metrics import rl
-from otel_tunix.metrics.alerts import (
-    Alert,
-    AlertEngine,
-    DropRule,
-    NonFiniteRule,
-    Severity,
-    SpikeRule,
-    ThresholdRule,
-    above,
-    below,
-    default_rules,
-    outside,
-)
 from otel_tunix.metrics.backends import TensorBoardBackend, WandbBackend
 from otel_tunix.metrics.catalog import CATALOG, Instrument, MetricSpec, lookup
 from otel_tunix.metrics.flops import (
@@ -51,34 +38,23 @@ from otel_tunix.metrics.training import TrainingMetrics, perplexity
 __all__ = [
     "CATALOG",
     "PEAK_FLOPS",
-    "Alert",
-    "AlertEngine",
     "CatalogInstruments",
     "CatalogOTelBackend",
-    "DropRule",
     "GenerationMetrics",
     "Instrument",
     "MetricSpec",
     "MetricsSummary",
-    "NonFiniteRule",
-    "Severity",
-    "SpikeRule",
     "SystemMetricsSampler",
     "TensorBoardBackend",
-    "ThresholdRule",
     "TrainingMetrics",
     "TransformerFlops",
     "WandbBackend",
-    "above",
-    "below",
     "count_params",
-    "default_rules",
     "get_metrics_summary",
     "instrument_queue",
     "lookup",
     "measure_jax_flops",
     "measure_torch_flops",
-    "outside",
     "peak_flops",
     "perplexity",
     "rl",

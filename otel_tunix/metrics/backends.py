@@ -28,12 +28,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from otel_tunix.logging_backend import LoggingBackend
+
 __all__ = ["TensorBoardBackend", "WandbBackend"]
 
 _logger = logging.getLogger(__name__)
 
 
-class TensorBoardBackend:
+class TensorBoardBackend(LoggingBackend):
     """Writes scalars to TensorBoard event files (``tensorboardX.SummaryWriter``).
 
     The writer queues events and writes them on its own thread, so logging never waits on
@@ -91,7 +93,7 @@ class TensorBoardBackend:
         self._writer.close()
 
 
-class WandbBackend:
+class WandbBackend(LoggingBackend):
     """Logs scalars to a Weights & Biases run.
 
     Each call logs ``{step_metric: step, **values}`` with every metric plotted against

@@ -25,7 +25,13 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-from otel_tunix.sinks import SECONDS_BUCKETS
+SECONDS_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
+)  # fmt: skip
+"""Histogram boundaries for durations in seconds: 0.5 ms to ~17 min (the SDK's default
+boundaries are shaped for milliseconds)."""
+
 
 __all__ = [
     "CATALOG",

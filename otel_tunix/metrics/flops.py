@@ -157,7 +157,7 @@ def detect_device_name() -> str | None:
         except Exception:  # pragma: no cover - depends on the backend
             pass
     try:
-        import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
+        import pynvml
     except ImportError:
         return None
     try:

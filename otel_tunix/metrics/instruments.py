@@ -24,6 +24,9 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
+from otel_tunix._current import meter as current_meter
+from otel_tunix._version import __version__
+from otel_tunix.logging_backend import PERF_SOURCE, LoggingBackend, otel_metric_name
 from otel_tunix.metrics.catalog import (
     CATALOG,
     Instrument,
@@ -32,7 +35,6 @@ from otel_tunix.metrics.catalog import (
     guess_unit,
     lookup,
 )
-from otel_tunix.metrics_logger import PERF_SOURCE, otel_metric_name
 
 __all__ = [
     "METER_SCOPE",
@@ -53,13 +55,9 @@ _CATALOG_NAMES = frozenset(s.otel_name for s in CATALOG)
 def _meter(meter_provider: MeterProvider | None) -> Meter:
     """A meter of ``meter_provider``, else of the current run's provider (the global one
     before ``configure()``)."""
-    from otel_tunix._configure import get_meter
-    from otel_tunix._version import __version__
-
     if meter_provider is not None:
         return meter_provider.get_meter(METER_SCOPE, __version__)
-    meter: Meter = get_meter(METER_SCOPE)
-    return meter
+    return current_meter(METER_SCOPE)
 
 
 def _create(meter: Meter, spec: MetricSpec) -> Any:
@@ -216,7 +214,7 @@ class CatalogInstruments:
             inst.add(v, attrs)
 
 
-class CatalogOTelBackend:
+class CatalogOTelBackend(LoggingBackend):
     """MetricsLogger backend: each logged scalar goes to its catalogued OTel instrument.
 
     * A catalogued name uses the row's instrument: gauges are set to the logged value,

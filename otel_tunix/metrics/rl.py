@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from otel_tunix._current import get_current
+
 __all__ = [
     "SampleWriter",
     "approx_kl",
@@ -429,14 +431,11 @@ class SampleWriter:
         if not enabled:
             return
         if path is None:
-            from otel_tunix._configure import current_run
-
-            run = current_run()
-            if run is None or run.output_dir is None:
+            current = get_current()
+            path = current.info.rank_file("samples", ".jsonl") if current is not None else None
+            if path is None:
                 self.enabled = False
                 return
-            suffix = f"-rank{run.rank.rank}" if run.rank.distributed else ""
-            path = run.output_dir / f"samples{suffix}.jsonl"
         self.path = Path(path)
 
     def _cut(self, text: Any) -> str:

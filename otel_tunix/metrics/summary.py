@@ -27,8 +27,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from otel_tunix import _tracer
+from otel_tunix._current import get_current
 from otel_tunix._json import floats_finite
-from otel_tunix.metrics_logger import row_names
+from otel_tunix.logging_backend import LoggingBackend, row_names
 from otel_tunix.perf_rows import PerfRows
 
 __all__ = ["MetricsSummary", "get_metrics_summary", "install", "track_sampler"]
@@ -38,10 +40,8 @@ _MAX_NAME_SETS = 1024
 """Distinct sets of names counted apart before they are folded into per-name counts."""
 
 
-class MetricsSummary:
+class MetricsSummary(LoggingBackend):
     """MetricsLogger backend that counts logged values per name (and non-finite ones)."""
-
-    skip_sources: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -110,9 +110,10 @@ def install(logger: Any = None) -> MetricsSummary:
     Idempotent: returns the one already there.
     """
     if logger is None:
-        from otel_tunix._configure import get_metrics_logger
-
-        logger = get_metrics_logger()
+        run = get_current()
+        if run is None:  # before configure(): nothing to count into yet
+            return MetricsSummary()
+        logger = run.logger
     for b in logger.backends:
         if isinstance(b, MetricsSummary):
             return b
@@ -131,16 +132,14 @@ def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
     (active alerts of the logger's alert engines) and ``system`` (latest sample of a
     started system sampler, see :func:`track_sampler`).
     """
-    from otel_tunix import _tracer
-    from otel_tunix._configure import current_run, get_metrics_logger, last_step_summary
-
-    if logger is None:
-        logger = get_metrics_logger()
-    run = current_run()
-    values = dict(logger.last_values)
+    current = get_current()
+    if logger is None and current is not None:
+        logger = current.logger
+    values = dict(logger.last_values) if logger is not None else {}
+    backends = list(logger.backends) if logger is not None else []
     out: dict[str, Any] = {
-        "run_id": run.run_id if run is not None else None,
-        "last_step": logger.last_step,
+        "run_id": current.info.run_id if current is not None else None,
+        "last_step": logger.last_step if logger is not None else None,
         "last_loss": values.get("loss"),
         "last_values": values,
         "num_metric_names": len(values),
@@ -157,14 +156,14 @@ def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
             out["counts"] = dict(counts)
     rt = _tracer.get_runtime()
     out["steps"] = {scope: s.count for scope, s in list(rt.scopes.items())} if rt else {}
-    last = last_step_summary()
+    last = current.last_step_summary() if current is not None else None
     out["last_step_time_sec"] = (
         {"scope": last.scope, "step": last.step, "step_time_sec": last.step_time_sec}
         if last is not None
         else None
     )
     alerts: list[dict[str, Any]] = []
-    for b in logger.backends:
+    for b in backends:  # an alert engine (a layer above): known by its two members
         active = getattr(b, "active", None)
         if callable(active) and hasattr(b, "rules"):
             alerts.extend(

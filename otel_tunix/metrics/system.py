@@ -39,6 +39,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
+from otel_tunix.metrics import summary
 from otel_tunix.metrics.catalog import by_otel_name
 from otel_tunix.metrics.instruments import CatalogInstruments, create_observable
 
@@ -168,7 +169,7 @@ class _Nvml:
         self._handles: list[tuple[int, Any, str, str]] = []
         self._unsupported: set[tuple[int, str]] = set()
         try:
-            import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
+            import pynvml
         except ImportError:
             _logger.debug(
                 "otel-tunix: no GPU metrics: nvidia-ml-py is not installed "
@@ -437,8 +438,6 @@ class SystemMetricsSampler:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="otel-tunix-system", daemon=True)
             self._thread.start()
-        from otel_tunix.metrics import summary
-
         summary.track_sampler(self)
         return self
 
@@ -452,8 +451,6 @@ class SystemMetricsSampler:
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
-        from otel_tunix.metrics import summary
-
         if summary._sampler is self:
             summary.track_sampler(None)
 

@@ -27,10 +27,14 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from otel_tunix._current import get_current
+from otel_tunix.logging_backend import to_scalar
 from otel_tunix.metrics.flops import detect_device_name, peak_flops
-from otel_tunix.metrics_logger import MetricsLogger, to_scalar
+
+if TYPE_CHECKING:
+    from otel_tunix.metrics_logger import MetricsLogger
 
 __all__ = ["TrainingMetrics", "perplexity"]
 
@@ -197,8 +201,9 @@ class TrainingMetrics:
             _logger.warning("otel-tunix: training metrics of step %s skipped", step, exc_info=True)
             return {}
         if logger is None:
-            from otel_tunix._configure import get_metrics_logger
-
-            logger = get_metrics_logger()
+            current = get_current()
+            if current is None:  # before configure(): nowhere to log
+                return out
+            logger = current.logger
         logger.log_dict(out, step=step)
         return out

@@ -276,12 +276,19 @@ def test_shutdown_gives_up_after_the_export_timeout_when_the_exporter_hangs():
     exp.release.set()
 
 
-def test_bad_bsp_environment_falls_back_to_defaults_with_a_warning(monkeypatch, caplog):
-    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
-    with caplog.at_level(logging.WARNING):
-        p = BatchExportProcessor(_Recorder())
-    assert p._max_queue == 2048
-    assert "OTEL_BSP_MAX_QUEUE_SIZE" in caplog.text
+def test_bad_bsp_environment_is_a_configuration_error_naming_the_variable(monkeypatch):
+    from otel_tunix.settings import ConfigurationError
+
+    for name, bad in (("OTEL_BSP_MAX_QUEUE_SIZE", "lots"), ("OTEL_BSP_SCHEDULE_DELAY", "-5")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ConfigurationError, match=rf"{name}='{bad}' is not allowed; use a"):
+            BatchExportProcessor(_Recorder())
+        with pytest.raises(ConfigurationError, match=name):
+            otel_tunix.configure(output_dir="none")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "64")
+    p = BatchExportProcessor(_Recorder())
+    assert p._max_queue == 64
     p.shutdown()
 
 

@@ -365,7 +365,7 @@ def test_rule_window_keeps_its_values_sorted_and_the_median_exact():
     import random
     import statistics
 
-    from otel_tunix.metrics.alerts import _median, _Window
+    from otel_tunix.metrics.alerts.rules import _median, _Window
 
     rng = random.Random(7)
     w = _Window(50)
@@ -433,7 +433,7 @@ def test_watched_names_are_found_in_every_set_of_names_and_a_failed_route_is_ret
     assert [(a.step, a.severity.name) for a in e.history] == [
         (1, "CRITICAL"), (2, "OK"), (3, "CRITICAL"),
     ]  # fmt: skip
-    monkeypatch.setattr(al, "_MAX_NAME_SETS", 4)
+    monkeypatch.setattr(al.engine, "_MAX_NAME_SETS", 4)
     for i in range(20):
         e.log_rows([(10 + i, {f"made_up_{i}": 1.0, "kl": 0.01})])
         assert len(e._watched_by_names) <= 4

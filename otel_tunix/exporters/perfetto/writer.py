@@ -1,65 +1,26 @@
-"""Perfetto exporter: finished OpenTelemetry spans → a native Perfetto protobuf trace.
+"""Translation of :class:`TraceSpan` records into Perfetto packets.
 
-:class:`PerfettoSpanExporter` is a real OpenTelemetry
-:class:`~opentelemetry.sdk.trace.export.SpanExporter`. It streams every exported batch into
-one ``.pftrace`` file per process (packet by packet, never rewriting the file), so a run of
-any length uses constant memory and a crash leaves a file that loads up to the last batch.
-Open the file in https://ui.perfetto.dev.
-
-Layout of the trace:
-
-* one process track per OTel ``Resource`` (``service.name``, ``host.name``, ``tunix.rank``);
-* one thread track per ``thread.id`` / ``thread.name``; spans without thread info go on their
-  parent's track (a component on its step's thread, a foreign span on its component's);
-* extra lanes (child tracks ``<thread> #1``, ``#2``, ...) wherever spans on one thread overlap
-  without nesting, so that the slices of every track nest strictly;
-* step slices carry their attributes and their busy / blocked / idle times as arguments, and
-  three counter tracks per scope (``perf/<scope>/busy_time_sec``, ``.../blocked_time_sec``,
-  ``.../idle_time_sec``) get one value per step, computed by
-  :func:`otel_tunix.accounting.account_step`;
-* span events (exceptions, alerts) are instants on their span's track.
-
-The translation works on plain :class:`TraceSpan` records, so the same code converts a
-finished run's spans JSONL (:func:`convert_jsonl_to_perfetto`).
-
-Timestamps are the spans' Unix-epoch nanoseconds, written as-is on the ``REALTIME`` clock,
-which a ``ClockSnapshot`` at the head of the file declares the trace's clock.
+:class:`PerfettoTraceWriter` groups spans per step, lays each group out on lanes (child
+tracks) so that the slices of every track nest strictly, and appends the packets to a binary
+stream.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import io
 import itertools
-import json
 import logging
-import os
 import random
-import re
-import socket
-import threading
 import time
-import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Final
-
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_tunix.accounting import SpanInfo, account_step
 from otel_tunix.attributes import (
     COMPONENT,
     KIND_BLOCKED,
     KIND_BUSY,
-    RANK,
-    RUN_ID,
     SCOPE,
     SPAN_TYPE,
     SPAN_TYPE_COMPONENT,
@@ -67,9 +28,8 @@ from otel_tunix.attributes import (
     STEP,
     THREAD_ID,
     THREAD_NAME,
-    TIME_KIND,
 )
-from otel_tunix.environment_variables import OTEL_TUNIX_OUTPUT_DIR, OTEL_TUNIX_PERFETTO_DIR
+from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan
 
 try:
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -80,20 +40,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'otel-tunix[perfetto]'"
     ) from exc
 
-__all__ = [
-    "PerfettoSpanExporter",
-    "PerfettoTraceWriter",
-    "ProcessInfo",
-    "SpanEventRecord",
-    "TraceSpan",
-    "convert_jsonl_to_perfetto",
-    "default_directory",
-]
+__all__ = ["DEFAULT_MAX_PENDING_SPANS", "PerfettoTraceWriter"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_DIRECTORY: Final = Path("otel-tunix-runs") / "perfetto"
-"""Directory used when neither the argument nor the environment names one."""
 
 DEFAULT_MAX_PENDING_SPANS: Final = 65_536
 """Spans held while waiting for their step (or root) span; the oldest trace is written
@@ -112,161 +61,6 @@ _STATE_CLEARED: Final = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _COUNTER_FIELDS: Final = ("busy_time_sec", "blocked_time_sec", "idle_time_sec")
-
-
-# --- plain records -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessInfo:
-    """The process a span came from: its process track in the trace.
-
-    Attributes:
-        service_name: ``service.name`` of the Resource.
-        host_name: ``host.name`` of the Resource.
-        rank: ``tunix.rank`` of the Resource, if any.
-        pid: ``process.pid`` (or the exporting process's pid); ``None`` makes one up from the
-            other fields.
-        run_id: ``tunix.run.id`` of the Resource, if any (shown as a process label).
-    """
-
-    service_name: str = ""
-    host_name: str = ""
-    rank: int | None = None
-    pid: int | None = None
-    run_id: str = ""
-
-    @classmethod
-    def from_resource(
-        cls,
-        resource: Resource | None,
-        *,
-        default_pid: int | None = None,
-        default_host: str = "",
-    ) -> ProcessInfo:
-        """Read the process fields of an OTel Resource.
-
-        Args:
-            resource: The span's Resource (``None`` gives the defaults).
-            default_pid: Used when the Resource has no ``process.pid``.
-            default_host: Used when the Resource has no ``host.name``.
-
-        Returns:
-            The process description.
-        """
-        attrs: Mapping[str, object] = resource.attributes if resource is not None else {}
-        return cls(
-            service_name=str(attrs.get("service.name", "") or ""),
-            host_name=str(attrs.get("host.name", "") or default_host),
-            rank=_as_int(attrs.get(RANK)),
-            pid=_as_int(attrs.get("process.pid"), default_pid),
-            run_id=str(attrs.get(RUN_ID, "") or ""),
-        )
-
-    @property
-    def label(self) -> str:
-        """Name of the process track, e.g. ``trainer (node-3, rank 2)``."""
-        details = [d for d in (self.host_name, _rank_text(self.rank)) if d]
-        name = self.service_name or "otel-tunix"
-        return f"{name} ({', '.join(details)})" if details else name
-
-
-@dataclass(frozen=True, slots=True)
-class SpanEventRecord:
-    """One span event (an instant in the trace)."""
-
-    name: str
-    timestamp_ns: int
-    attributes: Mapping[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class TraceSpan:
-    """One finished span in the form the Perfetto translation needs.
-
-    Built from an OTel span by :meth:`from_readable_span` or from a spans JSONL line by
-    :func:`convert_jsonl_to_perfetto`.
-
-    Attributes:
-        name: Span name (slice name).
-        start_ns: Start, Unix epoch nanoseconds.
-        end_ns: End, Unix epoch nanoseconds.
-        trace_id: 32-hex-digit trace id ("" if unknown).
-        span_id: 16-hex-digit span id ("" if unknown).
-        parent_id: Span id of the local parent; ``None`` for a local root.
-        span_type: ``step``, ``component`` or ``None`` for a foreign span.
-        scope: ``tunix.scope``, if any.
-        step: ``tunix.step``, if any.
-        time_kind: ``busy`` or ``blocked`` for components.
-        thread_id: ``thread.id``, if known.
-        thread_name: ``thread.name``, if known.
-        attributes: All span attributes (written as slice arguments).
-        events: Span events (written as instants).
-        process: The process the span came from.
-        error: Status description of a failed span, else ``None``.
-    """
-
-    name: str
-    start_ns: int
-    end_ns: int
-    trace_id: str = ""
-    span_id: str = ""
-    parent_id: str | None = None
-    span_type: str | None = None
-    scope: str | None = None
-    step: int | None = None
-    time_kind: str | None = None
-    thread_id: int | None = None
-    thread_name: str | None = None
-    attributes: Mapping[str, object] = field(default_factory=dict)
-    events: tuple[SpanEventRecord, ...] = ()
-    process: ProcessInfo = field(default_factory=ProcessInfo)
-    error: str | None = None
-
-    @classmethod
-    def from_readable_span(
-        cls, span: ReadableSpan, process: ProcessInfo | None = None
-    ) -> TraceSpan:
-        """Translate a finished OTel span.
-
-        Args:
-            span: The finished span.
-            process: Its process; read from ``span.resource`` when ``None``.
-
-        Returns:
-            The record.
-        """
-        attrs = dict(span.attributes or {})
-        ctx = span.context
-        parent = span.parent
-        start = span.start_time or 0
-        status = span.status
-        error = None
-        if status.status_code is StatusCode.ERROR:
-            error = status.description or "error"
-        if span.kind is not SpanKind.INTERNAL:
-            attrs.setdefault("span.kind", span.kind.name.lower())
-        span_type = attrs.get(SPAN_TYPE)
-        return cls(
-            name=span.name,
-            start_ns=start,
-            end_ns=span.end_time if span.end_time is not None else start,
-            trace_id=f"{ctx.trace_id:032x}" if ctx is not None else "",
-            span_id=f"{ctx.span_id:016x}" if ctx is not None else "",
-            parent_id=None if parent is None or parent.is_remote else f"{parent.span_id:016x}",
-            span_type=span_type if isinstance(span_type, str) else None,
-            scope=_as_str(attrs.get(SCOPE)),
-            step=_as_int(attrs.get(STEP)),
-            time_kind=_as_str(attrs.get(TIME_KIND)),
-            thread_id=_as_int(attrs.get(THREAD_ID)),
-            thread_name=_as_str(attrs.get(THREAD_NAME)),
-            attributes=attrs,
-            events=tuple(
-                SpanEventRecord(e.name, e.timestamp, dict(e.attributes or {})) for e in span.events
-            ),
-            process=process if process is not None else ProcessInfo.from_resource(span.resource),
-            error=error,
-        )
 
 
 # --- the translation ---------------------------------------------------------------------
@@ -453,7 +247,7 @@ class PerfettoTraceWriter:
             preferred = (
                 lanes.get(parent) if parent is not None and groups[parent] is group else None
             )
-            if preferred is None and s.parent_id in self._recent:
+            if preferred is None and s.parent_id is not None and s.parent_id in self._recent:
                 recent_group, recent_lane = self._recent[s.parent_id]
                 preferred = recent_lane if recent_group is group else None
             start, end = _times(s)
@@ -522,7 +316,7 @@ class PerfettoTraceWriter:
                 group = self._named_group(s)
                 break
             nxt = parents[j]
-            if nxt is None and s.parent_id in self._recent:
+            if nxt is None and s.parent_id is not None and s.parent_id in self._recent:
                 group = self._recent[s.parent_id][0]
                 break
             if nxt is None and j != root:
@@ -687,7 +481,7 @@ class PerfettoTraceWriter:
                 return None
             iid = len(table) + 1
             table[name] = iid
-            out.add(iid=iid, name=name)  # type: ignore[attr-defined]
+            out.add(iid=iid, name=name)  # type: ignore[attr-defined]  # untyped proto field
         return iid
 
     def _slice_events(
@@ -777,354 +571,7 @@ class PerfettoTraceWriter:
             )
 
 
-# --- the exporter ------------------------------------------------------------------------
-
-
-def default_directory() -> Path:
-    """Directory of the trace files when the constructor names none.
-
-    Returns:
-        ``$OTEL_TUNIX_PERFETTO_DIR``, else ``$OTEL_TUNIX_OUTPUT_DIR/perfetto`` (unless that
-        is ``none``), else ``./otel-tunix-runs/perfetto``.
-    """
-    explicit = os.environ.get(OTEL_TUNIX_PERFETTO_DIR, "").strip()
-    if explicit:
-        return Path(explicit).expanduser()
-    output = os.environ.get(OTEL_TUNIX_OUTPUT_DIR, "").strip()
-    if output and output.lower() != "none":
-        return Path(output).expanduser() / "perfetto"
-    return DEFAULT_DIRECTORY
-
-
-class PerfettoSpanExporter(SpanExporter):
-    """OTel span exporter that streams spans into a Perfetto ``.pftrace`` file.
-
-    One file per exporter, created on the first export as
-    ``trace-<host>-r<rank>-<pid>-<start unix ms>.pftrace`` (``-r<rank>`` only when the
-    Resource has ``tunix.rank``; a ``-<n>`` suffix if the name is taken). Each export call
-    appends its packets and hands them to the OS before returning.
-
-    Registered as the ``perfetto`` entry point of ``opentelemetry_traces_exporter``, so
-    ``OTEL_TRACES_EXPORTER=perfetto`` builds one with no arguments.
-
-    Args:
-        directory: Folder of the trace file; defaults to :func:`default_directory`.
-        max_pending_spans: Spans held while waiting for their step span.
-    """
-
-    def __init__(
-        self,
-        directory: str | os.PathLike[str] | None = None,
-        *,
-        max_pending_spans: int = DEFAULT_MAX_PENDING_SPANS,
-    ) -> None:
-        self._directory = (
-            Path(directory).expanduser() if directory is not None else default_directory()
-        )
-        self._max_pending = max_pending_spans
-        self._lock = threading.Lock()
-        self._reset_file_state()
-        self._shutdown = False
-        self._error_logged = False
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.WeakMethod(self._after_fork_in_child)
-            os.register_at_fork(after_in_child=_call_weak(ref))
-
-    @property
-    def directory(self) -> Path:
-        """Folder the trace file goes to."""
-        return self._directory
-
-    @property
-    def path(self) -> Path | None:
-        """Path of the trace file, or ``None`` before the first export created it."""
-        return self._path
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        """Append the spans to the trace file; never raises.
-
-        Args:
-            spans: Finished spans.
-
-        Returns:
-            ``SUCCESS``, or ``FAILURE`` after shutdown or on any error (logged once).
-        """
-        if self._shutdown:
-            self._log_once("Perfetto exporter already shut down; spans dropped")
-            return SpanExportResult.FAILURE
-        try:
-            with self._lock:
-                if self._shutdown:
-                    return SpanExportResult.FAILURE
-                if not spans:
-                    return SpanExportResult.SUCCESS
-                writer = self._open(spans[0])
-                try:
-                    for span in spans:
-                        writer.add(TraceSpan.from_readable_span(span, self._process_of(span)))
-                finally:
-                    self._drain()  # whole packets only, even if a span failed
-        except Exception:
-            self._log_once("Perfetto exporter failed to write spans", exc_info=True)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Hand everything written so far to the OS.
-
-        Spans still waiting for their step span stay held (their step is not finished).
-
-        Args:
-            timeout_millis: Unused; writing is synchronous.
-
-        Returns:
-            ``True`` unless writing failed.
-        """
-        try:
-            with self._lock:
-                self._drain()
-        except Exception:
-            self._log_once("Perfetto exporter failed to flush", exc_info=True)
-            return False
-        return True
-
-    def shutdown(self) -> None:
-        """Write the held spans and close the file. Idempotent."""
-        with self._lock:
-            if self._shutdown:
-                return
-            self._shutdown = True
-            try:
-                if self._writer is not None:
-                    self._writer.flush_pending()
-                self._drain()
-            except Exception:
-                self._log_once("Perfetto exporter failed at shutdown", exc_info=True)
-            finally:
-                if self._file is not None:
-                    with contextlib.suppress(OSError):
-                        self._file.close()
-                self._file = None
-                self._writer = None
-
-    # -- internals --
-
-    def _reset_file_state(self) -> None:
-        self._start_ms = time.time_ns() // 1_000_000
-        self._pid = os.getpid()
-        self._host = socket.gethostname()
-        self._file: IO[bytes] | None = None
-        self._size = 0  # bytes in the file: every batch written so far, whole
-        self._staging = io.BytesIO()
-        self._writer: PerfettoTraceWriter | None = None
-        self._path: Path | None = None
-        self._processes: dict[int, tuple[Resource, ProcessInfo]] = {}
-
-    def _after_fork_in_child(self) -> None:
-        # The child gets a file of its own; the inherited descriptor is the parent's.
-        # The file is unbuffered, so dropping it loses nothing and writes nothing twice.
-        self._lock = threading.Lock()
-        self._reset_file_state()
-
-    def _process_of(self, span: ReadableSpan) -> ProcessInfo:
-        resource = span.resource
-        cached = self._processes.get(id(resource))
-        if cached is not None and cached[0] is resource:
-            return cached[1]
-        info = ProcessInfo.from_resource(resource, default_pid=self._pid, default_host=self._host)
-        if len(self._processes) < 64:  # the entry keeps the Resource, so its id stays unique
-            self._processes[id(resource)] = (resource, info)
-        return info
-
-    def _open(self, first: ReadableSpan) -> PerfettoTraceWriter:
-        if self._writer is not None:
-            return self._writer
-        if self._file is None:
-            self._create_file(first)
-        # A new writer starts with a fresh header (clock, sequence, track descriptors): also
-        # after a failed write, when the old writer's state no longer matches the file.
-        self._writer = PerfettoTraceWriter(self._staging, max_pending_spans=self._max_pending)
-        return self._writer
-
-    def _create_file(self, first: ReadableSpan) -> None:
-        rank = _as_int(first.resource.attributes.get(RANK)) if first.resource else None
-        host = re.sub(r"[^A-Za-z0-9._-]+", "_", self._host)[:64] or "host"
-        stem = f"trace-{host}{'-r' + str(rank) if rank is not None else ''}"
-        stem = f"{stem}-{self._pid}-{self._start_ms}"
-        self._directory.mkdir(parents=True, exist_ok=True)
-        for attempt in range(1000):
-            path = self._directory / f"{stem}{'-' + str(attempt) if attempt else ''}.pftrace"
-            try:
-                self._file = open(path, "xb", buffering=0)  # closed at shutdown
-            except FileExistsError:
-                continue
-            self._path = path
-            break
-        else:
-            raise FileExistsError(f"no free trace file name for {stem!r} in {self._directory}")
-        logger.info("Perfetto trace: %s", self._path)
-
-    def _drain(self) -> None:
-        """Move the staged packets of this batch to the file in one write.
-
-        A failed write is cut back to the last whole batch, so the file stays readable.
-        """
-        data = self._staging.getvalue()
-        self._staging.seek(0)
-        self._staging.truncate()
-        if self._file is None or not data:
-            return
-        view = memoryview(data)
-        written = 0
-        try:
-            while written < len(view):
-                written += self._file.write(view[written:]) or 0
-        except OSError:
-            with contextlib.suppress(OSError):
-                self._file.truncate(self._size)
-                self._file.seek(self._size)
-            self._writer = None  # what it wrote is gone: the next export starts afresh
-            raise
-        self._size += written
-
-    def _log_once(self, message: str, *, exc_info: bool = False) -> None:
-        if not self._error_logged:
-            self._error_logged = True
-            logger.error(message, exc_info=exc_info)
-
-
-# --- offline conversion ------------------------------------------------------------------
-
-
-def convert_jsonl_to_perfetto(
-    jsonl_path: str | os.PathLike[str], out_path: str | os.PathLike[str]
-) -> int:
-    """Convert a spans JSONL file (plain or ``.gz``) of a finished run to a Perfetto trace.
-
-    Every ``{"type": "step", ...}`` line becomes one step slice, its component slices on
-    their threads, and its busy / blocked / idle counters, through the same translation the
-    exporter uses. Other lines are skipped, as is a last line cut short by a crash. A line
-    with a ``resource`` object (``service.name``, ``host.name``, ``tunix.rank``,
-    ``process.pid``) names the process track of the steps after it.
-
-    Args:
-        jsonl_path: The spans JSONL file.
-        out_path: The ``.pftrace`` file to write (overwritten).
-
-    Returns:
-        The number of slices written.
-    """
-    src_path = Path(jsonl_path)
-    stem = src_path.name.removesuffix(".gz").removesuffix(".jsonl")
-    process = ProcessInfo(service_name=stem)
-    opener: Callable[..., IO[str]] = gzip.open if src_path.suffix == ".gz" else open
-    with opener(src_path, "rt", encoding="utf-8") as src, open(out_path, "wb") as dst:
-        writer = PerfettoTraceWriter(dst)
-        for line_no, line in enumerate(src, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                logger.warning("%s:%d: not JSON, skipped", src_path, line_no)
-                continue
-            if not isinstance(obj, dict):
-                continue
-            resource = obj.get("resource")
-            if isinstance(resource, dict):
-                process = _process_from_json(resource, stem)
-            if obj.get("type") == "step":
-                writer.write_group(_records_from_step_line(obj, process))
-        writer.flush_pending()
-    return writer.slice_count
-
-
-def _records_from_step_line(obj: Mapping[str, object], process: ProcessInfo) -> list[TraceSpan]:
-    scope = str(obj.get("scope") or "default")
-    step = _as_int(obj.get("step"), 0)
-    trace_id = str(obj.get("trace_id") or "")
-    step_id = str(obj.get("span_id") or "")
-    attrs = obj.get("attributes")
-    records = [
-        TraceSpan(
-            name=str(obj.get("name") or f"{scope}_step"),
-            start_ns=_as_int(obj.get("start_ns"), 0) or 0,
-            end_ns=_as_int(obj.get("end_ns"), 0) or 0,
-            trace_id=trace_id,
-            span_id=step_id,
-            span_type=SPAN_TYPE_STEP,
-            scope=scope,
-            step=step,
-            thread_id=_as_int(obj.get("thread_id")) or None,
-            thread_name=_as_str(obj.get("thread")) or None,
-            attributes=dict(attrs) if isinstance(attrs, dict) else {},
-            process=process,
-        )
-    ]
-    spans = obj.get("spans")
-    for item in spans if isinstance(spans, list) else ():
-        if not isinstance(item, dict):
-            continue
-        kind = _as_str(item.get("kind"))
-        component = kind in (KIND_BUSY, KIND_BLOCKED)
-        span_attrs = item.get("attributes")
-        records.append(
-            TraceSpan(
-                name=str(item.get("name") or "span"),
-                start_ns=_as_int(item.get("start_ns"), 0) or 0,
-                end_ns=_as_int(item.get("end_ns"), 0) or 0,
-                trace_id=trace_id,
-                span_id=str(item.get("span_id") or ""),
-                parent_id=_as_str(item.get("parent")) or step_id or None,
-                span_type=SPAN_TYPE_COMPONENT if component else None,
-                scope=scope,
-                step=step,
-                time_kind=kind if component else None,
-                thread_id=_as_int(item.get("thread_id")) or None,
-                thread_name=_as_str(item.get("thread")) or None,
-                attributes=dict(span_attrs) if isinstance(span_attrs, dict) else {},
-                process=process,
-                error=_as_str(item.get("error")),
-            )
-        )
-    return records
-
-
-def _process_from_json(resource: Mapping[str, object], default_name: str) -> ProcessInfo:
-    return ProcessInfo(
-        service_name=str(resource.get("service.name") or default_name),
-        host_name=str(resource.get("host.name") or ""),
-        rank=_as_int(resource.get(RANK)),
-        pid=_as_int(resource.get("process.pid")),
-        run_id=str(resource.get(RUN_ID) or ""),
-    )
-
-
 # --- small helpers -----------------------------------------------------------------------
-
-
-def _as_int(value: object, default: int | None = None) -> int | None:
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return default
-    return default
-
-
-def _as_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _rank_text(rank: int | None) -> str:
-    return f"rank {rank}" if rank is not None else ""
 
 
 def _times(span: TraceSpan) -> tuple[int, int]:
@@ -1179,12 +626,3 @@ def _annotate(ann: pb.DebugAnnotation, name: str | None, value: object) -> None:
             _annotate(ann.array_values.add(), None, item)
     else:
         ann.string_value = str(value)
-
-
-def _call_weak(ref: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
-    def call() -> None:
-        method = ref()
-        if method is not None:
-            method()
-
-    return call

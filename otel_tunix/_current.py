@@ -1,0 +1,85 @@
+"""The current run, as the layers below run setup see it.
+
+``configure()`` (run setup, the layer above) registers what it started here with
+:func:`set_current`; metric helpers, alerts and summaries read it with :func:`get_current`
+instead of importing run setup (which would make the layers a cycle). The same inversion
+the OpenTelemetry API uses for its global providers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import Meter
+from opentelemetry.sdk.resources import Resource
+
+from otel_tunix._resource import RankInfo
+from otel_tunix._version import __version__
+
+if TYPE_CHECKING:
+    from otel_tunix.metrics_logger import MetricsLogger
+    from otel_tunix.model import StepSummary
+
+__all__ = ["CurrentRun", "RunInfo", "get_current", "meter", "set_current"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What ``configure()`` set up: the run id, the local folder and its files, the resource,
+    and the URLs of endpoints it serves (``endpoints["prometheus"]``)."""
+
+    run_id: str
+    output_dir: Path | None
+    resource: Resource
+    rank: RankInfo
+    enabled: bool
+    files: dict[str, Path] = field(default_factory=dict)
+    endpoints: dict[str, str] = field(default_factory=dict)
+
+    def rank_file(self, stem: str, suffix: str) -> Path | None:
+        """``<output_dir>/<stem>[-rank<r>]<suffix>`` (``None`` without a local folder)."""
+        if self.output_dir is None:
+            return None
+        tag = f"-rank{self.rank.rank}" if self.rank.distributed else ""
+        return self.output_dir / f"{stem}{tag}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentRun:
+    """The parts of the current run that code below run setup may use."""
+
+    info: RunInfo
+    logger: MetricsLogger
+    scope: str
+    """Instrumentation scope (tracer and meter name) of the run."""
+    meter_provider: Any = None
+    """The run's MeterProvider (``None``: the global one)."""
+    last_step_summary: Callable[[], StepSummary | None] = lambda: None
+
+
+_current: CurrentRun | None = None
+
+
+def set_current(run: CurrentRun | None) -> None:
+    """Register the run ``configure()`` started (``None`` when it shuts down)."""
+    global _current
+    _current = run
+
+
+def get_current() -> CurrentRun | None:
+    """The current run, or ``None`` before ``configure()`` / after ``shutdown()``."""
+    return _current
+
+
+def meter(name: str | None = None) -> Meter:
+    """A Meter of the current run's MeterProvider (the global one before ``configure()``)."""
+    run = _current
+    provider = run.meter_provider if run is not None else None
+    if provider is None:
+        provider = metrics.get_meter_provider()
+    scope = name or (run.scope if run is not None else None) or "tunix"
+    return provider.get_meter(scope, __version__)

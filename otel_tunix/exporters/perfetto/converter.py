@@ -1,0 +1,134 @@
+"""Offline conversion of a finished run's spans JSONL into a Perfetto trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO
+
+from otel_tunix.attributes import (
+    KIND_BLOCKED,
+    KIND_BUSY,
+    RANK,
+    RUN_ID,
+    SPAN_TYPE_COMPONENT,
+    SPAN_TYPE_STEP,
+)
+from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int, _as_str
+from otel_tunix.exporters.perfetto.writer import PerfettoTraceWriter
+
+__all__ = ["convert_jsonl_to_perfetto"]
+
+logger = logging.getLogger(__name__)
+
+
+# --- offline conversion ------------------------------------------------------------------
+
+
+def convert_jsonl_to_perfetto(
+    jsonl_path: str | os.PathLike[str], out_path: str | os.PathLike[str]
+) -> int:
+    """Convert a spans JSONL file (plain or ``.gz``) of a finished run to a Perfetto trace.
+
+    Every ``{"type": "step", ...}`` line becomes one step slice, its component slices on
+    their threads, and its busy / blocked / idle counters, through the same translation the
+    exporter uses. Other lines are skipped, as is a last line cut short by a crash. A line
+    with a ``resource`` object (``service.name``, ``host.name``, ``tunix.rank``,
+    ``process.pid``) names the process track of the steps after it.
+
+    Args:
+        jsonl_path: The spans JSONL file.
+        out_path: The ``.pftrace`` file to write (overwritten).
+
+    Returns:
+        The number of slices written.
+    """
+    src_path = Path(jsonl_path)
+    stem = src_path.name.removesuffix(".gz").removesuffix(".jsonl")
+    process = ProcessInfo(service_name=stem)
+    opener: Callable[..., IO[str]] = gzip.open if src_path.suffix == ".gz" else open
+    with opener(src_path, "rt", encoding="utf-8") as src, open(out_path, "wb") as dst:
+        writer = PerfettoTraceWriter(dst)
+        for line_no, line in enumerate(src, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("%s:%d: not JSON, skipped", src_path, line_no)
+                continue
+            if not isinstance(obj, dict):
+                continue
+            resource = obj.get("resource")
+            if isinstance(resource, dict):
+                process = _process_from_json(resource, stem)
+            if obj.get("type") == "step":
+                writer.write_group(_records_from_step_line(obj, process))
+        writer.flush_pending()
+    return writer.slice_count
+
+
+def _records_from_step_line(obj: Mapping[str, object], process: ProcessInfo) -> list[TraceSpan]:
+    scope = str(obj.get("scope") or "default")
+    step = _as_int(obj.get("step"), 0)
+    trace_id = str(obj.get("trace_id") or "")
+    step_id = str(obj.get("span_id") or "")
+    attrs = obj.get("attributes")
+    records = [
+        TraceSpan(
+            name=str(obj.get("name") or f"{scope}_step"),
+            start_ns=_as_int(obj.get("start_ns"), 0) or 0,
+            end_ns=_as_int(obj.get("end_ns"), 0) or 0,
+            trace_id=trace_id,
+            span_id=step_id,
+            span_type=SPAN_TYPE_STEP,
+            scope=scope,
+            step=step,
+            thread_id=_as_int(obj.get("thread_id")) or None,
+            thread_name=_as_str(obj.get("thread")) or None,
+            attributes=dict(attrs) if isinstance(attrs, dict) else {},
+            process=process,
+        )
+    ]
+    spans = obj.get("spans")
+    for item in spans if isinstance(spans, list) else ():
+        if not isinstance(item, dict):
+            continue
+        kind = _as_str(item.get("kind"))
+        component = kind in (KIND_BUSY, KIND_BLOCKED)
+        span_attrs = item.get("attributes")
+        records.append(
+            TraceSpan(
+                name=str(item.get("name") or "span"),
+                start_ns=_as_int(item.get("start_ns"), 0) or 0,
+                end_ns=_as_int(item.get("end_ns"), 0) or 0,
+                trace_id=trace_id,
+                span_id=str(item.get("span_id") or ""),
+                parent_id=_as_str(item.get("parent")) or step_id or None,
+                span_type=SPAN_TYPE_COMPONENT if component else None,
+                scope=scope,
+                step=step,
+                time_kind=kind if component else None,
+                thread_id=_as_int(item.get("thread_id")) or None,
+                thread_name=_as_str(item.get("thread")) or None,
+                attributes=dict(span_attrs) if isinstance(span_attrs, dict) else {},
+                process=process,
+                error=_as_str(item.get("error")),
+            )
+        )
+    return records
+
+
+def _process_from_json(resource: Mapping[str, object], default_name: str) -> ProcessInfo:
+    return ProcessInfo(
+        service_name=str(resource.get("service.name") or default_name),
+        host_name=str(resource.get("host.name") or ""),
+        rank=_as_int(resource.get(RANK)),
+        pid=_as_int(resource.get("process.pid")),
+        run_id=str(resource.get(RUN_ID) or ""),
+    )
