@@ -38,9 +38,9 @@ from otel_tunix._tracer import (
     step,
 )
 from otel_tunix._version import __version__
-from otel_tunix.accounting import ComponentTime, ScopeSession, SpanInfo, StepSummary
 from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.model import ComponentTime, ScopeSession, SpanInfo, StepSummary
 
 __all__ = [
     "Component",

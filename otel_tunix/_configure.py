@@ -30,7 +30,6 @@ from otel_tunix._pipeline import Pipeline
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
 from otel_tunix._spans import SpanBuilder, epoch_offset_ns
 from otel_tunix._version import __version__
-from otel_tunix.accounting import ScopeSession
 from otel_tunix.config import PerformanceMetricsConfig, load_callable
 from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
 from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, DatadogStepSink
@@ -40,6 +39,7 @@ from otel_tunix.metrics.catalog import Instrument
 from otel_tunix.metrics.instruments import observable
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.model import ScopeSession
 from otel_tunix.processors import StepAccountingProcessor, StepSink
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
@@ -153,7 +153,7 @@ def configure(
             builds (an application's own provider keeps its readers; then this must be
             empty).
         step_sinks: More :class:`~otel_tunix.processors.StepSink` objects: each gets every
-            :class:`~otel_tunix.accounting.StepSummary` and the session totals.
+            :class:`~otel_tunix.model.StepSummary` and the session totals.
         clock: What step and component times are read from instead of
             ``time.perf_counter_ns`` (nanoseconds); span times are then the clock's values
             as they are (no offset to the Unix epoch). For deterministic tests.
@@ -797,6 +797,6 @@ def current_run() -> RunInfo | None:
 
 
 def last_step_summary() -> Any:
-    """The latest :class:`~otel_tunix.accounting.StepSummary` (or ``None``)."""
+    """The latest :class:`~otel_tunix.model.StepSummary` (or ``None``)."""
     st = _state
     return st.processor.last_summary if st is not None and st.processor is not None else None

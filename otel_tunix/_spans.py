@@ -33,7 +33,8 @@ from otel_tunix._tracer import (
     StepRecord,
     new_span_context,
 )
-from otel_tunix.accounting import Interval, SpanInfo, account_components
+from otel_tunix.accounting import account_components
+from otel_tunix.model import Interval, SpanInfo
 
 _logger = logging.getLogger(__name__)
 _UNSET = Status(StatusCode.UNSET)
@@ -197,7 +198,7 @@ class FinishedStep:
     (an ``on_finished_steps(steps)`` or ``on_finished_step(step)`` method: otel-tunix's
     accounting and export processors).
 
-    The numbers are ready; the SDK spans and the :class:`~otel_tunix.accounting.SpanInfo`
+    The numbers are ready; the SDK spans and the :class:`~otel_tunix.model.SpanInfo`
     list are built on first use (:meth:`spans`, :meth:`span_infos`), so a run that exports
     no spans builds none, and an exporter builds them as it reads them.
 
@@ -315,7 +316,7 @@ class FinishedStep:
         return spans
 
     def span_infos(self) -> list[SpanInfo]:
-        """The components as :class:`~otel_tunix.accounting.SpanInfo` (export functions)."""
+        """The components as :class:`~otel_tunix.model.SpanInfo` (export functions)."""
         return self._entries()
 
     def span_json(self) -> list[dict[str, object]]:
@@ -345,7 +346,7 @@ class _SpanEntries:
         self._json: list[dict[str, object]] | None = None
 
     def __call__(self) -> list[SpanInfo]:
-        """The components as :class:`~otel_tunix.accounting.SpanInfo` (the summary's span
+        """The components as :class:`~otel_tunix.model.SpanInfo` (the summary's span
         factory)."""
         infos = self._infos
         if infos is None:

@@ -42,7 +42,7 @@ class PerformanceMetricsConfig:
             (``OTEL_TUNIX_EXPORT_JSONL_PATH``).
         export_fn: Custom export function, or its import path ``"pkg.mod:fn"``
             (``OTEL_TUNIX_EXPORT_FN``): called with each finished
-            :class:`~otel_tunix.accounting.StepSummary`, it returns ``{name: value}``,
+            :class:`~otel_tunix.model.StepSummary`, it returns ``{name: value}``,
             published like otel-tunix's own metrics.
         perfetto_trace_dir: Directory for a Perfetto trace translated from the spans
             (``OTEL_TUNIX_PERFETTO_DIR``).

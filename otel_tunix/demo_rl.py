@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import otel_tunix
-from otel_tunix.accounting import ScopeSession
+from otel_tunix.model import ScopeSession
 from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
 ACTOR = "rl/actor"

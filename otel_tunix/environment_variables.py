@@ -33,7 +33,7 @@ OTEL_TUNIX_EXPORT_JSONL_PATH: Final = "OTEL_TUNIX_EXPORT_JSONL_PATH"
 
 OTEL_TUNIX_EXPORT_FN: Final = "OTEL_TUNIX_EXPORT_FN"
 """Import path ``pkg.mod:fn`` of a custom export function that receives each finished
-:class:`~otel_tunix.accounting.StepSummary` and returns ``{metric name: value}``.
+:class:`~otel_tunix.model.StepSummary` and returns ``{metric name: value}``.
 Default: unset."""
 
 OTEL_TUNIX_RUN_ID: Final = "OTEL_TUNIX_RUN_ID"

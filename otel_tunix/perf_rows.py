@@ -1,6 +1,6 @@
 """The ``perf/<scope>/...`` scalars of sampled steps, as the MetricsLogger gets them.
 
-:func:`perf_metrics` flattens one :class:`~otel_tunix.accounting.StepSummary` into Tunix's
+:func:`perf_metrics` flattens one :class:`~otel_tunix.model.StepSummary` into Tunix's
 names (``perf/<scope>/<component>/busy_time_sec``, ``perf/<scope>/idle_time_sec``, ...).
 The worker hands the MetricsLogger a batch of steps as :class:`PerfRows`: a sequence of
 ``(step, {name: value})`` rows like any other, whose dicts are made on first read (once,
@@ -17,7 +17,7 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from otel_tunix.accounting import StepSummary
+from otel_tunix.model import StepSummary
 
 _STEP_LEAVES = ("step_time_sec", "busy_time_sec", "blocked_time_sec", "idle_time_sec")
 _COMPONENT_LEAVES = ("busy_time_sec", "blocked_time_sec")

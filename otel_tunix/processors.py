@@ -26,12 +26,8 @@ from opentelemetry.trace import StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
-from otel_tunix.accounting import (
-    ScopeSession,
-    SpanInfo,
-    StepSummary,
-    account_intervals,
-)
+from otel_tunix.accounting import account_intervals
+from otel_tunix.model import ScopeSession, SpanInfo, StepSummary
 
 if TYPE_CHECKING:
     from otel_tunix._spans import FinishedStep

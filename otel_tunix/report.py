@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from otel_tunix.accounting import ScopeSession
+from otel_tunix.model import ScopeSession
 
 
 @dataclass(frozen=True, slots=True)

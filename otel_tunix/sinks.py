@@ -14,10 +14,10 @@ from opentelemetry.metrics import Histogram, Meter
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce
-from otel_tunix.accounting import ScopeSession, StepSummary
 from otel_tunix.logging_backend import PERF_SOURCE, otel_metric_name, to_scalar
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 from otel_tunix.metrics_logger import MetricsLogger
+from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.perf_rows import PerfRows
 from otel_tunix.processors import StepSink
 

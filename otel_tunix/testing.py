@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_tunix import _configure, _errors, _tracer
 from otel_tunix._pipeline import _MAX_BATCH
 from otel_tunix._spans import FinishedStep
-from otel_tunix.accounting import ScopeSession, StepSummary
+from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.processors import StepSink
 
 __all__ = ["Capture", "StepsSetAside", "capture", "reset", "steps_set_aside"]

@@ -8,8 +8,9 @@ import time
 import pytest
 
 import otel_tunix
-from otel_tunix.accounting import SpanInfo, account_step, union_ns
+from otel_tunix.accounting import account_step, union_ns
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
+from otel_tunix.model import SpanInfo
 from otel_tunix.testing import capture
 
 MS = 1_000_000
@@ -387,7 +388,8 @@ def test_a_session_whose_first_step_is_not_sampled_starts_at_that_step():
 def test_component_times_as_tuples_and_as_objects_agree():
     """Sinks read a step's component times as plain tuples; ``components`` (made on first
     access) and the JSON line give the same numbers."""
-    from otel_tunix.accounting import ComponentTime, account_intervals
+    from otel_tunix.accounting import account_intervals
+    from otel_tunix.model import ComponentTime
 
     ivs = [("load", True, 0, 20), ("compute", False, 20, 60), ("compute", False, 30, 70)]
     s = account_intervals("train", 1, 0, 100, ivs)
@@ -407,7 +409,8 @@ def test_session_totals_of_batches_with_changing_component_names_match_step_by_s
     without components and scopes must give what adding each step's times one by one gives."""
     import random
 
-    from otel_tunix.accounting import ScopeSession, account_intervals
+    from otel_tunix.accounting import account_intervals
+    from otel_tunix.model import ScopeSession
     from otel_tunix.processors import StepAccountingProcessor
 
     rng = random.Random(7)

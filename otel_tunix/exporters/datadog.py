@@ -76,7 +76,7 @@ from otel_tunix.settings import load_settings
 if TYPE_CHECKING:
     from datadog.dogstatsd import DogStatsd
 
-    from otel_tunix.accounting import ScopeSession, StepSummary
+    from otel_tunix.model import ScopeSession, StepSummary
 
 __all__ = [
     "DATADOG_ENABLED",

@@ -2,7 +2,7 @@
 
 The first line, ``type: "run"``, names the run: ``run_id``, ``start_ns`` (when
 ``configure()`` ran, Unix ns), ``sampling_rate`` and the ``resource`` attributes (rank
-included). Each ``type: "step"`` line is :meth:`otel_tunix.accounting.StepSummary.to_json`: scope,
+included). Each ``type: "step"`` line is :meth:`otel_tunix.model.StepSummary.to_json`: scope,
 step, start/end (Unix ns), the busy / blocked / idle counters, per-component times and every
 component span (name, kind, start/end, thread, span id, parent). At shutdown one
 ``type: "session"`` line per scope carries the totals. A ``.gz`` path writes gzip. The file
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from otel_tunix._errors import ReportOnce
 from otel_tunix._json import all_finite, dumps_line, open_text
-from otel_tunix.accounting import ScopeSession, StepSummary
+from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.processors import StepSink
 
 _logger = logging.getLogger(__name__)

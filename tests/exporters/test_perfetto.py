@@ -30,13 +30,14 @@ from opentelemetry.util._importlib_metadata import entry_points
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from otel_tunix import attributes as attr
-from otel_tunix.accounting import SpanInfo, account_step
+from otel_tunix.accounting import account_step
 from otel_tunix.exporters.perfetto import (
     PerfettoSpanExporter,
     PerfettoTraceWriter,
     TraceSpan,
     convert_jsonl_to_perfetto,
 )
+from otel_tunix.model import SpanInfo
 
 T0 = 1_700_000_000_000_000_000  # Unix epoch ns
 MS = 1_000_000

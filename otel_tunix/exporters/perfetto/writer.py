@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Final
 
-from otel_tunix.accounting import SpanInfo, account_step
+from otel_tunix.accounting import account_step
 from otel_tunix.attributes import (
     COMPONENT,
     KIND_BLOCKED,
@@ -30,6 +30,7 @@ from otel_tunix.attributes import (
     THREAD_NAME,
 )
 from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan
+from otel_tunix.model import SpanInfo
 
 try:
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
