@@ -28,6 +28,7 @@ from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, set_current
 from otel_tunix._pipeline import Pipeline
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
+from otel_tunix._shortcuts import active_span_processor, remove_span_processors
 from otel_tunix._spans import SpanBuilder, epoch_offset_ns
 from otel_tunix._version import __version__
 from otel_tunix.config import PerformanceMetricsConfig, load_callable
@@ -375,7 +376,7 @@ def configure(
             state.export_processors.append(BatchExportProcessor(perfetto, stats, settings=settings))
             tp.add_span_processor(state.export_processors[-1])
             state.perfetto = perfetto
-        span_sink: SpanProcessor = getattr(tp, "_active_span_processor", processor)
+        span_sink = active_span_processor(tp, processor)
         if cfg.enabled:
             pipeline = Pipeline(
                 SpanBuilder(
@@ -721,7 +722,7 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         # OTel never replaces): it lets go of this run's processors and callbacks, which
         # would otherwise keep the whole run (pipeline, steps, sinks) in memory for good.
         if st.tracer_provider is not None and st.processor is not None:
-            _otel_setup.detach_span_processors(
+            remove_span_processors(
                 st.tracer_provider, (st.processor, *st.export_processors, *st.user_processors)
             )
         if st.meter is not None:

@@ -19,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.util._importlib_metadata import entry_points
 
+from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
 from otel_tunix.settings import ConfigurationError, Settings
 
@@ -120,23 +121,15 @@ def install_global_providers(
     resetting the API's set-once guard, as OpenTelemetry's own test utilities do; a provider
     the application installed is never replaced (``configure()`` joins it instead).
     """
-    from opentelemetry.util._once import Once
-
     if tp is not None:
-        current = trace.get_tracer_provider()
-        if current in replaceable:
-            trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
-            trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        if trace.get_tracer_provider() in replaceable:
+            reset_global_providers(meter=False)
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             trace.set_tracer_provider(tp)
     if mp is not None:
-        from opentelemetry.metrics import _internal as metrics_internal
-
-        current_mp = metrics.get_meter_provider()
-        if current_mp in replaceable:
-            metrics_internal._METER_PROVIDER_SET_ONCE = Once()
-            metrics_internal._METER_PROVIDER = None
-        if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider):
+        if metrics.get_meter_provider() in replaceable:
+            reset_global_providers(tracer=False)
+        if not isinstance(metrics.get_meter_provider(), MeterProvider):  # the API's proxy
             metrics.set_meter_provider(mp)
 
 
@@ -144,25 +137,6 @@ def still_global(providers: tuple[object, ...]) -> list[object]:
     """Those of ``providers`` that are the API's global tracer or meter provider now."""
     current = (trace.get_tracer_provider(), metrics.get_meter_provider())
     return [c for c in current if any(c is p for p in providers)]
-
-
-def detach_span_processors(tp: Any, processors: tuple[Any, ...]) -> None:
-    """Take processors otel-tunix added off a provider it does not own (the application's),
-    so that a later ``configure()`` joining the same provider does not find the closed ones
-    of earlier runs still dispatched to on every span. The SDK has no public way to remove a
-    processor: its multi-processor's tuple is replaced under its lock, as
-    ``add_span_processor`` itself does; a provider without that shape keeps them (closed,
-    they do nothing)."""
-    multi = getattr(tp, "_active_span_processor", None)
-    lock = getattr(multi, "_lock", None)
-    if lock is None or not isinstance(getattr(multi, "_span_processors", None), tuple):
-        return
-    with lock:
-        multi._span_processors = tuple(  # type: ignore[union-attr]
-            p
-            for p in multi._span_processors  # type: ignore[union-attr]
-            if all(p is not ours for ours in processors)
-        )
 
 
 def build_logger_provider(resource: Resource, settings: Settings) -> Any:

@@ -15,24 +15,18 @@ import operator
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
-from otel_tunix._tracer import (
-    SAMPLED,
-    SPAN_CONTEXT_AS_TUPLE,
-    ComponentExtras,
-    ComponentStart,
-    StepRecord,
-    new_span_context,
-)
+from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
+from otel_tunix._tracer import ComponentExtras, ComponentStart, StepRecord
 from otel_tunix.accounting import account_components
 from otel_tunix.model import Interval, SpanInfo
 
@@ -80,115 +74,41 @@ def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
     return tuple(out)
 
 
-SpanMaker = Callable[..., ReadableSpan]
-"""``(name, context, parent, attributes, start_time, end_time) -> ReadableSpan``: a span of
-one run with internal kind, unset status, and no events or links."""
+class StepSpanProcessor(SpanProcessor):
+    """A span processor that also takes otel-tunix's steps whole.
 
-
-def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
-    """The :data:`SpanMaker` of a run.
-
-    Every span of a run shares its resource, instrumentation scope, kind, status, events and
-    links, so they are class attributes of a ``ReadableSpan`` subclass made for the run, and
-    a span stores only its six own fields: about a quarter less of what making an SDK span
-    costs (the SDK's ``__init__`` assigns thirteen). Used only when such a span answers every
-    public property as ``ReadableSpan`` built by its own constructor does (checked here, for
-    the installed SDK); otherwise the constructor itself. The fast maker has that class as
-    its ``span_class`` (a loop over many spans may write the maker's six assignments out).
+    The span builder hands each batch of finished steps to :meth:`on_finished_steps` of
+    every processor of this class (no SDK span is built unless the processor asks a step
+    for its spans); other span processors get each span of each step through ``on_end``.
+    The same contract as ``on_end``: called on otel-tunix's worker thread, it must not
+    block for long or raise.
     """
 
-    shared = {
-        "_resource": resource, "_instrumentation_scope": scope, "_instrumentation_info": None,
-        "_kind": _INTERNAL, "_status": _UNSET, "_events": (), "_links": (),
-    }  # fmt: skip
-    cls = type("RunSpan", (ReadableSpan,), {**shared, "__slots__": ()})
-    cls.__module__ = __name__
-    new = object.__new__
-
-    def make(
-        name: str, context: SpanContext, parent: SpanContext | None,
-        attributes: dict[str, Any], start_time: int, end_time: int,
-    ) -> ReadableSpan:  # fmt: skip
-        # A function, not the class's __init__: called from Python code, its frame is
-        # pushed inline by the interpreter; a class's __init__ is called through C (a
-        # component span cost ~0.3k instructions more that way).
-        span = new(cls)
-        span._name = name
-        span._context = context
-        span._parent = parent
-        span._attributes = attributes
-        span._start_time = start_time
-        span._end_time = end_time
-        return span  # type: ignore[no-any-return]
-
-    def by_constructor(
-        name: str, context: SpanContext, parent: SpanContext | None,
-        attributes: dict[str, Any], start_time: int, end_time: int,
-    ) -> ReadableSpan:  # fmt: skip
-        return sdk_span(resource, scope, name, context, parent, attributes, start_time, end_time)
-
-    try:
-        args = ("n", new_span_context(3, 5), new_span_context(3, 7), {"a": 1}, 11, 13)
-        same = _same_span(make(*args), by_constructor(*args))
-    except Exception:  # pragma: no cover - a future SDK
-        same = False
-    if not same:
-        return by_constructor
-    make.span_class = cls  # type: ignore[attr-defined]
-    return make
+    def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
+        """Finished steps, in order. Default: each span of each step to ``on_end``."""
+        for step in steps:
+            for span in step.spans():
+                self.on_end(span)
 
 
-def sdk_span(
-    resource: Resource, scope: InstrumentationScope, name: str, context: SpanContext,
-    parent: SpanContext | None, attributes: dict[str, Any], start_time: int, end_time: int,
-    events: tuple[Event, ...] = (), status: Status = _UNSET,
-) -> ReadableSpan:  # fmt: skip
-    """A span of a run made by the SDK's own constructor (internal kind, no links)."""
-    return ReadableSpan(
-        name, context=context, parent=parent, resource=resource, attributes=attributes,
-        events=events, kind=_INTERNAL, status=status, start_time=start_time,
-        end_time=end_time, instrumentation_scope=scope,
-    )  # fmt: skip
+def _each_span(on_end: Callable[[ReadableSpan], object]) -> Callable[[list[FinishedStep]], None]:
+    """``on_end`` applied to every span of the steps, in order."""
 
-
-def _same_span(a: ReadableSpan, b: ReadableSpan) -> bool:
-    """Whether two spans answer every public property alike."""
-    props = (
-        "name", "context", "parent", "resource", "attributes", "events", "links", "kind",
-        "start_time", "end_time", "instrumentation_scope", "dropped_attributes",
-        "dropped_events", "dropped_links",
-    )  # fmt: skip
-    return (
-        all(getattr(a, p) == getattr(b, p) for p in props)
-        and (a.status.status_code, a.status.description)
-        == (b.status.status_code, b.status.description)
-        and a.to_json() == b.to_json()
-    )
-
-
-def _each_span(on_end: Callable[[ReadableSpan], object]) -> Callable[[FinishedStep], None]:
-    """``on_end`` applied to every span of a step, in order."""
-
-    def deliver(step: FinishedStep) -> None:
-        for span in step.spans():
-            on_end(span)
+    def deliver(steps: list[FinishedStep]) -> None:
+        for step in steps:
+            for span in step.spans():
+                on_end(span)
 
     return deliver
 
 
-def _dispatch_targets(sink: SpanProcessor) -> list[tuple[SpanProcessor, Any, Any]]:
-    """The processors behind ``sink`` (a provider's multi-processor is unpacked), each with
-    its ``on_finished_steps(steps)`` method (or ``None``) and what takes one step: its
-    ``on_finished_step(step)``, else its ``on_end`` applied to each span of the step."""
-    procs = getattr(sink, "_span_processors", None)
-    if not isinstance(procs, tuple):
-        procs = (sink,)
+def _dispatch_targets(
+    procs: tuple[SpanProcessor, ...],
+) -> list[tuple[SpanProcessor, Callable[[list[FinishedStep]], object]]]:
+    """Each processor with what takes a batch of steps: its ``on_finished_steps`` for a
+    :class:`StepSpanProcessor`, else its ``on_end`` applied to each span."""
     return [
-        (
-            p,
-            getattr(p, "on_finished_steps", None),
-            getattr(p, "on_finished_step", None) or _each_span(p.on_end),
-        )
+        (p, p.on_finished_steps if isinstance(p, StepSpanProcessor) else _each_span(p.on_end))
         for p in procs
     ]
 
@@ -388,10 +308,9 @@ class SpanBuilder:
         self._resource = resource
         self._scope = scope
         self._make = span_maker(resource, scope)
-        self._span_class: type[ReadableSpan] | None = getattr(self._make, "span_class", None)
         self.offset = epoch_offset_ns() if offset is None else offset
         self._targets_key: object = None
-        self._targets: list[tuple[SpanProcessor, Any, Any]] = []
+        self._targets: list[tuple[SpanProcessor, Callable[[list[FinishedStep]], object]]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
         self._attributes: dict[str, tuple[bool, Any, str, int, dict[str, Any]]] = {}
         """Per component name: (blocked, thread, scope, step, the attributes of its spans)
@@ -406,25 +325,18 @@ class SpanBuilder:
                 steps.append(FinishedStep(self, rec))
             except Exception:
                 report_internal_error("reading a recorded step")
-        key = getattr(self._processor, "_span_processors", self._processor)
-        if key is not self._targets_key:
-            self._targets, self._targets_key = _dispatch_targets(self._processor), key
-        for proc, many, one in self._targets:
-            if many is not None:
-                self._deliver(proc, many, steps)
-                continue
-            for step in steps:
-                self._deliver(proc, one, step)
+        procs = span_processors_of(self._processor)
+        if procs is not self._targets_key:  # the SDK replaces the tuple when one is added
+            self._targets, self._targets_key = _dispatch_targets(procs), procs
+        for proc, deliver in self._targets:
+            try:
+                deliver(steps)
+            except Exception:
+                self._report(
+                    id(proc), "otel-tunix: span processor %s raised (reported once)",
+                    type(proc).__name__,
+                )  # fmt: skip
         return len(records) - len(steps)
-
-    def _deliver(self, proc: SpanProcessor, method: Callable[[Any], object], arg: Any) -> None:
-        try:
-            method(arg)
-        except Exception:
-            self._report(
-                id(proc), "otel-tunix: span processor %s raised (reported once)",
-                type(proc).__name__,
-            )  # fmt: skip
 
     def thread(self, thread: Any) -> tuple[int, str]:
         """(native id, name) of a recorded thread, cached: the lookups cost per span."""
@@ -478,24 +390,11 @@ class SpanBuilder:
         contexts: dict[int, SpanContext] | None = None
         number, scope = rec.number, rec.scope
         out: list[ReadableSpan] = []
-        make, new_ctx, append = self._make, new_span_context, out.append
-        span_class, new_obj = self._span_class, object.__new__
-        # new_span_context written out below when it is the tuple (a call less per span)
-        as_tuple, new_tuple = SPAN_CONTEXT_AS_TUPLE, tuple.__new__
-        sampled, state = SAMPLED, DEFAULT_TRACE_STATE
-        threads = self._threads  # what self.thread() caches, read without its call
-        # Components with the same name, kind, thread, scope and step share one attribute
-        # dict (spans hand out read-only views of it): micro-batches and repeated layers
-        # repeat names. In a later step, a copy with its step number (a copy of a dict
-        # costs a third of building one; the run's steps repeat the same components).
-        shared = self._attributes
+        make, new_ctx = self._make, new_span_context
         ex = rec.extras
         comps = zip(step.components, step.ends, strict=True)
         for (name, blocked, sid, parent_id, start_pc, thread), end in comps:
-            if as_tuple:
-                ctx = new_tuple(SpanContext, (trace_id, sid, False, sampled, state, True))
-            else:  # pragma: no cover - an API whose SpanContext is not that tuple
-                ctx = new_ctx(trace_id, sid)
+            ctx = new_ctx(trace_id, sid)
             if parent_id == step_sid:
                 parent_ctx = step_ctx
             else:  # a component, else a foreign span (or a parent recorded after the fact)
@@ -507,51 +406,16 @@ class SpanBuilder:
             if thread is None:
                 thread = step_thread
             extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
-            found = shared.get(name) if extra is None else None
-            if (
-                found is not None and found[0] is blocked and found[1] is thread
-                and found[2] == scope
-            ):  # fmt: skip
-                attrs = found[4]
-                if found[3] != number:  # made in another step
-                    attrs = attrs.copy()
-                    attrs[_STEP] = number
-                    shared[name] = (blocked, thread, scope, number, attrs)
-            else:
-                tid, tname = threads.get(thread) or self.thread(thread)
-                attrs = {
-                    _SPAN_TYPE: _COMPONENT,
-                    _STEP: number,
-                    _SCOPE: scope,
-                    _COMPONENT_NAME: name,
-                    _TIME_KIND: _BLOCKED if blocked else _BUSY,
-                    _THREAD_ID: tid,
-                    _THREAD_NAME: tname,
-                }
-                if extra is None:
-                    if len(shared) >= _MAX_CACHED:  # names made up per step
-                        shared.clear()
-                    shared[name] = (blocked, thread, scope, number, attrs)
-                else:
-                    attrs = {**extra, **attrs}
+            attrs = self._component_attributes(name, blocked, thread, scope, number, extra)
             if ex is not None and sid in ex.errors:
                 status, events = _error(ex.errors[sid], rec.ends.get(sid, start_pc) + off)
-                append(
+                out.append(
                     self._full_span(
                         name, ctx, parent_ctx, attrs, events, status, start_pc + off, end + off
                     )
                 )
-            elif span_class is not None:  # what make() does, written out: no call per span
-                span = new_obj(span_class)
-                span._name = name
-                span._context = ctx
-                span._parent = parent_ctx
-                span._attributes = attrs
-                span._start_time = start_pc + off
-                span._end_time = end + off
-                append(span)
-            else:
-                append(make(name, ctx, parent_ctx, attrs, start_pc + off, end + off))
+                continue
+            out.append(make(name, ctx, parent_ctx, attrs, start_pc + off, end + off))
         parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None
         step_attrs = {**step.attributes, _SPAN_TYPE: attr.SPAN_TYPE_STEP, _STEP: number,
                       _SCOPE: scope}  # fmt: skip
@@ -567,6 +431,45 @@ class SpanBuilder:
             step_span = make(name, step_ctx, parent, step_attrs, step.start_ns, step.end_ns)
         out.append(step_span)
         return out
+
+    def _component_attributes(
+        self, name: str, blocked: bool, thread: Any, scope: str, number: int,
+        extra: dict[str, object] | None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A component span's attributes. Components with the same name, kind, thread and
+        scope share one dict (spans hand out read-only views of it), copied with the step
+        number in a later step: the run's steps repeat the same components, and a copy of a
+        dict costs a third of building one (about 0.3 us a span in bench_overhead)."""
+        if extra is None:
+            found = self._attributes.get(name)
+            if (
+                found is not None
+                and found[0] is blocked
+                and found[1] is thread
+                and (found[2] == scope)
+            ):
+                attrs = found[4]
+                if found[3] != number:  # made in another step
+                    attrs = attrs.copy()
+                    attrs[_STEP] = number
+                    self._attributes[name] = (blocked, thread, scope, number, attrs)
+                return attrs
+        tid, tname = self.thread(thread)
+        attrs = {
+            _SPAN_TYPE: _COMPONENT,
+            _STEP: number,
+            _SCOPE: scope,
+            _COMPONENT_NAME: name,
+            _TIME_KIND: _BLOCKED if blocked else _BUSY,
+            _THREAD_ID: tid,
+            _THREAD_NAME: tname,
+        }
+        if extra is not None:
+            return {**extra, **attrs}
+        if len(self._attributes) >= _MAX_CACHED:  # names made up per step
+            self._attributes.clear()
+        self._attributes[name] = (blocked, thread, scope, number, attrs)
+        return attrs
 
     def _full_span(
         self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],

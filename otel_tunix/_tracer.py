@@ -31,7 +31,6 @@ Where the innermost open component is kept:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextvars
 import functools
@@ -43,103 +42,27 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry.context import attach, detach, get_current
-from opentelemetry.trace import (
-    DEFAULT_TRACE_STATE,
-    NonRecordingSpan,
-    SpanContext,
-    TraceFlags,
-    get_current_span,
-    set_span_in_context,
-)
+from opentelemetry.trace import NonRecordingSpan, SpanContext, get_current_span
 
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import random_bits, refill_span_ids, take_span_id
+from otel_tunix._shortcuts import (
+    SPAN_KEY,
+    attach_span,
+    detach,
+    new_span_context,
+    otel_context,
+    running_loop,
+    threads_by_ident,
+)
 
 if TYPE_CHECKING:
     from otel_tunix._pipeline import Pipeline
 
 _clock = time.perf_counter_ns
 _current_thread = threading.current_thread
-_threads_by_ident = threading._active  # what current_thread() reads, without its Python frame
 _get_ident = threading.get_ident
-_running_loop = asyncio.events._get_running_loop
 
-try:  # the OTel context key of the current span: reading it directly saves an ABC check
-    from opentelemetry.trace.propagation import _SPAN_KEY
-except ImportError:  # pragma: no cover - a future API without the private key
-    _SPAN_KEY = None  # never found: components then take the general path (get_current_span)
-
-
-def _runtime_context_var() -> contextvars.ContextVar[Any] | None:
-    """The ContextVar behind OTel's runtime context when it is the standard contextvars one
-    (read and set directly below: a few Python calls fewer per step and component)."""
-    from opentelemetry import context as otel_context
-
-    var = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
-    return var if isinstance(var, contextvars.ContextVar) else None
-
-
-def _span_attacher(
-    var: contextvars.ContextVar[Any] | None,
-) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
-    """``(attach_span, detach)``: make a span the current OTel span and undo it.
-
-    With the standard runtime context this is one ``ContextVar.set`` of a new ``Context``
-    holding the span (what ``attach(set_span_in_context(span))`` does, without its four
-    Python calls); otherwise the public API.
-    """
-    from opentelemetry.context import Context
-
-    if var is None or _SPAN_KEY is None:
-        return (lambda span: attach(set_span_in_context(span))), detach
-    key, get, set_ = _SPAN_KEY, var.get, var.set
-
-    def attach_span(span: Any) -> Any:
-        return set_(Context({**get(), key: span}))
-
-    return attach_span, var.reset
-
-
-_context_var = _runtime_context_var()
-_otel_context: Callable[[], Any] = _context_var.get if _context_var is not None else get_current
-"""Reads the current OTel Context."""
-_attach_span, _detach = _span_attacher(_context_var)
-
-
-SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-"""The trace flags of every span otel-tunix records."""
-
-
-def _span_context_factory() -> tuple[Callable[[int, int], SpanContext], bool]:
-    """``(trace_id, span_id) -> SpanContext`` (local, sampled) for ids otel-tunix drew or
-    took from a valid context, and whether it builds the tuple directly.
-
-    ``SpanContext`` is a tuple; building the tuple directly skips the constructor's range
-    checks (about half its cost, paid per span). Used only when it yields exactly what the
-    constructor does in this version of the API; otherwise the constructor itself.
-    """
-    new, cls, flags, state = _tuple_new, SpanContext, SAMPLED, DEFAULT_TRACE_STATE
-
-    def fast(trace_id: int, span_id: int) -> SpanContext:
-        return new(cls, (trace_id, span_id, False, flags, state, True))  # type: ignore[no-any-return]
-
-    def slow(trace_id: int, span_id: int) -> SpanContext:
-        return SpanContext(trace_id, span_id, False, SAMPLED)
-
-    try:
-        a, b = fast(3, 5), slow(3, 5)
-        same = tuple(a) == tuple(b) and a.is_valid and a.trace_flags.sampled and not a.is_remote
-    except Exception:  # pragma: no cover - a future API
-        same = False
-    return (fast, True) if same else (slow, False)
-
-
-_tuple_new = tuple.__new__
-new_span_context, SPAN_CONTEXT_AS_TUPLE = _span_context_factory()
-"""``SPAN_CONTEXT_AS_TUPLE``: ``new_span_context(t, s)`` is ``tuple.__new__(SpanContext, (t, s,
-False, SAMPLED, DEFAULT_TRACE_STATE, True))``, which a loop over many spans may write out to
-save a Python call per span."""
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 DeviceEnd = Callable[[], int | None]
@@ -265,14 +188,14 @@ class StepRecord(NonRecordingSpan):
         # The thread whose components outside an event loop nest in time (see Component):
         # none while trio is loaded (its tasks interleave on one thread with no asyncio loop).
         self.nest_ident = 0 if "trio" in sys.modules else ident
-        self.thread = _threads_by_ident.get(ident) or _current_thread()
+        self.thread = threads_by_ident.get(ident) or _current_thread()
         self.view: StepView | None = None
         self.top: Component | None = None
         """The innermost component open on the step's thread outside an event loop: such
         components are kept here instead of in the context variable (see
         Component.__enter__)."""
-        current = _otel_context().get(_SPAN_KEY)
-        if current is None and _SPAN_KEY is None:  # no direct read: the public API
+        current = otel_context().get(SPAN_KEY)
+        if current is None and SPAN_KEY is None:  # no direct read: the public API
             current = get_current_span()
         parent = current.get_span_context() if current is not None else None
         if parent is not None and parent.is_valid:
@@ -448,7 +371,7 @@ class step:
                 rec.events = _take_pending(rt)
             self._record = rec
             self._token = _current.set(rec)
-            self._otel_token = _attach_span(rec)
+            self._otel_token = attach_span(rec)
             rt.open_steps.append(rec)
         except Exception:  # never hurt the training loop
             self._record = None
@@ -461,7 +384,7 @@ class step:
             if self._stats is not None:
                 self._stats.last_end_ns = end
             if self._otel_token is not None:
-                _detach(self._otel_token)
+                detach(self._otel_token)
                 self._otel_token = None
             if self._token is not None:
                 _current.reset(self._token)
@@ -654,22 +577,22 @@ class Component:
             # instead of in the context variable (a set and its reset: ~1.3k instructions
             # more). In an event loop tasks interleave: the variable. (cur is st: the
             # context holds the step itself, no component of its own.)
-            fast = cur is st and ident == st.nest_ident and _running_loop() is None
-            span = _otel_context().get(_SPAN_KEY)  # the current OTel span, read directly
+            fast = cur is st and ident == st.nest_ident and running_loop() is None
+            span = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id
                 self._token = None
             else:  # a foreign span is current, or a thread that did not inherit the context
                 cur_ctx = (span or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == st.trace_id else st.span_id
-                self._token = _attach_span(st)
+                self._token = attach_span(st)
             try:
                 sid = take_span_id()
             except IndexError:  # the pool is empty, once every 256 components
                 sid = refill_span_ids()
             thread = None  # the step's thread
             if ident != st.ident:
-                thread = _threads_by_ident.get(ident) or _current_thread()
+                thread = threads_by_ident.get(ident) or _current_thread()
             self._step = st
             if fast:
                 self._ctoken = None
@@ -713,7 +636,7 @@ class Component:
                 st.ends[sid] = end_ns
             token = self._token
             if token is not None:
-                _detach(token)
+                detach(token)
             ctoken = self._ctoken
             if ctoken is None:
                 st.top = self._outer

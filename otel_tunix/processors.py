@@ -1,7 +1,7 @@
 """Span processors of otel-tunix.
 
 :class:`StepAccountingProcessor` is a real OTel ``SpanProcessor``. otel-tunix's span
-builder hands it each finished step whole (:meth:`~StepAccountingProcessor.on_finished_step`,
+builder hands it each finished step whole (:meth:`~StepAccountingProcessor.on_finished_steps`,
 no SDK spans needed), with the step's counters already derived as the builder read it
 (``FinishedStep.summary``); fed SDK spans one at a time instead (``on_end``, from any span
 pipeline), it groups the components of each step by the ``tunix.*`` attributes and derives
@@ -18,19 +18,16 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.trace import StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
+from otel_tunix._spans import FinishedStep, StepSpanProcessor
 from otel_tunix.accounting import account_intervals
 from otel_tunix.model import ScopeSession, SpanInfo, StepSummary
-
-if TYPE_CHECKING:
-    from otel_tunix._spans import FinishedStep
 
 _logger = logging.getLogger(__name__)
 
@@ -96,7 +93,7 @@ def span_info(span: ReadableSpan) -> SpanInfo:
     )
 
 
-class StepAccountingProcessor(SpanProcessor):
+class StepAccountingProcessor(StepSpanProcessor):
     """Derives per-step busy / blocked / idle time and per-session totals from spans.
 
     Args:
@@ -157,10 +154,6 @@ class StepAccountingProcessor(SpanProcessor):
                 self._finish_step(span, components)
         except Exception:
             report_internal_error("the accounting of a span")
-
-    def on_finished_step(self, step: FinishedStep) -> None:
-        """A whole otel-tunix step at once (see :meth:`on_finished_steps`)."""
-        self.on_finished_steps((step,))
 
     def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
         """Whole otel-tunix steps, in order: the span builder's path, with no per-span

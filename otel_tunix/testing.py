@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_tunix import _configure, _errors, _tracer
 from otel_tunix._pipeline import _MAX_BATCH
+from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix._spans import FinishedStep
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.processors import StepSink
@@ -41,16 +42,8 @@ def reset() -> None:
     The global tracer and meter providers can be set once per process; tests that configure
     several runs reset them between runs, as OpenTelemetry's own test utilities do.
     """
-    from opentelemetry import metrics, trace
-    from opentelemetry.metrics import _internal as metrics_internal
-    from opentelemetry.util._once import Once
-
     _configure.shutdown()
-    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
-    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
-    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
-    metrics_internal._METER_PROVIDER = None
-    del metrics  # imported for its side effect of loading the API
+    reset_global_providers()
     _errors.forget_reports()
 
 

@@ -356,7 +356,7 @@ def test_the_processor_gives_the_same_summary_from_sdk_spans_as_from_whole_steps
     otel_tunix.shutdown()
 
     whole, by_span = StepAccountingProcessor(), StepAccountingProcessor()
-    whole.on_finished_step(step)
+    whole.on_finished_steps([step])
     for span in reversed(step.spans()[:-1]):  # any order of components, the step last
         by_span.on_end(span)
     by_span.on_end(step.spans()[-1])

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_tunix
 from otel_tunix import MetricsLogger, MetricsLoggerOptions, _spans, _tracer
+from otel_tunix._spans import StepSpanProcessor
 from otel_tunix.logging_backend import LoggingBackend
 from otel_tunix.processors import StepAccountingProcessor, StepSink
 from otel_tunix.testing import capture, steps_set_aside
@@ -29,7 +30,7 @@ def _loop(steps: int = STEPS) -> None:
                 pass
 
 
-class _Many(SpanProcessor):
+class _Many(StepSpanProcessor):
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
 
@@ -39,11 +40,14 @@ class _Many(SpanProcessor):
 
 
 class _One(SpanProcessor):
+    """A plain SDK span processor: gets each span of each step through on_end."""
+
     def __init__(self) -> None:
         self.numbers: list[int] = []
 
-    def on_finished_step(self, step: Any) -> None:
-        self.numbers.append(step.number)
+    def on_end(self, span: Any) -> None:
+        if span.name == "train_step":
+            self.numbers.append(span.attributes["tunix.step"])
 
 
 def test_processors_get_batches_in_order_and_the_others_step_by_step() -> None:
@@ -92,7 +96,7 @@ def test_a_step_that_cannot_be_read_is_counted_and_the_rest_of_its_batch_goes_on
 def test_a_processor_that_raises_on_a_batch_is_reported_once_and_the_others_go_on(
     caplog: Any,
 ) -> None:
-    class Raising(SpanProcessor):
+    class Raising(StepSpanProcessor):
         def on_finished_steps(self, steps: Any) -> None:
             raise ValueError("boom")
 

@@ -30,16 +30,14 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from opentelemetry.context import Context, attach, detach, set_value
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_tunix._spans import FinishedStep, StepSpanProcessor
 from otel_tunix.settings import Settings, load_settings
-
-if TYPE_CHECKING:
-    from otel_tunix._spans import FinishedStep
 
 _logger = logging.getLogger(__name__)
 
@@ -140,7 +138,7 @@ class SpanBatch(Sequence[ReadableSpan]):
         raise IndexError("span batch index out of range")  # pragma: no cover
 
 
-class BatchExportProcessor(SpanProcessor):
+class BatchExportProcessor(StepSpanProcessor):
     """Queues ended spans and exports them in batches on a daemon thread; counts them.
 
     Args:
@@ -203,14 +201,10 @@ class BatchExportProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         """One span from any code (otel-tunix's own steps come through
-        :meth:`on_finished_step`)."""
+        :meth:`on_finished_steps`)."""
         ctx = span.context
         if ctx is not None and ctx.trace_flags.sampled:
             self._offer((span,))
-
-    def on_finished_step(self, step: FinishedStep) -> None:
-        """A finished otel-tunix step (see :meth:`on_finished_steps`)."""
-        self.on_finished_steps((step,))
 
     def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
         """Finished otel-tunix steps, in order: queued whole, with one lock and one count
