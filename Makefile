@@ -21,6 +21,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check otel_tunix tests bench
 	$(BIN)/ruff format --check otel_tunix tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q
 
 bench: $(STAMP)

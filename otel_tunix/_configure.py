@@ -545,7 +545,7 @@ def _alert_engine(
     if alerts is False or not logger.active:
         return None
     engine = AlertEngine(
-        None if alerts is True else list(alerts),  # type: ignore[arg-type]
+        None if alerts is True else list(alerts),
         logger_provider=logger_provider,
         meter_provider=meter_provider,
         datadog=datadog if datadog is not None else False,

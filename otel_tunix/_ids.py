@@ -45,7 +45,7 @@ def refill_span_ids() -> int:
         ids = [i for i in ids if i] or [1]
     mine = ids.pop()
     _pool.extend(ids)
-    return mine  # type: ignore[no-any-return]
+    return mine
 
 
 random_bits = _rng.getrandbits

@@ -52,6 +52,7 @@ from opentelemetry.trace import (
 from opentelemetry.util._once import Once
 
 __all__ = [
+    "HAS_SPAN_KEY",
     "SAMPLED",
     "SPAN_CONTEXT_AS_TUPLE",
     "SPAN_KEY",
@@ -98,11 +99,13 @@ running_loop: Callable[[], asyncio.AbstractEventLoop | None] = (
 try:  # the OTel context key of the current span: reading it directly saves an ABC check
     from opentelemetry.trace.propagation import _SPAN_KEY
 
-    SPAN_KEY: str | None = _SPAN_KEY
+    SPAN_KEY: str = _SPAN_KEY
+    HAS_SPAN_KEY = True
 except ImportError:  # pragma: no cover - a future API without the private key
-    SPAN_KEY = None
-"""The key of the current span in an OTel ``Context`` (``None``: unknown; callers then use
-``get_current_span()``)."""
+    SPAN_KEY = "otel-tunix: no span key"  # never found: callers use get_current_span()
+    HAS_SPAN_KEY = False
+"""The key of the current span in an OTel ``Context``; without ``HAS_SPAN_KEY`` a key that
+is never found (callers then use ``get_current_span()``)."""
 
 
 def _runtime_context_var() -> contextvars.ContextVar[Any] | None:
@@ -129,7 +132,7 @@ def _span_attacher() -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
     Python calls); otherwise the public API.
     """
     var, key = _context_var, SPAN_KEY
-    if var is None or key is None:
+    if var is None or not HAS_SPAN_KEY:
         return (lambda span: attach(set_span_in_context(span))), _public_detach
     get, set_ = var.get, var.set
 
@@ -223,7 +226,7 @@ def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
         name: str, context: SpanContext, parent: SpanContext | None,
         attributes: dict[str, Any], start_time: int, end_time: int,
     ) -> ReadableSpan:  # fmt: skip
-        span = new(cls)
+        span: Any = new(cls)
         span._name = name
         span._context = context
         span._parent = parent
@@ -305,8 +308,8 @@ def reset_global_providers(*, tracer: bool = True, meter: bool = True) -> None:
     """Let the API's global tracer / meter provider be set again (its set-once guard reset,
     as OpenTelemetry's own test utilities do)."""
     if tracer:
-        trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
-        trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
     if meter:
         metrics_internal._METER_PROVIDER_SET_ONCE = Once()
         metrics_internal._METER_PROVIDER = None

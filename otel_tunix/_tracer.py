@@ -47,6 +47,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, get_current_span
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import random_bits, refill_span_ids, take_span_id
 from otel_tunix._shortcuts import (
+    HAS_SPAN_KEY,
     SPAN_KEY,
     attach_span,
     detach,
@@ -194,8 +195,8 @@ class StepRecord(NonRecordingSpan):
         """The innermost component open on the step's thread outside an event loop: such
         components are kept here instead of in the context variable (see
         Component.__enter__)."""
-        current = otel_context().get(SPAN_KEY)
-        if current is None and SPAN_KEY is None:  # no direct read: the public API
+        current: Any = otel_context().get(SPAN_KEY)
+        if current is None and not HAS_SPAN_KEY:  # no direct read: the public API
             current = get_current_span()
         parent = current.get_span_context() if current is not None else None
         if parent is not None and parent.is_valid:
@@ -509,6 +510,12 @@ class Component:
     _resolver: Any
     _start_ns: int | None
     _sid: int
+    _span_id: int
+    _step: StepRecord
+    _token: Any
+    _ctoken: contextvars.Token[Any] | None
+    _outer: Component | None
+    _ctx: SpanContext
 
     @property
     def recording(self) -> bool:
@@ -578,7 +585,7 @@ class Component:
             # more). In an event loop tasks interleave: the variable. (cur is st: the
             # context holds the step itself, no component of its own.)
             fast = cur is st and ident == st.nest_ident and running_loop() is None
-            span = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
+            span: Any = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id
                 self._token = None
@@ -698,7 +705,7 @@ class Unrecorded:
 
 UNRECORDED = Unrecorded("", False, None)
 """What ``with`` an :class:`Unrecorded` binds with ``as``."""
-Unrecorded.__enter__ = staticmethod(functools.partial(next, itertools.repeat(UNRECORDED)))  # type: ignore[method-assign,assignment]
+Unrecorded.__enter__ = staticmethod(functools.partial(next, itertools.repeat(UNRECORDED)))  # type: ignore[method-assign]
 Unrecorded.__exit__ = staticmethod("".format)  # type: ignore[method-assign,assignment]
 
 _unrecorded: dict[str, Unrecorded] = {}

@@ -23,7 +23,8 @@ How time is counted (all intervals are clipped to the step window):
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from otel_tunix.attributes import KIND_BLOCKED
 from otel_tunix.model import ComponentRecord, Interval, SpanInfo, StepSummary
@@ -104,9 +105,9 @@ def account_components(
     start_ns: int,
     end_ns: int,
     components: Sequence[ComponentRecord],
-    ends: Mapping[Hashable, int],
+    ends: Mapping[Any, int],
     *,
-    device_ends: Mapping[Hashable, int] | None = None,
+    device_ends: Mapping[Any, int] | None = None,
     offset: int = 0,
     ends_out: list[int] | None = None,
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),

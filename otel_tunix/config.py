@@ -12,7 +12,7 @@ import importlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from otel_tunix.settings import MAX_INTERVAL_MS, ConfigurationError, Settings, load_settings
 
@@ -161,4 +161,4 @@ def load_callable(path: str, field: str) -> Callable[..., Any]:
         raise ConfigurationError(f"{field}={path!r} cannot be imported: {exc}") from exc
     if not callable(obj):
         raise ConfigurationError(f"{field}={path!r} is not callable")
-    return obj
+    return cast("Callable[..., Any]", obj)

@@ -136,21 +136,22 @@ class StepAccountingProcessor(StepSpanProcessor):
             return
         a = span.attributes
         kind = a.get(attr.SPAN_TYPE) if a else None
-        if kind is None:
+        if kind is None or a is None:
             return
         try:
-            key = (span.context.trace_id if span.context else 0, a[attr.SCOPE], a[attr.STEP])
+            trace_id = span.context.trace_id if span.context else 0
+            key = (trace_id, str(a[attr.SCOPE]), int(a[attr.STEP]))  # type: ignore[arg-type]
             if kind == attr.SPAN_TYPE_COMPONENT:
                 with self._lock:
-                    buf = self._open.get(key)  # type: ignore[call-overload]
+                    buf = self._open.get(key)
                     if buf is None:
-                        buf = self._open[key] = []  # type: ignore[index]
+                        buf = self._open[key] = []
                     buf.append(span)
                     while len(self._open) > self._max_open:
                         self._open.popitem(last=False)
             elif kind == attr.SPAN_TYPE_STEP:
                 with self._lock:
-                    components = self._open.pop(key, [])  # type: ignore[call-overload]
+                    components = self._open.pop(key, [])
                 self._finish_step(span, components)
         except Exception:
             report_internal_error("the accounting of a span")

@@ -176,7 +176,7 @@ def steps_set_aside() -> Iterator[StepsSetAside]:
     pipeline = runtime.pipeline
     kept = StepsSetAside(pipeline._process)
     submit = pipeline.submit
-    pipeline.submit = kept.append  # type: ignore[method-assign]
+    pipeline.submit = kept.append  # type: ignore[method-assign,assignment]
     try:
         yield kept
     finally:

@@ -44,7 +44,7 @@ _logger = logging.getLogger(__name__)
 try:  # the key the SDK's own batch processor sets while exporting
     from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 except ImportError:  # pragma: no cover - a future API without it
-    _SUPPRESS_INSTRUMENTATION_KEY = "suppress_instrumentation"  # type: ignore[assignment]
+    _SUPPRESS_INSTRUMENTATION_KEY = "suppress_instrumentation"
 
 
 class ExportStats:
