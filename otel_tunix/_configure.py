@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import _logs, metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -526,9 +527,6 @@ def _system_interval(arg: bool | float | None, settings: Settings) -> float | No
 
 def _global_logger_provider() -> Any:
     """The application's global SDK LoggerProvider, if it set one."""
-    from opentelemetry import _logs
-    from opentelemetry.sdk._logs import LoggerProvider
-
     provider = _logs.get_logger_provider()
     return provider if isinstance(provider, LoggerProvider) else None
 

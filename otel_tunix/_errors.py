@@ -51,13 +51,21 @@ def report_internal_error(where: str) -> None:
         )
 
 
-def warn_once(key: object, msg: str, *args: object, logger: logging.Logger = _logger) -> None:
-    """Log the warning ``msg % args`` the first time ``key`` is seen in this process."""
+def warn_once(
+    key: object,
+    msg: str,
+    *args: object,
+    logger: logging.Logger = _logger,
+    level: int = logging.WARNING,
+    exc_info: bool = False,
+) -> None:
+    """Log ``msg % args`` (a warning, or ``level``) the first time ``key`` is seen in this
+    process; ``exc_info`` adds the traceback of the exception being handled."""
     with _lock:
         if key in _warned:
             return
         _warned.add(key)
-    logger.warning(msg, *args)
+    logger.log(level, msg, *args, exc_info=exc_info)
 
 
 def forget_reports() -> None:

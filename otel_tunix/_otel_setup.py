@@ -13,6 +13,8 @@ import logging
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -146,8 +148,6 @@ def build_logger_provider(resource: Resource, settings: Settings) -> Any:
     names = settings.exporters("logs")
     if not names:
         return None
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
     provider = LoggerProvider(resource=resource)
     for name in names:

@@ -10,11 +10,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from otel_tunix.analysis.plotting import (
+    DEFAULT_MAX_POINTS,
+    PlotSpec,
+    Rendered,
+    load_runs,
+    render,
+    save_plot,
+    watch,
+)
+from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files
+from otel_tunix.analysis.summary import render_summary, summarize
+from otel_tunix.demo import main as demo_main
+from otel_tunix.demo_rl import main as rl_main
 
 _USAGE = """usage: otel-tunix COMMAND [options]
 
@@ -38,13 +53,9 @@ def _fail(prog: str, message: str) -> int:
 
 def _run(prog: str, fn: Callable[[], int]) -> int:
     """Run a subcommand, turning the errors a user can fix into one line and status 2."""
-    from otel_tunix.analysis.readers import AnalysisError
-
     try:
         return fn()
     except BrokenPipeError:  # `otel-tunix summary --json | head`: stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except AnalysisError as exc:
@@ -120,16 +131,6 @@ def _plot_run(prog: str, args: argparse.Namespace, inputs: list[str]) -> int:
     except ImportError as exc:
         hint = "pip install 'otel-tunix[analysis]'"
         return _fail(prog, f"plots need pandas and matplotlib: {hint} ({exc})")
-    from otel_tunix.analysis.plotting import (
-        DEFAULT_MAX_POINTS,
-        PlotSpec,
-        Rendered,
-        load_runs,
-        render,
-        save_plot,
-        watch,
-    )
-
     max_points = DEFAULT_MAX_POINTS if args.max_points is None else (args.max_points or None)
     spec = PlotSpec(
         metrics=args.metrics,
@@ -230,8 +231,6 @@ def _summary(argv: Sequence[str]) -> int:
         return args
 
     def run() -> int:
-        from otel_tunix.analysis.summary import render_summary, summarize
-
         summary = summarize(args.run)
         if args.json:
             print(json.dumps(summary.to_json(), indent=2))
@@ -260,8 +259,6 @@ def _convert(argv: Sequence[str]) -> int:
         return args
 
     def run() -> int:
-        from otel_tunix.analysis.readers import resolve_spans_files
-
         files = resolve_spans_files(args.input)
         if len(files) > 1:
             return _fail(
@@ -301,10 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "demo":
         if "--rl" in rest:
-            from otel_tunix.demo_rl import main as rl_main
-
             return rl_main([a for a in rest if a != "--rl"])
-        from otel_tunix.demo import main as demo_main
 
         return demo_main(rest)
     handler = _COMMANDS.get(command)

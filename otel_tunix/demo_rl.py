@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import otel_tunix
+from otel_tunix.instrumentation import torch as ott
 from otel_tunix.model import ScopeSession
 from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
@@ -212,8 +213,6 @@ class Learner:
     def __init__(self, cfg: RLDemoConfig, policy: Any, shared: _Shared) -> None:
         import torch
 
-        from otel_tunix.instrumentation import torch as ott
-
         self.cfg = cfg
         self.policy = ott.instrument_model(policy)
         self.opt = ott.instrument_optimizer(torch.optim.Adam(policy.parameters(), lr=cfg.lr))
@@ -221,8 +220,6 @@ class Learner:
         self.logger = otel_tunix.get_metrics_logger()
 
     def close(self) -> None:
-        from otel_tunix.instrumentation import torch as ott
-
         ott.uninstrument_model(self.policy)
         ott.uninstrument_optimizer(self.opt)
 

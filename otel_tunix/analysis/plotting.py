@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from otel_tunix.analysis.metrics import (
     _FAMILIES,
     _LEAF,
@@ -29,7 +31,12 @@ from otel_tunix.analysis.metrics import (
     moving_average,
     resolve_metrics,
 )
-from otel_tunix.analysis.readers import AnalysisError, MetricsTable, resolve_metrics_file
+from otel_tunix.analysis.readers import (
+    AnalysisError,
+    MetricsTable,
+    name_matcher,
+    resolve_metrics_file,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -108,7 +115,6 @@ def plot_metrics(
     Raises:
         AnalysisError: no metrics, or a metric that no frame has.
     """
-    import numpy as np
     from matplotlib.figure import Figure
 
     runs = [frames] if not isinstance(frames, Sequence) else list(frames)
@@ -194,8 +200,6 @@ def load_runs(
     the candidates of :func:`default_metrics`) and ``spec.x_key``. Nothing is read yet:
     call ``poll()`` on each table.
     """
-    from otel_tunix.analysis.readers import name_matcher
-
     spec = spec or PlotSpec()
     if not inputs:
         raise AnalysisError("no input: give one or more metrics files or run folders")

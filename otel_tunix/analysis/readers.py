@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -334,7 +336,6 @@ class MetricsTable:
             release: Hand the columns over to the frame instead of copying them (half the
                 peak memory for a one-shot read); the table then starts over, as if new.
         """
-        import numpy as np
         import pandas as pd
 
         cols = self._columns.cols

@@ -39,6 +39,7 @@ Usage::
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import sys
 import threading
@@ -49,6 +50,7 @@ from typing import Any
 
 import otel_tunix
 from otel_tunix.instrumentation import _base
+from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 
 __all__ = [
     "COMPILE_PHASES",
@@ -261,8 +263,6 @@ class _CompileTracker:
         provider = otel_tunix.current_run()
         inst = self._instruments
         if inst is None or inst[0] is not provider:
-            from otel_tunix.metrics.catalog import SECONDS_BUCKETS
-
             meter = run_meter()
             counter = meter.create_counter(
                 "tunix.jax.compilations",
@@ -477,8 +477,6 @@ class JaxInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         return ("jax >= 0.4.30",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        import importlib.util
-
         if importlib.util.find_spec("jax") is None:
             raise ModuleNotFoundError(f"No module named 'jax' ({EXTRA_HINT})", name="jax")
         _base.enable_auto_configure()

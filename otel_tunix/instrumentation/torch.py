@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import otel_tunix
 from otel_tunix import attributes as attr
+from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.settings import load_settings
 
@@ -188,7 +189,12 @@ class _CudaClock:
                 self.release(last)
             return mark
         except Exception:
-            _base_warn_once("mark", "otel-tunix: recording a CUDA event failed; host time only")
+            warn_once(
+                ("torch", "mark"),
+                "otel-tunix: recording a CUDA event failed; host time only",
+                logger=_logger,
+                exc_info=True,
+            )
             return None
 
     def returned(self) -> None:
@@ -248,13 +254,6 @@ class _CudaClock:
 
 
 _clocks: dict[int, _CudaClock] = {}
-_warned: set[str] = set()
-
-
-def _base_warn_once(key: str, msg: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        _logger.warning(msg, exc_info=True)
 
 
 def _cuda_clock() -> _CudaClock | None:
@@ -698,7 +697,12 @@ def record_memory_stats(
         _base.record_device_memory(stats, device=device, step=step, scope=scope)
         return stats
     except Exception:
-        _base_warn_once("memory", "otel-tunix: reading CUDA memory stats failed")
+        warn_once(
+            ("torch", "memory"),
+            "otel-tunix: reading CUDA memory stats failed",
+            logger=_logger,
+            exc_info=True,
+        )
         return {}
 
 

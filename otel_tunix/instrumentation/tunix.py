@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 import itertools
 import logging
 import math
@@ -45,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import otel_tunix
+from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._base import step_is_open
 from otel_tunix.instrumentation.jax import (
@@ -54,6 +56,7 @@ from otel_tunix.instrumentation.jax import (
     run_meter,
 )
 from otel_tunix.logging_backend import PERF_SOURCE, LoggingBackend, to_scalar
+from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 
 __all__ = [
     "OTelLoggingBackend",
@@ -416,7 +419,6 @@ class OTelLoggingBackend(LoggingBackend):
         self._meter_from: Any = None
         self._instruments: dict[str, Any] = {}
         self._parsed: dict[str, TunixMetric] = {}
-        self._warned: set[str] = set()
         self._closed = False
         with _live_lock:
             _live_backends.append(self)
@@ -429,8 +431,6 @@ class OTelLoggingBackend(LoggingBackend):
             unit = metric.unit
             desc = f"Tunix metric {metric.name}"
             if unit == "s":
-                from otel_tunix.metrics.catalog import SECONDS_BUCKETS
-
                 inst = meter.create_histogram(
                     key,
                     unit=unit,
@@ -489,9 +489,10 @@ class OTelLoggingBackend(LoggingBackend):
             self._warn_once("!" + event, "otel-tunix: Tunix metric %r failed", event)
 
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            _logger.warning(msg, *args, exc_info=_logger.isEnabledFor(logging.DEBUG))
+        warn_once(
+            (id(self), key), msg, *args, logger=_logger,
+            exc_info=_logger.isEnabledFor(logging.DEBUG),
+        )  # fmt: skip
 
     def close(self) -> None:
         """Stop publishing (Tunix calls it when its MetricsLogger closes)."""
@@ -792,8 +793,6 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         return ("google-tunix >= 0.1.7",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        import importlib.util
-
         if importlib.util.find_spec("tunix") is None:
             raise ModuleNotFoundError(f"No module named 'tunix' ({EXTRA_HINT})", name="tunix")
         global _shared_tracer

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 from opentelemetry.metrics import MeterProvider
 
 from otel_tunix.metrics.instruments import CatalogInstruments
@@ -282,8 +283,6 @@ class GenerationMetrics:
         stamps: Sequence[float],
         end: float,
     ) -> None:
-        import numpy as np
-
         sequences = getattr(out, "sequences", out)
         seq = np.asarray(sequences.detach().cpu().numpy())
         cfg = getattr(model, "config", None)

@@ -19,6 +19,7 @@ system samplers on the logger add their state.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -188,6 +189,4 @@ def track_sampler(sampler: Any) -> None:
 
 
 def _system_dict(sample: Any) -> dict[str, Any]:
-    import dataclasses
-
     return dataclasses.asdict(sample)

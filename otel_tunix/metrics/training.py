@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from otel_tunix._current import get_current
+from otel_tunix._errors import warn_once
 from otel_tunix.logging_backend import to_scalar
 from otel_tunix.metrics.flops import detect_device_name, peak_flops
 
@@ -42,8 +42,6 @@ _logger = logging.getLogger(__name__)
 
 _MAX_EXP = math.log(1.7976931348623157e308)  # ~709.78: exp() of more overflows a float
 _AUTO: Any = object()
-_warned: set[tuple[str | None, str]] = set()
-_warned_lock = threading.Lock()
 
 
 def perplexity(loss: Any) -> float:
@@ -61,15 +59,13 @@ def perplexity(loss: Any) -> float:
 
 
 def _warn_once(device: str | None, dtype: str) -> None:
-    with _warned_lock:
-        if (device, dtype) in _warned:
-            return
-        _warned.add((device, dtype))
-    _logger.warning(
+    warn_once(
+        ("mfu", device, dtype),
         "otel-tunix: MFU left out: no peak FLOP/s known for device %r and dtype %s "
         "(pass peak_flops_per_device= to TrainingMetrics to set it)",
         device,
         dtype,
+        logger=_logger,
     )
 
 

@@ -17,6 +17,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from analysis_runs import STEPS, loss_at  # noqa: E402
 
+from otel_tunix import cli  # noqa: E402
 from otel_tunix.analysis import plotting  # noqa: E402
 from otel_tunix.analysis.plotting import PlotSpec, load_runs, watch  # noqa: E402
 from otel_tunix.cli import main  # noqa: E402
@@ -55,7 +56,7 @@ def spy_figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         saved.append(fig)
         return real(fig, path, **kwargs)
 
-    monkeypatch.setattr(plotting, "save_plot", spy)
+    monkeypatch.setattr(cli, "save_plot", spy)  # the CLI's own binding of it
     return saved
 
 

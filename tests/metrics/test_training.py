@@ -11,7 +11,6 @@ import torch
 
 from otel_tunix import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.metrics import flops as fl
-from otel_tunix.metrics import training as tr
 from otel_tunix.metrics.flops import (
     PEAK_FLOPS,
     TransformerFlops,
@@ -21,13 +20,6 @@ from otel_tunix.metrics.flops import (
     peak_flops,
 )
 from otel_tunix.metrics.training import TrainingMetrics, perplexity
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings():
-    tr._warned.clear()
-    yield
-    tr._warned.clear()
 
 
 def test_perplexity_is_exp_and_never_overflows():

@@ -19,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_tunix._errors import warn_once
 from otel_tunix.attributes import RANK
 from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int
 from otel_tunix.exporters.perfetto.writer import DEFAULT_MAX_PENDING_SPANS, PerfettoTraceWriter
@@ -87,7 +88,6 @@ class PerfettoSpanExporter(SpanExporter):
         self._lock = threading.Lock()
         self._reset_file_state()
         self._shutdown = False
-        self._error_logged = False
         if hasattr(os, "register_at_fork"):
             ref = weakref.WeakMethod(self._after_fork_in_child)
             os.register_at_fork(after_in_child=_call_weak(ref))
@@ -250,9 +250,10 @@ class PerfettoSpanExporter(SpanExporter):
         self._size += written
 
     def _log_once(self, message: str, *, exc_info: bool = False) -> None:
-        if not self._error_logged:
-            self._error_logged = True
-            logger.error(message, exc_info=exc_info)
+        """The exporter's first failure, logged as an error; later ones are not."""
+        warn_once(
+            (id(self), "failed"), message, logger=logger, level=logging.ERROR, exc_info=exc_info
+        )
 
 
 # --- small helpers -----------------------------------------------------------------------
