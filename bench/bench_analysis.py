@@ -158,8 +158,8 @@ def task(name: str, path: Path, out_dir: Path) -> dict[str, Any]:
     matplotlib.use("Agg")
     import pandas  # noqa: F401
 
+    from otel_tunix.analysis.breakdown import summarize
     from otel_tunix.analysis.plotting import PlotSpec, load_runs, render, save_plot
-    from otel_tunix.analysis.summary import summarize
 
     rss0 = _peak_rss_mb()
     t = time.perf_counter()

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import otel_tunix
-from otel_tunix import _tracer
+from otel_tunix import _recording
 from otel_tunix.demo import DemoConfig, train
 from otel_tunix.testing import steps_set_aside
 
@@ -118,10 +118,10 @@ def interleaved(cfg: DemoConfig, out: Path, block: int) -> list[float]:
         output_dir=out,
         perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=1),
     )
-    runtime = _tracer.get_runtime()
+    runtime = _recording.get_runtime()
     times: dict[bool, list[float]] = {True: [], False: []}
     state = {"on": False, "t": time.perf_counter()}
-    _tracer.set_runtime(None)
+    _recording.set_runtime(None)
 
     def tick(n: int, loss: float) -> None:
         if n % block:
@@ -131,13 +131,13 @@ def interleaved(cfg: DemoConfig, out: Path, block: int) -> list[float]:
         now = time.perf_counter()
         times[bool(state["on"])].append(now - state["t"])
         state["on"] = not state["on"]
-        _tracer.set_runtime(runtime if state["on"] else None)
+        _recording.set_runtime(runtime if state["on"] else None)
         state["t"] = time.perf_counter()
 
     try:
         train(cfg, run_dir=None, progress=tick)
     finally:
-        _tracer.set_runtime(runtime)
+        _recording.set_runtime(runtime)
         otel_tunix.shutdown()
     pairs = zip(times[False][1:], times[True][1:], strict=False)  # the first: warm-up
     return [on / off for off, on in pairs]

@@ -73,7 +73,7 @@ def child(stage: str, n: int, per_step: int, distinct: bool = False) -> None:
 
     import otel_tunix
     from otel_tunix import _ids
-    from otel_tunix.exporters.batching import BatchExportProcessor
+    from otel_tunix.pipeline.export_processor import BatchExportProcessor
     from otel_tunix.testing import steps_set_aside
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))

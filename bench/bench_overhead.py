@@ -47,7 +47,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
 import otel_tunix
-from otel_tunix.exporters.batching import BatchExportProcessor
+from otel_tunix.pipeline.export_processor import BatchExportProcessor
 from otel_tunix.testing import steps_set_aside
 
 

@@ -16,18 +16,7 @@ Quick start::
 
 from __future__ import annotations
 
-from otel_tunix._configure import (
-    RunInfo,
-    configure,
-    current_run,
-    force_flush,
-    get_meter,
-    get_metrics_logger,
-    last_step_summary,
-    shutdown,
-)
-from otel_tunix._spans import FinishedStep
-from otel_tunix._tracer import (
+from otel_tunix._recording import (
     Component,
     StepView,
     Unrecorded,
@@ -41,6 +30,17 @@ from otel_tunix._version import __version__
 from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.model import ComponentTime, ScopeSession, SpanInfo, StepSummary
+from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.run.setup import (
+    RunInfo,
+    configure,
+    current_run,
+    force_flush,
+    get_meter,
+    get_metrics_logger,
+    last_step_summary,
+    shutdown,
+)
 
 __all__ = [
     "Component",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from otel_tunix.analysis.breakdown import render_summary, summarize
 from otel_tunix.analysis.plotting import (
     DEFAULT_MAX_POINTS,
     PlotSpec,
@@ -27,7 +28,6 @@ from otel_tunix.analysis.plotting import (
     watch,
 )
 from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files
-from otel_tunix.analysis.summary import render_summary, summarize
 from otel_tunix.demo import main as demo_main
 from otel_tunix.demo_rl import main as rl_main
 

@@ -38,7 +38,7 @@ from otel_tunix.logging_backend import (
     unit_for,
 )
 from otel_tunix.metrics.instruments import CatalogOTelBackend
-from otel_tunix.metrics.summary import MetricsSummary
+from otel_tunix.metrics.status import MetricsSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 

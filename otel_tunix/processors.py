@@ -25,9 +25,9 @@ from opentelemetry.trace import StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
-from otel_tunix._spans import FinishedStep, StepSpanProcessor
 from otel_tunix.accounting import account_intervals
 from otel_tunix.model import ScopeSession, SpanInfo, StepSummary
+from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 _logger = logging.getLogger(__name__)
 

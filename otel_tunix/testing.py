@@ -26,12 +26,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_tunix import _configure, _errors, _tracer
-from otel_tunix._pipeline import _MAX_BATCH
+from otel_tunix import _errors, _recording
 from otel_tunix._shortcuts import reset_global_providers
-from otel_tunix._spans import FinishedStep
 from otel_tunix.model import ScopeSession, StepSummary
+from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.pipeline.worker import _MAX_BATCH
 from otel_tunix.processors import StepSink
+from otel_tunix.run import setup
 
 __all__ = ["Capture", "StepsSetAside", "capture", "reset", "steps_set_aside"]
 
@@ -42,7 +43,7 @@ def reset() -> None:
     The global tracer and meter providers can be set once per process; tests that configure
     several runs reset them between runs, as OpenTelemetry's own test utilities do.
     """
-    _configure.shutdown()
+    setup.shutdown()
     reset_global_providers()
     _errors.forget_reports()
 
@@ -74,7 +75,7 @@ class Capture:
 
     def flush(self) -> None:
         """Process every finished step (spans and summaries appear after this)."""
-        _configure.force_flush()
+        setup.force_flush()
 
     def spans(self) -> list[ReadableSpan]:
         """Every finished span so far, in the order the processors saw them."""
@@ -127,7 +128,7 @@ def capture(
     mp = configure_kwargs.pop("meter_provider", None) or MeterProvider(metric_readers=[reader])
     cap = Capture(exporter, reader, tp, mp)
     sinks = (*configure_kwargs.pop("step_sinks", ()), _SummaryCollector(cap))
-    _configure.configure(
+    setup.configure(
         output_dir=output_dir,
         tracer_provider=tp,
         meter_provider=mp,
@@ -170,7 +171,7 @@ def steps_set_aside() -> Iterator[StepsSetAside]:
     otel-tunix's worker: for timing the training thread's own cost (the benchmarks) and for
     looking at steps exactly as recorded (tests). Needs :func:`otel_tunix.configure` first.
     """
-    runtime = _tracer.get_runtime()
+    runtime = _recording.get_runtime()
     if runtime is None:
         raise RuntimeError("steps_set_aside() needs otel_tunix.configure() first")
     pipeline = runtime.pipeline

@@ -12,9 +12,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_tunix
-from otel_tunix import MetricsLogger, MetricsLoggerOptions, _spans, _tracer
-from otel_tunix._spans import StepSpanProcessor
+from otel_tunix import MetricsLogger, MetricsLoggerOptions, _recording
 from otel_tunix.logging_backend import LoggingBackend
+from otel_tunix.pipeline import span_builder
+from otel_tunix.pipeline.span_builder import StepSpanProcessor
 from otel_tunix.processors import StepAccountingProcessor, StepSink
 from otel_tunix.testing import capture, steps_set_aside
 
@@ -70,18 +71,18 @@ def test_a_step_that_cannot_be_read_is_counted_and_the_rest_of_its_batch_goes_on
     monkeypatch: Any, caplog: Any
 ) -> None:
     monkeypatch.setenv("OTEL_TUNIX_RAISE_INTERNAL_ERRORS", "false")  # reported, not raised
-    real = _spans.FinishedStep.__init__
+    real = span_builder.FinishedStep.__init__
 
     def broken_at_3(self: Any, builder: Any, rec: Any) -> None:
         if rec.number == 3:
             raise RuntimeError("unreadable step")
         real(self, builder, rec)
 
-    monkeypatch.setattr(_spans.FinishedStep, "__init__", broken_at_3)
+    monkeypatch.setattr(span_builder.FinishedStep, "__init__", broken_at_3)
     many = _Many()
     with caplog.at_level(logging.ERROR, logger="otel_tunix"), capture() as cap:
         cap.tracer_provider.add_span_processor(many)
-        pipeline = _tracer.get_runtime().pipeline  # type: ignore[union-attr]
+        pipeline = _recording.get_runtime().pipeline  # type: ignore[union-attr]
         _loop(8)
         cap.flush()
         assert (pipeline.failed_steps, pipeline.processed_steps) == (1, 7)
@@ -221,7 +222,7 @@ def test_metrics_logger_log_rows_reaches_every_kind_of_backend() -> None:
 
 
 def test_the_pipeline_hands_each_call_at_most_a_bounded_batch() -> None:
-    from otel_tunix import _pipeline
+    from otel_tunix.pipeline import worker
 
     sizes: list[int] = []
 
@@ -229,16 +230,16 @@ def test_the_pipeline_hands_each_call_at_most_a_bounded_batch() -> None:
         sizes.append(len(batch))
         return 0
 
-    p = _pipeline.Pipeline(record, interval_sec=5.0)
-    rt = _tracer.Runtime(1, None, p)
-    for n in range(_pipeline._MAX_BATCH + 10):
-        rec = _tracer.StepRecord(rt, "train", n, time.perf_counter_ns())
+    p = worker.Pipeline(record, interval_sec=5.0)
+    rt = _recording.Runtime(1, None, p)
+    for n in range(worker._MAX_BATCH + 10):
+        rec = _recording.StepRecord(rt, "train", n, time.perf_counter_ns())
         rec.end_ns = time.perf_counter_ns()
         p._queue.append(rec)  # queued without waking the worker
     p.close()
-    assert sum(sizes) == _pipeline._MAX_BATCH + 10
-    assert max(sizes) == _pipeline._MAX_BATCH
-    assert p.processed_steps == _pipeline._MAX_BATCH + 10
+    assert sum(sizes) == worker._MAX_BATCH + 10
+    assert max(sizes) == worker._MAX_BATCH
+    assert p.processed_steps == worker._MAX_BATCH + 10
 
 
 def test_spans_jsonl_writes_a_batch_and_skips_only_a_step_it_cannot_encode(
@@ -334,15 +335,15 @@ def test_a_backend_with_log_rows_gets_each_batch_in_one_call(caplog: Any) -> Non
 
 
 def test_the_metrics_summary_counts_rows_of_changing_names(monkeypatch: Any) -> None:
-    from otel_tunix.metrics import summary
+    from otel_tunix.metrics import status
 
-    s = summary.MetricsSummary()
+    s = status.MetricsSummary()
     s.log_rows([(0, {"a": 1.0, "b": 2.0}), (1, {"a": 1.0, "b": float("nan")})])
     s.log_scalars({"b": 1.0})
     s.log_scalar("c", float("inf"))
     assert s.counts == {"a": 2, "b": 3, "c": 1}
     assert s.nonfinite == {"b": 1, "c": 1}
-    monkeypatch.setattr(summary, "_MAX_NAME_SETS", 3)  # names made up per row get folded
+    monkeypatch.setattr(status, "_MAX_NAME_SETS", 3)  # names made up per row get folded
     s.log_rows([(n, {f"x{n}": 1.0, "a": 1.0}) for n in range(5)])
     s.log_scalars({"a": 1.0})
     assert s.counts == {"a": 8, "b": 3, "c": 1, **{f"x{n}": 1 for n in range(5)}}
@@ -387,14 +388,14 @@ def test_runs_of_rows_with_the_same_names_count_and_keep_every_last_value() -> N
     """Backends take a run of rows with the same names at once (the summary counts the run,
     the logger copies only its last row): the counts and last values must be those of
     taking every row, whatever the runs."""
-    from otel_tunix.metrics import summary
+    from otel_tunix.metrics import status
 
     rows = [
         (1, {"a": 1.0, "b": 2.0}), (2, {"a": 3.0, "b": 4.0}), (3, {"c": 5.0}),
         (4, {"a": 6.0}), (5, {"a": 7.0, "b": float("nan")}), (6, {"a": 8.0, "b": 9.0}),
         (7, {"b": 10.0, "a": 11.0}),  # the same names in another order: another run
     ]  # fmt: skip
-    s = summary.MetricsSummary()
+    s = status.MetricsSummary()
     s.log_rows(rows)
     s.log_rows(rows[:2])
     assert s.counts == {"a": 8, "b": 7, "c": 1}

@@ -51,10 +51,10 @@ def test_bad_process_interval_names_the_field(bad):
 
 
 def test_process_interval_from_argument_env_and_default(monkeypatch):
-    from otel_tunix import _tracer
+    from otel_tunix import _recording
 
     def interval() -> float:
-        runtime = _tracer.get_runtime()
+        runtime = _recording.get_runtime()
         assert runtime is not None
         return runtime.pipeline._interval
 
@@ -224,10 +224,10 @@ def test_joins_an_application_tracer_provider_without_exporting_twice():
 def test_installs_global_provider_so_foreign_spans_share_the_pipeline(monkeypatch):
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-    from otel_tunix import _otel_setup
+    from otel_tunix.run import providers
 
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
-    assert [(n, type(e)) for n, e in _otel_setup.trace_exporters(load_settings())] == [
+    assert [(n, type(e)) for n, e in providers.trace_exporters(load_settings())] == [
         ("console", ConsoleSpanExporter)
     ]
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
@@ -329,7 +329,7 @@ def test_a_run_that_was_shut_down_is_released(own_provider, tmp_path):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_tunix import _tracer
+    from otel_tunix import _recording
 
     app = MeterProvider(metric_readers=[InMemoryMetricReader()])
     for run in range(2):
@@ -339,28 +339,28 @@ def test_a_run_that_was_shut_down_is_released(own_provider, tmp_path):
         for n in range(3):
             with otel_tunix.step(n), otel_tunix.component("train_step_compute"):
                 pass
-        pipeline = weakref.ref(_tracer.get_runtime().pipeline)  # type: ignore[union-attr]
+        pipeline = weakref.ref(_recording.get_runtime().pipeline)  # type: ignore[union-attr]
         assert otel_tunix.shutdown()[0].steps == 3
         gc.collect()
         assert pipeline() is None, f"run {run} is still referenced"
 
 
 def test_otlp_endpoint_env_selects_the_otlp_exporter(monkeypatch):
-    from otel_tunix import _otel_setup
+    from otel_tunix.run import providers
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     assert load_settings().exporters("traces") == ("otlp",)
-    exporters = [e for _, e in _otel_setup.trace_exporters(load_settings())]
+    exporters = [e for _, e in providers.trace_exporters(load_settings())]
     assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-    exporters = [e for _, e in _otel_setup.trace_exporters(load_settings())]
+    exporters = [e for _, e in providers.trace_exporters(load_settings())]
     assert type(exporters[0]).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
     with pytest.raises(ConfigurationError, match="http/json"):
-        _otel_setup.trace_exporters(load_settings())
+        providers.trace_exporters(load_settings())
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
-    assert _otel_setup.trace_exporters(load_settings()) == []
+    assert providers.trace_exporters(load_settings()) == []
 
 
 def test_configure_twice_is_idempotent_and_shutdown_twice_is_safe(tmp_path):
@@ -424,15 +424,15 @@ def test_otel_traces_exporter_perfetto_through_the_entry_point(monkeypatch, tmp_
 
 
 def test_no_histograms_are_recorded_when_no_metric_reader_exists(monkeypatch, tmp_path):
-    from otel_tunix import _configure
+    from otel_tunix.run import setup
     from otel_tunix.sinks import InstrumentSink
 
     otel_tunix.configure(output_dir="none")  # no OTEL_METRICS_EXPORTER: nothing reads metrics
-    sinks = _configure._state.processor.sinks
+    sinks = setup._state.processor.sinks
     otel_tunix.shutdown()
     assert not any(isinstance(s, InstrumentSink) for s in sinks)
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "console")
     otel_tunix.configure(output_dir="none")
-    sinks = _configure._state.processor.sinks
+    sinks = setup._state.processor.sinks
     otel_tunix.shutdown()
     assert any(isinstance(s, InstrumentSink) for s in sinks)

@@ -104,9 +104,9 @@ def test_collector_killed_and_restarted_mid_run(rotel_collector, monkeypatch, tm
     # The collector comes back only once the exporter has given up on what it sent while
     # the collector was down: a retry still in flight at the restart would deliver those
     # spans, and there would be no loss to count (the exporter's count, read directly).
-    from otel_tunix import _configure
+    from otel_tunix.run import setup
 
-    stats = _configure._state.export_stats["otlp"]  # type: ignore[union-attr]
+    stats = setup._state.export_stats["otlp"]  # type: ignore[union-attr]
     deadline = time.monotonic() + 15
     while stats.failed == 0 and time.monotonic() < deadline:
         time.sleep(0.05)

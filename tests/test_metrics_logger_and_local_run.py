@@ -205,8 +205,8 @@ def test_local_run_folder_spans_jsonl_format_session_line_and_summary(tmp_path):
 
 
 def test_queue_full_drops_and_counts_without_blocking():
-    from otel_tunix._pipeline import Pipeline
-    from otel_tunix._tracer import Runtime, StepRecord
+    from otel_tunix._recording import Runtime, StepRecord
+    from otel_tunix.pipeline.worker import Pipeline
 
     release = __import__("threading").Event()
     processed = []

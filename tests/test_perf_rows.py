@@ -12,7 +12,7 @@ from otel_tunix import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.accounting import account_intervals
 from otel_tunix.logging_backend import LoggingBackend
 from otel_tunix.metrics.alerts import AlertEngine, SpikeRule, ThresholdRule, above
-from otel_tunix.metrics.summary import MetricsSummary
+from otel_tunix.metrics.status import MetricsSummary
 from otel_tunix.model import StepSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics, perf_names, perf_value
 

@@ -17,6 +17,7 @@ package does not import them.
 
 from __future__ import annotations
 
+from otel_tunix.analysis.breakdown import RunSummary, render_summary, summarize
 from otel_tunix.analysis.metrics import (
     default_metrics,
     filter_metrics,
@@ -33,7 +34,6 @@ from otel_tunix.analysis.readers import (
     resolve_metrics_file,
     resolve_spans_files,
 )
-from otel_tunix.analysis.summary import RunSummary, render_summary, summarize
 
 __all__ = [
     "AnalysisError",

@@ -15,7 +15,7 @@ Every instant of a step window gets one category, by the components open at that
 
 So a data loader running on a prefetch thread while the step computes costs nothing, and a
 checkpoint written inside a step is never productive. The run-level figures
-(:class:`~otel_tunix.analysis.summary.Goodput`) add ``startup`` (from the run's start to its
+(:class:`~otel_tunix.analysis.breakdown.Goodput`) add ``startup`` (from the run's start to its
 first step) and, for the first step of each non-evaluation scope, its time beyond the
 scope's median step time as ``compilation`` (JIT compilation, warm-up); time between steps,
 in no step at all, is ``idle``. The exact rules are in ``docs/local-analysis.md``.

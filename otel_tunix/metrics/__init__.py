@@ -12,7 +12,7 @@ functions that need them):
 * :mod:`~otel_tunix.metrics.generation`: TTFT, TPOT, prefill / decode, tokens, requests.
 * :mod:`~otel_tunix.metrics.system`: NVML GPU, process / host, framework memory, queues.
 * :mod:`~otel_tunix.metrics.alerts`: threshold / drop / spike / NaN rules and actions.
-* :mod:`~otel_tunix.metrics.summary`: ``get_metrics_summary()``.
+* :mod:`~otel_tunix.metrics.status`: ``get_metrics_summary()``.
 * :mod:`~otel_tunix.metrics.backends`: TensorBoard and W&B MetricsLogger backends.
 """
 
@@ -31,7 +31,7 @@ from otel_tunix.metrics.flops import (
 )
 from otel_tunix.metrics.generation import GenerationMetrics
 from otel_tunix.metrics.instruments import CatalogInstruments, CatalogOTelBackend
-from otel_tunix.metrics.summary import MetricsSummary, get_metrics_summary
+from otel_tunix.metrics.status import MetricsSummary, get_metrics_summary
 from otel_tunix.metrics.system import SystemMetricsSampler, instrument_queue
 from otel_tunix.metrics.training import TrainingMetrics, perplexity
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from otel_tunix.metrics import summary
+from otel_tunix.metrics import status
 from otel_tunix.metrics.catalog import by_otel_name
 from otel_tunix.metrics.instruments import CatalogInstruments, create_observable
 
@@ -438,7 +438,7 @@ class SystemMetricsSampler:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="otel-tunix-system", daemon=True)
             self._thread.start()
-        summary.track_sampler(self)
+        status.track_sampler(self)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -451,8 +451,8 @@ class SystemMetricsSampler:
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
-        if summary._sampler is self:
-            summary.track_sampler(None)
+        if status._sampler is self:
+            status.track_sampler(None)
 
     def __enter__(self) -> SystemMetricsSampler:
         return self.start()

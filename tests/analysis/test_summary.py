@@ -20,8 +20,8 @@ from analysis_runs import (
 )
 
 from otel_tunix.analysis import goodput as gp
+from otel_tunix.analysis.breakdown import RunSummary, ScopeStats, summarize
 from otel_tunix.analysis.readers import iter_records
-from otel_tunix.analysis.summary import RunSummary, ScopeStats, summarize
 from otel_tunix.cli import main
 
 SLACK = 0.004  # scheduling noise per sleep (the machine is shared)

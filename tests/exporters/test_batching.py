@@ -16,11 +16,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 import otel_tunix
-from otel_tunix import _shortcuts, _spans
+from otel_tunix import _shortcuts
 from otel_tunix import attributes as attr
-from otel_tunix._pipeline import resolve_device_ends
-from otel_tunix._spans import StepSpanProcessor
-from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
+from otel_tunix.pipeline import span_builder
+from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
+from otel_tunix.pipeline.span_builder import StepSpanProcessor
+from otel_tunix.pipeline.worker import resolve_device_ends
 from otel_tunix.testing import capture, steps_set_aside
 
 
@@ -88,7 +89,7 @@ def test_exports_in_order_in_batches_of_the_configured_size_and_counts():
 
 
 def test_a_span_batch_is_a_sequence_whose_step_spans_are_built_as_they_are_read():
-    from otel_tunix.exporters.batching import SpanBatch
+    from otel_tunix.pipeline.export_processor import SpanBatch
 
     first, second = _finished("a", "b", "c", step=1), _finished("d", "e", step=2)
     foreign = _span(9)
@@ -119,13 +120,13 @@ def test_a_step_is_exported_whole_and_built_once(monkeypatch):
     steps = [_finished("a", "b", step=1), _finished("c", "d", step=2),
              _finished(*"efghijk", step=3)]  # fmt: skip
     built = []
-    make = _spans.SpanBuilder.build_spans
+    make = span_builder.SpanBuilder.build_spans
 
     def counted(builder, step):
         built.append(step)
         return make(builder, step)
 
-    monkeypatch.setattr(_spans.SpanBuilder, "build_spans", counted)
+    monkeypatch.setattr(span_builder.SpanBuilder, "build_spans", counted)
     p.on_finished_steps(steps)
     p.on_end(_span(7))
     assert p.force_flush()
@@ -221,7 +222,7 @@ def test_a_full_queue_drops_new_spans_counts_them_and_warns_once(caplog):
         return slow(spans)
 
     exp.export = blocked  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, logger="otel_tunix.exporters.batching"):
+    with caplog.at_level(logging.WARNING, logger="otel_tunix.pipeline.export_processor"):
         p.on_finished_steps([_finished("a", "b", "c", "d")])  # 5 spans: a full batch, taken
         time.sleep(0.2)
         for _ in range(3):  # 3 x 3 spans into a queue of 5: one step fits
@@ -475,13 +476,13 @@ def test_configure_rejects_what_is_not_a_span_exporter():
 
 def test_spans_are_built_only_for_exporters_and_then_once_per_step(monkeypatch, tmp_path):
     calls = []
-    real = _spans.SpanBuilder.build_spans
+    real = span_builder.SpanBuilder.build_spans
 
     def counting(self, step):
         calls.append(step.number)
         return real(self, step)
 
-    monkeypatch.setattr(_spans.SpanBuilder, "build_spans", counting)
+    monkeypatch.setattr(span_builder.SpanBuilder, "build_spans", counting)
     otel_tunix.configure(output_dir=tmp_path / "local")  # the local run folder only
     for n in range(3):
         with otel_tunix.step(n):

@@ -28,7 +28,7 @@ from otel_tunix.metrics.alerts import (
     default_rules,
     outside,
 )
-from otel_tunix.metrics.summary import get_metrics_summary
+from otel_tunix.metrics.status import get_metrics_summary
 from otel_tunix.testing import capture
 
 

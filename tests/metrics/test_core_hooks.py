@@ -1,6 +1,6 @@
 """Alerts and the system sampler wired into ``configure()`` (the core change of issue 5).
 
-These tests need the core hook ``otel_tunix._tracer.add_step_event`` and the ``alerts`` /
+These tests need the core hook ``otel_tunix._recording.add_step_event`` and the ``alerts`` /
 ``system_metrics`` / ``logger_provider`` options of ``configure()``; they skip without them.
 """
 
@@ -15,15 +15,10 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 
 import otel_tunix
-from otel_tunix import _tracer
 from otel_tunix.config import ConfigurationError
 from otel_tunix.metrics import get_metrics_summary
 from otel_tunix.metrics.alerts import AlertEngine
 from otel_tunix.testing import capture
-
-pytestmark = pytest.mark.skipif(
-    not hasattr(_tracer, "add_step_event"), reason="core hook of issue 5 not applied"
-)
 
 
 def _alert_events(span):

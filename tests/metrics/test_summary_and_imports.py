@@ -9,14 +9,14 @@ import sys
 import textwrap
 
 import otel_tunix
-from otel_tunix.metrics import summary
+from otel_tunix.metrics import status
 from otel_tunix.testing import capture
 
 
 def test_metrics_summary_of_a_run():
     with capture():
-        counts = summary.install()
-        assert summary.install() is counts  # idempotent
+        counts = status.install()
+        assert status.install() is counts  # idempotent
         logger = otel_tunix.get_metrics_logger()
         for n in range(4):
             with otel_tunix.step(n):
@@ -24,7 +24,7 @@ def test_metrics_summary_of_a_run():
             logger.log_dict({"loss": 1.0 / (n + 1), "grad_norm": 2.0}, step=n)
         logger.log("kl", math.nan, step=3)
         otel_tunix.force_flush()
-        s = summary.get_metrics_summary()
+        s = status.get_metrics_summary()
     assert s["last_step"] == 3 and s["last_loss"] == 0.25
     assert s["counts"]["loss"] == 4 and s["counts"]["grad_norm"] == 4
     assert s["nonfinite"] == {"kl": 1}
@@ -41,7 +41,7 @@ def test_summary_without_the_counting_backend():
         otel_tunix.MetricsLoggerOptions(default_backends=False), rank=0
     )
     logger.log("loss", 0.5, step=9)
-    s = summary.get_metrics_summary(logger)
+    s = status.get_metrics_summary(logger)
     assert s["last_step"] == 9 and s["last_loss"] == 0.5
     assert s["num_metrics"] is None and s["counts"] == {}
 

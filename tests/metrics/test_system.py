@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_tunix.metrics import summary
+from otel_tunix.metrics import status
 from otel_tunix.metrics import system as sysm
 from otel_tunix.metrics.system import GpuReading, SystemMetricsSampler, instrument_queue
 
@@ -157,10 +157,10 @@ def test_background_thread_samples_at_the_interval_and_stops():
         time.sleep(0.3)
         first = s.latest
         assert first is not None
-        assert summary._sampler is s  # get_metrics_summary() shows its latest sample
+        assert status._sampler is s  # get_metrics_summary() shows its latest sample
         time.sleep(0.15)
         assert s.latest.time > first.time
-    assert s._thread is None and summary._sampler is None
+    assert s._thread is None and status._sampler is None
     last = s.latest.time
     time.sleep(0.12)
     assert s.latest.time == last

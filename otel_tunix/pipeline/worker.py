@@ -4,7 +4,7 @@ and the device-end waiter.
 The training thread hands each finished sampled step to :meth:`Pipeline.submit` (a deque
 append; the worker is woken at most every ``interval_sec``). A daemon worker thread waits
 until every component of the step has ended (components in other threads, device ends still
-resolving) and then calls the ``process`` callback (the span builder, ``_spans.py``) with the
+resolving) and then calls the ``process`` callback (the span builder, ``span_builder.py``) with the
 steps that are ready, in order, as one batch (so the processors pay their per-call costs once
 per batch, not per step). The queue is bounded: when the worker falls behind, new steps are dropped
 and counted, never blocking the training loop.
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from otel_tunix._errors import report_internal_error
-from otel_tunix._tracer import StepRecord, now_ns, step_extras
+from otel_tunix._recording import StepRecord, now_ns, step_extras
 
 _logger = logging.getLogger(__name__)
 

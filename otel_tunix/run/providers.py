@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_tunix._shortcuts import reset_global_providers
-from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
+from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.settings import ConfigurationError, Settings
 
 _logger = logging.getLogger(__name__)

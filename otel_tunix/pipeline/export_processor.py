@@ -36,7 +36,7 @@ from opentelemetry.context import Context, attach, detach, set_value
 from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tunix._spans import FinishedStep, StepSpanProcessor
+from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 from otel_tunix.settings import Settings, load_settings
 
 _logger = logging.getLogger(__name__)

@@ -3,12 +3,12 @@
 ::
 
     import otel_tunix
-    from otel_tunix.metrics import summary
+    from otel_tunix.metrics import status
 
     otel_tunix.configure()
-    summary.install()                      # counts from now on (optional)
+    status.install()                      # counts from now on (optional)
     ...
-    s = summary.get_metrics_summary()
+    s = status.get_metrics_summary()
     print(s["last_step"], s["last_loss"], s["num_metrics"])
 
 The summary reads what the run already keeps (the MetricsLogger's last values and step,
@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from otel_tunix import _tracer
+from otel_tunix import _recording
 from otel_tunix._current import get_current
 from otel_tunix._json import floats_finite
 from otel_tunix.logging_backend import LoggingBackend, row_names
@@ -155,7 +155,7 @@ def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
             counts = b.counts
             out["num_metrics"] = sum(counts.values())
             out["counts"] = dict(counts)
-    rt = _tracer.get_runtime()
+    rt = _recording.get_runtime()
     out["steps"] = {scope: s.count for scope, s in list(rt.scopes.items())} if rt else {}
     last = current.last_step_summary() if current is not None else None
     out["last_step_time_sec"] = (

@@ -23,17 +23,14 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_tunix import _ids, _otel_setup, _resource, _signals, _tracer
+from otel_tunix import _ids, _recording, _resource
 from otel_tunix import attributes as attr
 from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, set_current
-from otel_tunix._pipeline import Pipeline
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
 from otel_tunix._shortcuts import active_span_processor, remove_span_processors
-from otel_tunix._spans import SpanBuilder, epoch_offset_ns
 from otel_tunix._version import __version__
 from otel_tunix.config import PerformanceMetricsConfig, load_callable
-from otel_tunix.exporters.batching import BatchExportProcessor, ExportStats
 from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, DatadogStepSink
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.metrics.alerts import AlertEngine
@@ -42,7 +39,11 @@ from otel_tunix.metrics.instruments import observable
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.model import ScopeSession
+from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
+from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
+from otel_tunix.pipeline.worker import Pipeline
 from otel_tunix.processors import StepAccountingProcessor, StepSink
+from otel_tunix.run import providers, signals
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
 
@@ -56,7 +57,7 @@ class _State:
     settings: Settings
     logger: MetricsLogger
     owns_logger: bool
-    runtime: _tracer.Runtime | None = None
+    runtime: _recording.Runtime | None = None
     processor: StepAccountingProcessor | None = None
     tracer_provider: Any = None
     owns_tracer_provider: bool = False
@@ -230,7 +231,7 @@ def configure(
                 metrics_logger, None, rid, rank, None, enabled=False, settings=settings
             )
             info = RunInfo(rid, None, resource, rank, enabled=False)
-            _tracer.set_runtime(None)
+            _recording.set_runtime(None)
             _state = _State(
                 info,
                 cfg,
@@ -251,17 +252,17 @@ def configure(
             readers.extend(
                 [
                     *metric_readers,
-                    *_otel_setup.metric_readers(settings, endpoints),
+                    *providers.metric_readers(settings, endpoints),
                     *_datadog_readers(datadog, settings),
                 ]
             )
-            return _otel_setup.build_meter_provider(resource, readers)
+            return providers.build_meter_provider(resource, readers)
 
         tp, owns_tp = _provider(
             tracer_provider,
             trace.get_tracer_provider(),
             TracerProvider,
-            lambda: _otel_setup.build_tracer_provider(resource, export_stats, settings),
+            lambda: providers.build_tracer_provider(resource, export_stats, settings),
         )
         mp, owns_mp = _provider(
             meter_provider,
@@ -269,12 +270,12 @@ def configure(
             MeterProvider,
             build_meter_provider,
         )
-        _otel_setup.install_global_providers(
+        providers.install_global_providers(
             tp if owns_tp else None, mp if owns_mp else None, tuple(_installed)
         )
         # Still replaceable later: what this run installed, and an earlier run's provider
         # that is still the global one (this run joined a provider it was given).
-        _installed[:] = _otel_setup.still_global(
+        _installed[:] = providers.still_global(
             (*_installed, tp if owns_tp else None, mp if owns_mp else None)
         )
         span_resource = resource if owns_tp else tp.resource.merge(Resource(ours))
@@ -316,7 +317,7 @@ def configure(
         if lp is None:
             lp = _global_logger_provider()
             if lp is None:
-                lp = _otel_setup.build_logger_provider(resource, settings)
+                lp = providers.build_logger_provider(resource, settings)
                 owns_lp = lp is not None
         alerts_path = out_dir / f"alerts{_rank_suffix(rank)}.jsonl" if out_dir else None
         if alerts is None:
@@ -389,12 +390,12 @@ def configure(
                 after_batch=processor.flush_sinks,
                 interval_sec=(cfg.process_interval_ms or 250.0) / 1e3,
             )
-            state.runtime = _tracer.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline)
-        _tracer.set_clock(clock)
+            state.runtime = _recording.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline)
+        _recording.set_clock(clock)
         _ids.seed(id_seed)
         state.meter = mp.get_meter(cfg.otel_scope, __version__)
         _register_observables(state.meter, state)
-        _tracer.set_runtime(state.runtime)
+        _recording.set_runtime(state.runtime)
         _state = state
         set_current(
             CurrentRun(
@@ -406,7 +407,7 @@ def configure(
             )
         )
         _register_atexit()
-        _signals.install(shutdown)
+        signals.install(shutdown)
         _logger.info("otel-tunix: run %s, local folder %s", rid, out_dir)
         for kind, url in endpoints.items():
             _logger.info("otel-tunix: %s endpoint at %s", kind, url)
@@ -667,11 +668,11 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         if st is None:
             return []
         _state = None
-        _tracer.set_runtime(None)
-        _tracer.set_clock(None)
+        _recording.set_runtime(None)
+        _recording.set_clock(None)
         _ids.seed(None)
         set_current(None)
-        _signals.uninstall()
+        signals.uninstall()
         sessions: list[ScopeSession] = []
         if st.sampler is not None:
             st.sampler.stop()

@@ -2,7 +2,7 @@
 
 Inside the training loop otel-tunix only reads the clock, draws a span id and appends a tuple
 (:data:`ComponentStart`) to the step. Real OTel spans are built from those records later,
-off the training thread (``_pipeline.py``, ``_spans.py``), for the processors and exporters
+off the training thread (``worker.py``, ``span_builder.py``), for the processors and exporters
 that want them.
 
 OTel context propagation costs about 1.5 us per attach (a SpanContext, a span object, a new
@@ -58,7 +58,7 @@ from otel_tunix._shortcuts import (
 )
 
 if TYPE_CHECKING:
-    from otel_tunix._pipeline import Pipeline
+    from otel_tunix.pipeline.worker import Pipeline
 
 _clock = time.perf_counter_ns
 _current_thread = threading.current_thread
