@@ -115,8 +115,7 @@ def _dispatch_targets(
 
 class FinishedStep:
     """One processed step, as the span builder hands it to processors that take whole steps
-    (an ``on_finished_steps(steps)`` or ``on_finished_step(step)`` method: otel-tunix's
-    accounting and export processors).
+    (:class:`StepSpanProcessor`: otel-tunix's accounting and export processors).
 
     The numbers are ready; the SDK spans and the :class:`~otel_tunix.model.SpanInfo`
     list are built on first use (:meth:`spans`, :meth:`span_infos`), so a run that exports
@@ -284,10 +283,9 @@ class SpanBuilder:
     """Callable given to the pipeline: a batch of step records in, spans out to the span
     processors.
 
-    Processors that have an ``on_finished_steps(steps)`` method (otel-tunix's accounting and
-    export processors) get each batch as a list of :class:`FinishedStep`, in order; those
-    with an ``on_finished_step(step)`` method get them one at a time; either way spans are
-    built only if asked for. The others get SDK spans the usual way, one ``on_end`` call per
+    A :class:`StepSpanProcessor` (otel-tunix's accounting and export processors) gets each
+    batch as a list of :class:`FinishedStep`, in order, in one ``on_finished_steps`` call;
+    spans are built only if asked for. The others get SDK spans the usual way, one ``on_end`` call per
     span, components in start order, then the step span. When ``processor`` is a
     TracerProvider's multi-processor, its processors are called directly, in its order;
     processors added to the provider later are picked up. A processor that raises is
