@@ -25,7 +25,7 @@ def _default(obj: Any) -> Any:
     if callable(tolist):
         try:
             return tolist()
-        except Exception:
+        except Exception:  # a best-effort probe of a foreign value: its str() below will do
             pass
     return str(obj)
 

@@ -202,7 +202,7 @@ class Actor:
                     # n use weights at most max_staleness updates old.
                     self.shared.wait_for(n - self.cfg.max_staleness)
                     out.put(self.step(n))
-        except BaseException:
+        except BaseException:  # tell the learner, then raised on
             out.put(None)
             raise
 

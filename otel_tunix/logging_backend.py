@@ -83,7 +83,7 @@ class LoggingBackend:
         for step, values in rows:
             try:
                 self.log_scalars(values, step=step, **kwargs)
-            except Exception as exc:
+            except Exception as exc:  # the backend's code: raised below, the logger reports it
                 error = error or exc
         if error is not None:
             raise error

@@ -55,7 +55,7 @@ class StepSink:
         for summary in summaries:
             try:
                 self.on_step(summary)
-            except Exception as exc:
+            except Exception as exc:  # the sink's code: raised below, the processor reports it
                 error = error or exc
         if error is not None:
             raise error

@@ -272,7 +272,8 @@ def _install_repeat_filter() -> None:
 
 
 class _Reporter:
-    """Logs each kind of internal error once per owner object."""
+    """Logs each kind of failure (of DogStatsD, or of a value given) once per owner object:
+    :class:`otel_tunix._errors.ReportOnce` at warning level, the traceback optional."""
 
     def __init__(self) -> None:
         self._seen: set[str] = set()

@@ -110,7 +110,7 @@ class PrometheusEndpoint:
         self._port: int = self._server.server_port
         try:
             self._reader = _EndpointMetricReader(self._registry, self._stop_server)
-        except BaseException:
+        except BaseException:  # release the bound port, then raised on
             self._server.server_close()
             raise
         self._thread = threading.Thread(

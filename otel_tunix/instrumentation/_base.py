@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import otel_tunix
 from otel_tunix import attributes as attr
+from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.logging_backend import PERF_SOURCE
 
 _logger = logging.getLogger(__name__)
@@ -107,16 +108,16 @@ def ensure_configured(resource_attributes: Mapping[str, Any] | None = None) -> b
             otel_tunix.configure(
                 resource_attributes=dict(resource_attributes) if resource_attributes else None
             )
-        except Exception:
-            global _auto_configure_failed
-            if not _auto_configure_failed:
-                _auto_configure_failed = True
-                _logger.exception("otel-tunix: automatic configure() failed; not recording")
+        except Exception:  # the settings the user gave (environment, config file)
+            warn_once(
+                "auto-configure",
+                "otel-tunix: automatic configure() failed; not recording",
+                logger=_logger,
+                level=logging.ERROR,
+                exc_info=True,
+            )
             return False
     return True
-
-
-_auto_configure_failed = False
 
 
 def step_is_open() -> bool:
@@ -148,8 +149,8 @@ class SpanStack:
         """Enter ``cm`` (a step or component) and remember it under ``key``."""
         try:
             cm.__enter__()
-        except Exception:  # pragma: no cover - the core never raises here
-            _logger.exception("otel-tunix: opening %s failed", key)
+        except Exception:  # pragma: no cover - the core never raises here: a bug of ours
+            report_internal_error("opening a span of framework callbacks")
             return cm
         self._entries.append((key, cm))
         return cm
@@ -171,11 +172,11 @@ class SpanStack:
 
     def _close_down_to(self, index: int) -> None:
         while len(self._entries) > index:
-            key, cm = self._entries.pop()
+            _, cm = self._entries.pop()
             try:
                 cm.__exit__(None, None, None)
-            except Exception:  # pragma: no cover - the core never raises here
-                _logger.exception("otel-tunix: closing %s failed", key)
+            except Exception:  # pragma: no cover - the core never raises here: a bug of ours
+                report_internal_error("closing a span of framework callbacks")
 
 
 # --- device memory gauges --------------------------------------------------------------

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
+from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 
@@ -100,8 +101,8 @@ def record_interval(name: str, start_ns: int, end_ns: int, blocked: bool = False
     """
     try:
         otel_tunix.record_component(name, start_ns, end_ns, blocked=blocked)
-    except Exception:
-        _logger.debug("otel-tunix: recording %r failed", name, exc_info=True)
+    except Exception:  # record_component() never raises: a bug of ours
+        report_internal_error("recording a component interval")
 
 
 current_step_record = otel_tunix.current_step
@@ -144,7 +145,7 @@ class _ProcessAttributes:
                 PROCESS_INDEX: int(jax.process_index()),
                 PROCESS_COUNT: int(jax.process_count()),
             }
-        except Exception:
+        except Exception:  # JAX up but not answering: the steps go without these attributes
             attrs = {}
         self.attrs = attrs
         return attrs
@@ -192,7 +193,7 @@ def device_end(tree: Any, *, step_memory: bool = False) -> Callable[[], int | No
                         continue
                     wait()
                     waited = True
-                except Exception:
+                except Exception:  # deleted between the check and the wait: skip it too
                     continue
             end = time.perf_counter_ns() if waited else None
         if rec is not None:
@@ -293,8 +294,8 @@ class _CompileTracker:
                 fun = kwargs.get("fun_name")
                 c_attrs = {**_process.get(), "function": str(fun) if fun else "unknown"}
                 counter.add(1, c_attrs)
-        except Exception:
-            _logger.debug("otel-tunix: handling JAX event %s failed", event, exc_info=True)
+        except Exception:  # our handler (record_interval and _process guard JAX's parts)
+            report_internal_error("handling a JAX compile event")
 
 
 _compile_tracker = _CompileTracker()
@@ -304,8 +305,14 @@ def ensure_compile_tracking() -> None:
     """Re-register the compile listener if JAX's listeners were cleared (no-op when off)."""
     try:
         _compile_tracker.ensure()
-    except Exception:
-        _logger.debug("otel-tunix: re-registering the JAX listener failed", exc_info=True)
+    except Exception:  # JAX's private monitoring module changed
+        warn_once(
+            ("jax", "ensure-listener"),
+            "otel-tunix: re-registering the JAX listener failed (reported once)",
+            logger=_logger,
+            level=logging.DEBUG,
+            exc_info=True,
+        )
 
 
 # --- the wrapper ---------------------------------------------------------------------------
@@ -415,14 +422,14 @@ def memory_stats() -> tuple[dict[str, float], str] | None:
         return None
     try:
         devices = list(jax.local_devices())
-    except Exception:
+    except Exception:  # JAX's backend not usable: no memory to report
         return None
     out: dict[str, float] = {}
     reporting = []
     for d in devices:
         try:
             stats = d.memory_stats()
-        except Exception:
+        except Exception:  # a device that does not report memory: as if it had no stats
             stats = None
         if not stats:
             continue
@@ -454,8 +461,8 @@ class _StepMemory:
             if found is not None:
                 stats, label = found
                 _base.record_device_memory(stats, device=label, step=rec.number, scope=rec.scope)
-        except Exception:
-            _logger.debug("otel-tunix: reading JAX device memory failed", exc_info=True)
+        except Exception:  # memory_stats() guards JAX's calls: a bug of ours
+            report_internal_error("reading JAX device memory after a step")
 
 
 _step_memory = _StepMemory()

@@ -141,7 +141,7 @@ class _CudaClock:
                 x.add_(1)
                 best = min(best, _clock() - t0)
             return min(SHARE_WINDOW_NS, best // 2)
-        except Exception:
+        except Exception:  # CUDA would not run the probe: 0 only means no event is shared
             return 0
 
     # training thread ---------------------------------------------------------------------
@@ -722,7 +722,7 @@ def distributed_rank_attributes() -> dict[str, int]:
         if local is not None:
             out[attr.LOCAL_RANK] = local
         return out
-    except Exception:
+    except Exception:  # torch present but no usable process group: treat the process as alone
         return {}
 
 

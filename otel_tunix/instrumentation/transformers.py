@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import otel_tunix
+from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation import torch as ott
 from otel_tunix.metrics.training import perplexity
@@ -103,7 +104,7 @@ def map_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
         if not isinstance(value, int | float):
             try:
                 value = float(value.item())  # a tensor or numpy scalar
-            except Exception:
+            except Exception:  # not a number (a string, a list): dropped, as documented
                 continue
         name = METRIC_NAMES.get(key)
         if name is None:
@@ -379,7 +380,14 @@ def _patch_trainer(module: Any) -> None:
         if TransformersInstrumentor._active:
             try:
                 instrument_trainer(self)
-            except Exception:
-                _logger.exception("otel-tunix: instrumenting %s failed", type(self).__name__)
+            except Exception:  # a trainer (subclass) not shaped as transformers' own
+                warn_once(
+                    ("transformers", "instrument", type(self)),
+                    "otel-tunix: instrumenting %s failed (reported once)",
+                    type(self).__name__,
+                    logger=_logger,
+                    level=logging.ERROR,
+                    exc_info=True,
+                )
 
     trainer_cls.__init__ = __init__

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import otel_tunix
-from otel_tunix._errors import warn_once
+from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._base import step_is_open
 from otel_tunix.instrumentation.jax import (
@@ -242,9 +242,9 @@ class OTelPerfTracer:
                 cm: Any = otel_tunix.step(st.next_number(scope), scope=scope)
             else:
                 cm = otel_tunix.component(name)
-        except Exception:
-            _logger.debug("otel-tunix: span_group(%r) failed", name, exc_info=True)
+        except Exception:  # only our own code above
             cm = contextlib.nullcontext()
+            report_internal_error("opening a Tunix span group")
         with cm:
             yield
 
@@ -268,21 +268,32 @@ class OTelPerfTracer:
         token = None
         try:
             st.note_devices(devices)
-            if not step_is_open():
-                _base.ensure_configured()
-                n = tags.get("step") if tags else None
-                if not isinstance(n, int) or isinstance(n, bool):
-                    n = st.next_number(st.scope)
-                step_cm = otel_tunix.step(n, scope=st.scope)
-                step_cm.__enter__()
-            comp = otel_tunix.component(name)
-            comp.__enter__()
-            token = _innermost.set(_OpenSpan(st, self.api, waitlist))
-        except Exception:
-            _logger.debug("otel-tunix: span(%r) failed", name, exc_info=True)
+        except Exception:  # devices as Tunix gave them, not readable: the span is not recorded
+            warn_once(
+                (id(st), "devices"),
+                "otel-tunix: Tunix span %r: devices not readable",
+                name,
+                logger=_logger,
+                level=logging.DEBUG,
+                exc_info=True,
+            )
+        else:
+            try:
+                if not step_is_open():
+                    _base.ensure_configured()
+                    n = tags.get("step") if tags else None
+                    if not isinstance(n, int) or isinstance(n, bool):
+                        n = st.next_number(st.scope)
+                    step_cm = otel_tunix.step(n, scope=st.scope)
+                    step_cm.__enter__()
+                comp = otel_tunix.component(name)
+                comp.__enter__()
+                token = _innermost.set(_OpenSpan(st, self.api, waitlist))
+            except Exception:  # only our own code above
+                report_internal_error("opening a Tunix span")
         try:
             yield waitlist
-        except BaseException as exc:
+        except BaseException as exc:  # the traced code's own error: on the span, then raised on
             _close_span(comp, step_cm, token, waitlist, exc)
             raise
         _close_span(comp, step_cm, token, waitlist, None)
@@ -304,8 +315,17 @@ def _close_span(
             comp.__exit__(type(exc) if exc else None, exc, None)
         if step_cm is not None:
             step_cm.__exit__(type(exc) if exc else None, exc, None)
-    except Exception:
-        _logger.debug("otel-tunix: closing a Tunix span failed", exc_info=True)
+    except ValueError:  # reset() in another context (thread or task) than the span was opened in
+        warn_once(
+            ("tunix", "span-context"),
+            "otel-tunix: closing a Tunix span failed: it was left in another context than it "
+            "was entered in",
+            logger=_logger,
+            level=logging.DEBUG,
+            exc_info=True,
+        )
+    except Exception:  # the step and component close themselves without raising
+        report_internal_error("closing a Tunix span")
 
 
 # --- the metrics backend -------------------------------------------------------------------
@@ -539,8 +559,8 @@ class _LoopSteps:
         if s is not None:
             try:
                 s.__exit__(None, None, None)
-            except Exception:
-                _logger.debug("otel-tunix: closing a Tunix step failed", exc_info=True)
+            except Exception:  # a step closes itself without raising: a bug of ours
+                report_internal_error("closing a Tunix step")
 
     def wrap(self, iterable: Iterable[Any]) -> Iterator[Any]:
         return _StepIterator(iter(iterable), self)
@@ -549,10 +569,21 @@ class _LoopSteps:
         try:
             if self._stop is not None and self._stop():
                 return
-            self._open = _open_step_at(self._number(), self.scope, start_ns)
+            n = self._number()
+        except Exception:  # the trainer's private attributes (_iter_steps, max_steps) changed
+            warn_once(
+                ("tunix", "step-number"),
+                "otel-tunix: reading the Tunix trainer's step failed; steps not recorded",
+                logger=_logger,
+                level=logging.DEBUG,
+                exc_info=True,
+            )
+            return
+        try:
+            self._open = _open_step_at(n, self.scope, start_ns)
             record_interval(self.data_component, start_ns, end_ns)
-        except Exception:
-            _logger.debug("otel-tunix: opening a Tunix step failed", exc_info=True)
+        except Exception:  # only our own code: a bug of ours
+            report_internal_error("opening a Tunix step")
 
 
 class _StepIterator:
@@ -659,7 +690,7 @@ def _wrap_checkpoint_save(
         step = args[0] if args else kwargs.get("step")
         force = kwargs.get("force", args[4] if len(args) > 4 else False)
         saves = manager is not None and (force or manager.should_save(step))
-    except Exception:
+    except Exception:  # Tunix's private checkpoint API changed: time the call all the same
         saves = True
     if not saves:
         return wrapped(*args, **kwargs)
@@ -687,8 +718,14 @@ def _swap_noop_tracers(instance: Any, v1_attr: str, v2_attr: str) -> None:
             setattr(instance, v1_attr, _shared_tracer)
         if type(getattr(instance, v2_attr, None)) is v2.NoopTracer:
             setattr(instance, v2_attr, _shared_tracer.v2)
-    except Exception:
-        _logger.debug("otel-tunix: setting the Tunix tracer failed", exc_info=True)
+    except Exception:  # Tunix's private tracer modules or attributes changed
+        warn_once(
+            ("tunix", "tracer"),
+            "otel-tunix: setting the Tunix tracer failed (reported once)",
+            logger=_logger,
+            level=logging.DEBUG,
+            exc_info=True,
+        )
 
 
 def _wrap_peft_init(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
@@ -721,8 +758,14 @@ def _wrap_metrics_logger_init(
             backend = OTelLoggingBackend()
             backends.append(backend)
             jax.monitoring.register_scalar_listener(backend.log_scalar)
-    except Exception:
-        _logger.debug("otel-tunix: adding the Tunix metrics backend failed", exc_info=True)
+    except Exception:  # Tunix's MetricsLogger internals or jax.monitoring changed
+        warn_once(
+            ("tunix", "metrics-backend"),
+            "otel-tunix: adding the Tunix metrics backend failed (reported once)",
+            logger=_logger,
+            level=logging.DEBUG,
+            exc_info=True,
+        )
     return result
 
 
@@ -764,8 +807,15 @@ def _apply(module_name: str) -> None:
 
                 wrapt.wrap_function_wrapper(module, target, wrapper)
                 _patched.add((mod, target))
-            except Exception:
-                _logger.warning("otel-tunix: could not patch %s.%s", mod, target, exc_info=True)
+            except Exception:  # this Tunix version has no such target
+                warn_once(
+                    ("tunix", "patch", mod, target),
+                    "otel-tunix: could not patch %s.%s",
+                    mod,
+                    target,
+                    logger=_logger,
+                    exc_info=True,
+                )
 
 
 class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]

@@ -146,7 +146,7 @@ def detect_device_name() -> str | None:
         try:
             if torch.cuda.is_available():
                 return str(torch.cuda.get_device_name(torch.cuda.current_device()))
-        except Exception:  # pragma: no cover - depends on the driver
+        except Exception:  # pragma: no cover - depends on the driver; no name: try the next source
             pass
     jax = sys.modules.get("jax")
     if jax is not None:
@@ -154,7 +154,7 @@ def detect_device_name() -> str | None:
             dev = jax.devices()[0]
             if dev.platform != "cpu":
                 return str(dev.device_kind)
-        except Exception:  # pragma: no cover - depends on the backend
+        except Exception:  # pragma: no cover - depends on the backend; no name: try the next source
             pass
     try:
         import pynvml
@@ -168,7 +168,7 @@ def detect_device_name() -> str | None:
                 return name.decode() if isinstance(name, bytes) else str(name)
         finally:
             pynvml.nvmlShutdown()
-    except Exception:
+    except Exception:  # NVML without a driver or a GPU: the name is not known
         return None
     return None
 

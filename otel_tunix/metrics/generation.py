@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 from opentelemetry.metrics import MeterProvider
 
+from otel_tunix._errors import warn_once
 from otel_tunix.metrics.instruments import CatalogInstruments
 
 __all__ = ["GenerationMetrics", "GenerationStats", "RequestTimer"]
@@ -226,7 +227,7 @@ class GenerationMetrics:
         except GeneratorExit:
             r.finish("abort")
             raise
-        except BaseException:
+        except BaseException:  # the stream's own error: recorded, then raised on
             r.finish("error")
             raise
         r.finish(finish_reason() if callable(finish_reason) else finish_reason)
@@ -255,22 +256,27 @@ class GenerationMetrics:
             input_ids = kwargs.get("inputs")
         try:
             prompt_lens = _prompt_lengths(input_ids, kwargs.get("attention_mask"))
-        except Exception:  # never fail the call over a count
+        except Exception:  # the caller's inputs, of any type: never fail the call over a count
             prompt_lens = [0]
         timers = [self.request(n) for n in prompt_lens]
         try:
             out = model.generate(*args, stopping_criteria=criteria, **kwargs)
-        except BaseException:
+        except BaseException:  # the model's own error: recorded, then raised on
             for t in timers:
                 t.finish("error")
             raise
         end = _clock()
         try:
             self._record_generate(model, kwargs, out, input_ids, timers, clock.stamps, end)
-        except Exception:
-            _logger.warning("otel-tunix: could not record generation metrics", exc_info=True)
+        except Exception:  # an output (or model config) not shaped as expected
             for t in timers:
                 t.finish("unknown", now=end)
+            warn_once(
+                (id(self), "generate"),
+                "otel-tunix: could not record generation metrics (reported once)",
+                logger=_logger,
+                exc_info=True,
+            )
         return out
 
     def _record_generate(

@@ -39,6 +39,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
+from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.metrics import status
 from otel_tunix.metrics.catalog import by_otel_name
 from otel_tunix.metrics.instruments import CatalogInstruments, create_observable
@@ -251,7 +252,7 @@ class _Nvml:
             self.ok = False
             try:
                 self._nv.nvmlShutdown()
-            except Exception:  # pragma: no cover - driver specific
+            except Exception:  # pragma: no cover - driver specific; closing: nothing left to do
                 pass
 
 
@@ -275,8 +276,14 @@ def _framework_memory() -> tuple[DeviceMemoryReading, ...]:
                             peak_bytes=int(torch.cuda.max_memory_allocated(i)),
                         )
                     )
-        except Exception:
-            _logger.debug("otel-tunix: torch memory stats failed", exc_info=True)
+        except Exception:  # torch or its driver
+            warn_once(
+                ("system", "torch-memory"),
+                "otel-tunix: torch memory stats failed (reported once)",
+                logger=_logger,
+                level=logging.DEBUG,
+                exc_info=True,
+            )
     jax = sys.modules.get("jax")
     if jax is not None:
         try:
@@ -294,8 +301,14 @@ def _framework_memory() -> tuple[DeviceMemoryReading, ...]:
                         limit_bytes=stats.get("bytes_limit"),
                     )
                 )
-        except Exception:
-            _logger.debug("otel-tunix: JAX memory stats failed", exc_info=True)
+        except Exception:  # JAX or its backend
+            warn_once(
+                ("system", "jax-memory"),
+                "otel-tunix: JAX memory stats failed (reported once)",
+                logger=_logger,
+                level=logging.DEBUG,
+                exc_info=True,
+            )
     return tuple(out)
 
 
@@ -310,7 +323,7 @@ def _queue_depths() -> dict[str, int]:
             continue
         try:
             out[name] = int(q.qsize())
-        except Exception:  # e.g. multiprocessing.Queue on macOS
+        except Exception:  # e.g. multiprocessing.Queue on macOS: no depth, nothing to report
             continue
     return out
 
@@ -367,7 +380,6 @@ class SystemMetricsSampler:
         self._latest: SystemSample | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._failed = False
         if instruments:
             self._register(CatalogInstruments(meter_provider))
 
@@ -389,8 +401,14 @@ class SystemMetricsSampler:
         if self._proc is not None:
             try:
                 proc, host = self._read_process()
-            except Exception:
-                _logger.debug("otel-tunix: psutil read failed", exc_info=True)
+            except Exception:  # psutil (e.g. a /proc it cannot read)
+                warn_once(
+                    (id(self), "psutil"),
+                    "otel-tunix: psutil read failed (reported once)",
+                    logger=_logger,
+                    level=logging.DEBUG,
+                    exc_info=True,
+                )
         s = SystemSample(
             time=time.time(),
             gpus=gpus,
@@ -424,11 +442,8 @@ class SystemMetricsSampler:
         while True:
             try:
                 self.sample()
-            except Exception:
-                if not self._failed:
-                    self._failed = True
-                    _logger.warning("otel-tunix: system sample failed (reported once)",
-                                    exc_info=True)  # fmt: skip
+            except Exception:  # what NVML, psutil and the frameworks raise is handled inside
+                report_internal_error("sampling system metrics")
             if self._stop.wait(self.interval_sec):
                 return
 
@@ -471,8 +486,8 @@ class SystemMetricsSampler:
                     return []
                 try:
                     return read(s)
-                except Exception:  # never break the metric reader
-                    _logger.debug("otel-tunix: observing %s failed", name, exc_info=True)
+                except Exception:  # reading our own sample: never break the metric reader
+                    report_internal_error(f"observing {name}")
                     return []
 
             create_observable(meter, by_otel_name(name), callback)

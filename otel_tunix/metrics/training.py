@@ -193,8 +193,14 @@ class TrainingMetrics:
         """
         try:
             out = self.step(**values)
-        except Exception:  # never hurt the training loop
-            _logger.warning("otel-tunix: training metrics of step %s skipped", step, exc_info=True)
+        except Exception:  # a value the caller passed that is not a number: never hurt the loop
+            warn_once(
+                (id(self), "log"),
+                "otel-tunix: training metrics of step %s skipped (reported once)",
+                step,
+                logger=_logger,
+                exc_info=True,
+            )
             return {}
         if logger is None:
             current = get_current()

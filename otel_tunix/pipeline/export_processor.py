@@ -36,6 +36,7 @@ from opentelemetry.context import Context, attach, detach, set_value
 from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_tunix._errors import warn_once
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 from otel_tunix.settings import Settings, load_settings
 
@@ -299,7 +300,14 @@ class BatchExportProcessor(StepSpanProcessor):
         try:
             result = self.exporter.export(batch)
         except Exception:  # an exporter that raises counts as a failed export
-            _logger.exception("otel-tunix: %s raised", type(self.exporter).__name__)
+            warn_once(
+                (id(self), "export raised"),
+                "otel-tunix: %s raised (reported once; failed spans are counted)",
+                type(self.exporter).__name__,
+                logger=_logger,
+                level=logging.ERROR,
+                exc_info=True,
+            )
             result = SpanExportResult.FAILURE
         finally:
             detach(token)

@@ -285,8 +285,8 @@ class SpanBuilder:
 
     A :class:`StepSpanProcessor` (otel-tunix's accounting and export processors) gets each
     batch as a list of :class:`FinishedStep`, in order, in one ``on_finished_steps`` call;
-    spans are built only if asked for. The others get SDK spans the usual way, one ``on_end`` call per
-    span, components in start order, then the step span. When ``processor`` is a
+    spans are built only if asked for. The others get SDK spans the usual way, one
+    ``on_end`` call per span, components in start order, then the step span. When ``processor`` is a
     TracerProvider's multi-processor, its processors are called directly, in its order;
     processors added to the provider later are picked up. A processor that raises is
     reported once and does not stop the others.

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from otel_tunix._errors import report_internal_error
+from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._recording import StepRecord, now_ns, step_extras
 
 _logger = logging.getLogger(__name__)
@@ -139,8 +139,8 @@ class Pipeline:
             if done and self._after_batch is not None:
                 try:
                     self._after_batch()
-                except Exception:
-                    _logger.exception("otel-tunix: flushing after a batch of steps failed")
+                except Exception:  # each sink's flush reports its own failures
+                    report_internal_error("flushing the sinks after a batch of steps")
             self._processing = False
 
     def _drain_ready(self, force: bool) -> int:
@@ -216,11 +216,14 @@ def resolve_device_ends(step: StepRecord, span_ids: list[int]) -> None:
             value = resolver.result() if hasattr(resolver, "result") else resolver()
             if value is not None:
                 ex.device_ends[sid] = int(value)
-        except Exception:
+        except Exception:  # a resolver is the caller's (or a framework's) code
             name = next((name for name, _, s, *_ in step.spans if s == sid), "?")
-            _logger.warning(
-                "otel-tunix: the device-end resolver of %r failed; using the host end time",
+            warn_once(
+                ("device-end resolver", name),
+                "otel-tunix: the device-end resolver of %r failed; using the host end time "
+                "(reported once per component name)",
                 name,
+                logger=_logger,
                 exc_info=True,
             )
         ex.device.pop(sid, None)

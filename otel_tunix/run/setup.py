@@ -27,6 +27,7 @@ from otel_tunix import _ids, _recording, _resource
 from otel_tunix import attributes as attr
 from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, set_current
+from otel_tunix._errors import report_internal_error
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
 from otel_tunix._shortcuts import active_span_processor, remove_span_processors
 from otel_tunix._version import __version__
@@ -487,8 +488,11 @@ def _perfetto_from_jsonl(spans: Path, rank: RankInfo) -> Path | None:
     out = spans.with_name(f"trace{_rank_suffix(rank)}.pftrace")
     try:
         convert_jsonl_to_perfetto(spans, out)
-    except Exception:
+    except OSError:  # the file system (once per run: at shutdown)
         _logger.exception("otel-tunix: writing the Perfetto trace %s failed", out)
+        return None
+    except Exception:  # our converter, reading our own file
+        report_internal_error("writing the Perfetto trace at shutdown")
         return None
     return out
 
@@ -701,8 +705,8 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             for proc in st.export_processors:
                 try:
                     proc.shutdown()
-                except Exception:
-                    _logger.exception("otel-tunix: shutting down %s failed", proc.exporter)
+                except Exception:  # it reports what its exporter raises itself: a bug of ours
+                    report_internal_error("shutting down an export processor")
         for provider, owned in (
             (st.tracer_provider, st.owns_tracer_provider),
             (st.meter_provider, st.owns_meter_provider),

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from otel_tunix._errors import report_internal_error
+
 _logger = logging.getLogger(__name__)
 
 _SHUTDOWN_TIMEOUT_SEC = 5.0
@@ -48,8 +50,10 @@ def install(shutdown: Callable[[float], Any]) -> bool:
                 # may finish it, or the files would get the parent's lines twice.
                 if os.getpid() == pid:
                     shutdown(_SHUTDOWN_TIMEOUT_SEC)
-            except Exception:
+            except OSError:  # a file of the run could not be written (once: the process ends)
                 _logger.exception("otel-tunix: finishing the run on SIGTERM failed")
+            except Exception:  # shutdown() reports what the exporters and sinks raise itself
+                report_internal_error("finishing the run on SIGTERM")
             finally:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
