@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from otel_tunix._recording import (
     Component,
-    StepView,
     Unrecorded,
     component,
-    current_step,
     in_step,
     record_component,
     step,
 )
+from otel_tunix._step_view import StepView, current_step
 from otel_tunix._version import __version__
 from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions

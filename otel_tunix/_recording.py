@@ -39,13 +39,21 @@ import itertools
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.trace import NonRecordingSpan, SpanContext, get_current_span
 
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import random_bits, refill_span_ids, take_span_id
+from otel_tunix._records import (
+    MAX_PENDING_EVENTS,
+    ComponentExtras,
+    ComponentStart,
+    ScopeStepCounts,
+    StepEvent,
+    step_extras,
+)
 from otel_tunix._shortcuts import (
     HAS_SPAN_KEY,
     SPAN_KEY,
@@ -65,73 +73,6 @@ _current_thread = threading.current_thread
 _get_ident = threading.get_ident
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-DeviceEnd = Callable[[], int | None]
-"""Resolves a component's device completion time, as ``time.perf_counter_ns()``.
-
-Called once on otel-tunix's device-waiter thread, never on the training thread; it may block
-(``jax.block_until_ready``, ``torch.cuda.Event.synchronize``). Returning ``None`` keeps the
-host exit time. An object with a ``result()`` method (a ``concurrent.futures.Future``) works
-too."""
-
-
-StepEvent = tuple[str, dict[str, Any], int]
-"""A span event recorded for a step: (name, attributes, ``time.perf_counter_ns()``)."""
-
-_MAX_PENDING_EVENTS = 256
-"""Events waiting for the next sampled step (raised while none was open); the oldest are
-dropped past this bound."""
-
-
-class _ScopeStats:
-    """Counts every step of a scope, sampled or not (read by the session summary)."""
-
-    __slots__ = ("count", "first_start_ns", "last_end_ns")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first_start_ns = 0
-        self.last_end_ns = 0
-
-
-ComponentStart = tuple[str, bool, int, int, int, "threading.Thread | None"]
-"""A component as recorded when it starts: ``(name, blocked, span_id, parent_id, start_ns,
-thread)`` (perf_counter ns; ``thread`` is ``None`` for the step's own thread).
-
-A plain tuple, not an object: a tuple of atoms is dropped from the garbage collector's
-lists at its first collection, and a loop that records spans fast keeps thousands of them
-queued. Per-component objects were walked by every collection until processed, about a
-third of the cost of a span in such a loop."""
-
-
-class ComponentExtras:
-    """What few components have, per span id (one per step, made when first needed)."""
-
-    __slots__ = ("attributes", "device", "device_ends", "errors", "incomplete")
-
-    def __init__(self) -> None:
-        self.attributes: dict[int, dict[str, Any]] = {}
-        self.errors: dict[int, BaseException] = {}
-        self.device: dict[int, Any] = {}
-        """Device-end resolvers not yet resolved."""
-        self.device_ends: dict[int, int] = {}
-        """Resolved device ends (perf_counter ns)."""
-        self.incomplete: set[int] = set()
-        """Components still open (or resolving) when the step was processed anyway."""
-
-
-_extras_lock = threading.Lock()
-
-
-def step_extras(rec: StepRecord) -> ComponentExtras:
-    """The step's :class:`ComponentExtras`, made on first use (from any thread)."""
-    ex = rec.extras
-    if ex is None:
-        with _extras_lock:
-            ex = rec.extras
-            if ex is None:
-                ex = rec.extras = ComponentExtras()
-    return ex
 
 
 class StepRecord(NonRecordingSpan):
@@ -190,7 +131,8 @@ class StepRecord(NonRecordingSpan):
         # none while trio is loaded (its tasks interleave on one thread with no asyncio loop).
         self.nest_ident = 0 if "trio" in sys.modules else ident
         self.thread = threads_by_ident.get(ident) or _current_thread()
-        self.view: StepView | None = None
+        self.view: object = None
+        """The step's :class:`~otel_tunix._step_view.StepView`, made on first request."""
         self.top: Component | None = None
         """The innermost component open on the step's thread outside an event loop: such
         components are kept here instead of in the context variable (see
@@ -246,10 +188,10 @@ class Runtime:
         self.sampling_rate = sampling_rate
         self.allowed = frozenset(components) if components is not None else None
         self.pipeline = pipeline
-        self.scopes: dict[str, _ScopeStats] = {}
+        self.scopes: dict[str, ScopeStepCounts] = {}
         self.open_steps: list[StepRecord] = []
         self.pending_events: collections.deque[StepEvent] = collections.deque(
-            maxlen=_MAX_PENDING_EVENTS
+            maxlen=MAX_PENDING_EVENTS
         )
 
 
@@ -269,6 +211,15 @@ def _step_of(cur: Any) -> StepRecord | None:
     if type(cur) is StepRecord:
         return cur
     return cur._step if isinstance(cur, Component) else None
+
+
+def context_step(rt: Runtime | None = None) -> StepRecord | None:
+    """The sampled step open in the calling context; with ``rt``, in a thread that did not
+    inherit the context, the most recently opened step of ``rt``."""
+    cur = _current.get()
+    if cur is _NOT_SET and rt is not None and rt.open_steps:
+        return rt.open_steps[-1]
+    return _step_of(cur)
 
 
 def set_runtime(runtime: Runtime | None) -> None:
@@ -324,7 +275,7 @@ class step:
         self._scope = scope
         self._start_ns = start_ns
         self._record: StepRecord | None = None
-        self._stats: _ScopeStats | None = None
+        self._stats: ScopeStepCounts | None = None
         self._token: contextvars.Token[Any] | None = None
         self._otel_token: object = None
 
@@ -351,7 +302,7 @@ class step:
         try:
             stats = rt.scopes.get(self._scope)
             if stats is None:
-                stats = rt.scopes.setdefault(self._scope, _ScopeStats())
+                stats = rt.scopes.setdefault(self._scope, ScopeStepCounts())
             count = stats.count
             stats.count = count + 1
             self._stats = stats
@@ -749,47 +700,6 @@ def record_component(
     st.ends[sid] = max(end_ns, start_ns)
 
 
-class StepView:
-    """What integrations may know about the sampled step open in the calling context.
-
-    One view per step: ``current_step()`` returns the same object for the whole step, so it
-    can be compared by identity ("is this still the step I saw?").
-    """
-
-    __slots__ = ("_rec",)
-
-    def __init__(self, rec: StepRecord) -> None:
-        self._rec = rec
-
-    @property
-    def scope(self) -> str:
-        return self._rec.scope
-
-    @property
-    def number(self) -> int:
-        return self._rec.number
-
-    @property
-    def attributes(self) -> dict[str, Any]:
-        """The step span's extra attributes (a live dict: adding to it adds to the span)."""
-        return self._rec.attributes
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Add an attribute to the step span."""
-        self._rec.attributes[key] = value
-
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
-        """Add an event (now) to the step span."""
-        _append_event(self._rec, (name, dict(attributes or {}), _clock()))
-
-
-def _append_event(rec: StepRecord, event: StepEvent) -> None:
-    events = rec.events
-    if events is None:
-        events = rec.events = []
-    events.append(event)
-
-
 def _take_pending(rt: Runtime) -> list[StepEvent]:
     out: list[StepEvent] = []
     pending = rt.pending_events
@@ -799,44 +709,6 @@ def _take_pending(rt: Runtime) -> list[StepEvent]:
         except IndexError:  # emptied by another thread
             break
     return out
-
-
-def add_step_event(name: str, attributes: Mapping[str, Any] | None = None) -> bool:
-    """Add an event, stamped now, to a step span (alerts use it). Never raises.
-
-    The event goes on the sampled step open in the calling context (or, in a thread that did
-    not inherit the context, the most recently opened step). With no sampled step open (the
-    caller runs between steps, in an unsampled step, or on otel-tunix's worker thread) it is
-    queued and goes on the next sampled step that starts, placed at that step's start.
-
-    Returns:
-        True if a step open now got the event; False if it was queued (or otel-tunix is off).
-    """
-    rt = _runtime
-    if rt is None:
-        return False
-    try:
-        event: StepEvent = (name, dict(attributes or {}), _clock())
-        cur = _current.get()
-        st = rt.open_steps[-1] if cur is _NOT_SET and rt.open_steps else _step_of(cur)
-        if st is not None and not st.end_ns:
-            _append_event(st, event)
-            return True
-        rt.pending_events.append(event)
-    except Exception:
-        report_internal_error("add_step_event()")
-    return False
-
-
-def current_step() -> StepView | None:
-    """The sampled step open in the calling context, or ``None`` (no step, or not sampled)."""
-    st = _step_of(_current.get())
-    if st is None:
-        return None
-    view = st.view
-    if view is None:
-        view = st.view = StepView(st)
-    return view
 
 
 def in_step() -> bool:

@@ -30,7 +30,7 @@ Interval = tuple[str, bool, int, int]
 
 ComponentRecord = tuple[str, bool, Hashable, Any, int, Any]
 """``(component name, blocked, key, -, start_ns, -)``: a component as the hot path records
-it (:data:`otel_tunix._recording.ComponentStart`, whose key is the span id); its end is looked
+it (:data:`otel_tunix._records.ComponentStart`, whose key is the span id); its end is looked
 up by key. The fields marked ``-`` are not read here."""
 
 

@@ -25,7 +25,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
-from otel_tunix._recording import ComponentExtras, ComponentStart, StepRecord
+from otel_tunix._recording import StepRecord
+from otel_tunix._records import ComponentExtras, ComponentStart
 from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
 from otel_tunix.accounting import account_components
 from otel_tunix.model import Interval, SpanInfo

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 
 from otel_tunix._errors import report_internal_error, warn_once
-from otel_tunix._recording import StepRecord, now_ns, step_extras
+from otel_tunix._recording import StepRecord, now_ns
+from otel_tunix._records import step_extras
 
 _logger = logging.getLogger(__name__)
 

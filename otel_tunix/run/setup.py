@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from opentelemetry import _logs, metrics, trace
-from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -24,7 +21,6 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_tunix import _ids, _recording, _resource
-from otel_tunix import attributes as attr
 from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, set_current
 from otel_tunix._errors import report_internal_error
@@ -35,8 +31,6 @@ from otel_tunix.config import PerformanceMetricsConfig, load_callable
 from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, DatadogStepSink
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.metrics.alerts import AlertEngine
-from otel_tunix.metrics.catalog import Instrument
-from otel_tunix.metrics.instruments import observable
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.model import ScopeSession
@@ -45,43 +39,21 @@ from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
 from otel_tunix.pipeline.worker import Pipeline
 from otel_tunix.processors import StepAccountingProcessor, StepSink
 from otel_tunix.run import providers, signals
+from otel_tunix.run.perfetto_trace import (
+    PERFETTO_AT_SHUTDOWN,
+    perfetto_dir,
+    perfetto_from_jsonl,
+    rank_suffix,
+)
+from otel_tunix.run.state import RunState, register_observables, write_summary
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
 
 _logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _State:
-    info: RunInfo
-    config: PerformanceMetricsConfig
-    settings: Settings
-    logger: MetricsLogger
-    owns_logger: bool
-    runtime: _recording.Runtime | None = None
-    processor: StepAccountingProcessor | None = None
-    tracer_provider: Any = None
-    owns_tracer_provider: bool = False
-    meter_provider: Any = None
-    owns_meter_provider: bool = False
-    offset_ns: int = 0
-    datadog: Any = None
-    perfetto: Any = None
-    perfetto_at_shutdown: bool = False
-    export_stats: dict[str, ExportStats] = field(default_factory=dict)
-    export_processors: list[BatchExportProcessor] = field(default_factory=list)
-    alerts: Any = None
-    sampler: Any = None
-    logger_provider: Any = None
-    owns_logger_provider: bool = False
-    meter: Any = None
-    """The meter of the run's observable instruments."""
-    user_processors: tuple[SpanProcessor, ...] = ()
-    """The ``span_processors`` given to ``configure()``."""
-
-
 _lock = threading.RLock()
-_state: _State | None = None
+_state: RunState | None = None
 _installed: list[object] = []  # providers otel-tunix made global (replaceable by a later run)
 _atexit_registered = False
 
@@ -93,10 +65,6 @@ def _output_dir(arg: str | os.PathLike[str] | None, run_id: str, settings: Setti
     if raw is None or not raw.strip():
         return Path("otel-tunix-runs") / run_id
     return Path(raw)
-
-
-def _rank_suffix(rank: RankInfo) -> str:
-    return f"-rank{rank.rank}" if rank.distributed else ""
 
 
 def configure(
@@ -233,7 +201,7 @@ def configure(
             )
             info = RunInfo(rid, None, resource, rank, enabled=False)
             _recording.set_runtime(None)
-            _state = _State(
+            _state = RunState(
                 info,
                 cfg,
                 settings,
@@ -302,7 +270,7 @@ def configure(
             processor.add_sink(instruments)
         processor.add_sink(MetricsLoggerSink(logger))
         if out_dir is not None:
-            files["spans"] = out_dir / f"spans{_rank_suffix(rank)}.jsonl"
+            files["spans"] = out_dir / f"spans{rank_suffix(rank)}.jsonl"
             processor.add_sink(StepJsonlWriter(files["spans"], header))
         if cfg.export_jsonl_path:
             processor.add_sink(StepJsonlWriter(cfg.export_jsonl_path, header))
@@ -313,14 +281,14 @@ def configure(
         for sink in step_sinks:
             processor.add_sink(sink)
         if out_dir is not None:
-            files["summary"] = out_dir / f"summary{_rank_suffix(rank)}.json"
+            files["summary"] = out_dir / f"summary{rank_suffix(rank)}.json"
         lp, owns_lp = logger_provider, False
         if lp is None:
             lp = _global_logger_provider()
             if lp is None:
                 lp = providers.build_logger_provider(resource, settings)
                 owns_lp = lp is not None
-        alerts_path = out_dir / f"alerts{_rank_suffix(rank)}.jsonl" if out_dir else None
+        alerts_path = out_dir / f"alerts{rank_suffix(rank)}.jsonl" if out_dir else None
         if alerts is None:
             alerts = settings.alerts
         engine = _alert_engine(alerts, logger, lp, mp, datadog, alerts_path)
@@ -341,7 +309,7 @@ def configure(
             files=files,
             endpoints=endpoints,
         )
-        state = _State(
+        state = RunState(
             info,
             cfg,
             settings,
@@ -369,12 +337,12 @@ def configure(
             stats = export_stats.setdefault(name, ExportStats())
             state.export_processors.append(BatchExportProcessor(exporter, stats, settings=settings))
             tp.add_span_processor(state.export_processors[-1])
-        perfetto_dir = _perfetto_dir(cfg, out_dir, settings)
-        state.perfetto_at_shutdown = perfetto_dir == _PERFETTO_AT_SHUTDOWN
-        if isinstance(perfetto_dir, Path):
+        trace_dir = perfetto_dir(cfg, out_dir, settings)
+        state.perfetto_at_shutdown = trace_dir == PERFETTO_AT_SHUTDOWN
+        if isinstance(trace_dir, Path):
             from otel_tunix.exporters.perfetto import PerfettoSpanExporter
 
-            perfetto = PerfettoSpanExporter(directory=perfetto_dir)
+            perfetto = PerfettoSpanExporter(directory=trace_dir)
             stats = export_stats.setdefault("perfetto", ExportStats())
             state.export_processors.append(BatchExportProcessor(perfetto, stats, settings=settings))
             tp.add_span_processor(state.export_processors[-1])
@@ -395,7 +363,7 @@ def configure(
         _recording.set_clock(clock)
         _ids.seed(id_seed)
         state.meter = mp.get_meter(cfg.otel_scope, __version__)
-        _register_observables(state.meter, state)
+        register_observables(state.meter, state)
         _recording.set_runtime(state.runtime)
         _state = state
         set_current(
@@ -423,78 +391,6 @@ def _provider(given: Any, global_: Any, sdk_type: type, build: Any) -> tuple[Any
     if isinstance(global_, sdk_type) and global_ not in _installed:
         return global_, False
     return build(), True
-
-
-_PERFETTO_AT_SHUTDOWN = "shutdown"
-"""``_perfetto_dir`` answer for the default: translate the spans JSONL when the run ends."""
-
-_MAX_SHUTDOWN_CONVERT_BYTES = 256 * 2**20
-"""A spans JSONL larger than this is left for ``otel-tunix convert`` instead of being
-translated while the program exits."""
-
-
-def _perfetto_dir(
-    cfg: PerformanceMetricsConfig, out_dir: Path | None, settings: Settings
-) -> Path | str | None:
-    """Where the Perfetto trace goes.
-
-    ``perfetto_trace_dir`` / ``OTEL_TUNIX_PERFETTO_DIR`` stream it during the run (``none``
-    turns it off). By default the local run folder gets one translated from its spans JSONL
-    at ``shutdown()`` (``_PERFETTO_AT_SHUTDOWN``), when the ``perfetto`` package is
-    installed: the translation costs tens of microseconds per span, which the training loop
-    should not pay. ``OTEL_TRACES_EXPORTER=perfetto`` builds its own exporter instead.
-    """
-    if "perfetto" in (settings.traces_exporter or ()):
-        return None
-    raw = cfg.perfetto_trace_dir
-    if raw is not None:
-        text = os.fspath(raw)
-        if text.strip().lower() == "none":
-            return None
-        try:
-            import perfetto
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"perfetto_trace_dir / {env.OTEL_TUNIX_PERFETTO_DIR} needs pip install "
-                f"'otel-tunix[perfetto]' ({exc})"
-            ) from exc
-        return Path(text)
-    if out_dir is None:
-        return None
-    try:
-        import perfetto  # noqa: F401
-    except ImportError:
-        return None
-    return _PERFETTO_AT_SHUTDOWN
-
-
-def _perfetto_from_jsonl(spans: Path, rank: RankInfo) -> Path | None:
-    """Translate the run folder's spans JSONL into ``trace[-rank<r>].pftrace``."""
-    try:
-        size = spans.stat().st_size
-    except OSError:
-        return None
-    if size > _MAX_SHUTDOWN_CONVERT_BYTES:
-        _logger.info(
-            "otel-tunix: %s is %d MB; make its Perfetto trace with: otel-tunix convert %s "
-            "--to perfetto trace.pftrace",
-            spans,
-            size >> 20,
-            spans,
-        )
-        return None
-    from otel_tunix.exporters.perfetto import convert_jsonl_to_perfetto
-
-    out = spans.with_name(f"trace{_rank_suffix(rank)}.pftrace")
-    try:
-        convert_jsonl_to_perfetto(spans, out)
-    except OSError:  # the file system (once per run: at shutdown)
-        _logger.exception("otel-tunix: writing the Perfetto trace %s failed", out)
-        return None
-    except Exception:  # our converter, reading our own file
-        report_internal_error("writing the Perfetto trace at shutdown")
-        return None
-    return out
 
 
 def _datadog_client(settings: Settings) -> Any:
@@ -583,63 +479,6 @@ def _make_logger(
     )
 
 
-def _register_observables(meter: Any, state: _State | None) -> None:
-    """The run's observable instruments (step counts and rates, dropped steps, span counts),
-    reading ``state``; ``None`` (a disabled run) leaves them nothing to report. A later run
-    on the same meter takes them over (:func:`~otel_tunix.metrics.instruments.observable`).
-    """
-    counter, gauge = Instrument.COUNTER, Instrument.GAUGE
-    instruments = (
-        (counter, "tunix.steps", "{step}", "Steps run (sampled or not)"),
-        (counter, "tunix.telemetry.spans", "{span}",
-         "Spans given to otel-tunix's batch exporters, by result"),
-        (gauge, "tunix.session.steps_per_second", "{step}/s",
-         "Steps per second from the first to the latest step of a scope"),
-        (counter, "tunix.telemetry.dropped_steps", "{step}",
-         "Sampled steps otel-tunix could not record"),
-    )  # fmt: skip
-    if state is None or state.runtime is None:
-        for kind, name, unit, desc in instruments:
-            observable(meter, kind, name, None, unit=unit, description=desc)
-        return
-    runtime = state.runtime
-
-    def steps(_: CallbackOptions) -> list[Observation]:
-        return [
-            Observation(s.count, {attr.METRIC_SCOPE: scope})
-            for scope, s in list(runtime.scopes.items())
-        ]
-
-    def rate(_: CallbackOptions) -> list[Observation]:
-        out = []
-        for scope, s in list(runtime.scopes.items()):
-            wall = (s.last_end_ns - s.first_start_ns) * 1e-9
-            if wall > 0:
-                out.append(Observation(s.count / wall, {attr.METRIC_SCOPE: scope}))
-        return out
-
-    def dropped(_: CallbackOptions) -> list[Observation]:
-        p = runtime.pipeline
-        return [
-            Observation(p.dropped_steps, {"reason": "queue_full"}),
-            Observation(p.failed_steps, {"reason": "processing_error"}),
-        ]
-
-    def spans(_: CallbackOptions) -> list[Observation]:
-        out = []
-        for name, stats in list(state.export_stats.items()):
-            out += [
-                Observation(stats.exported, {"exporter": name, "result": "exported"}),
-                Observation(stats.failed, {"exporter": name, "result": "failed"}),
-                Observation(stats.dropped, {"exporter": name, "result": "dropped"}),
-            ]
-        return out
-
-    callbacks = (steps, spans, rate, dropped)
-    for (kind, name, unit, desc), callback in zip(instruments, callbacks, strict=True):
-        observable(meter, kind, name, callback, unit=unit, description=desc)
-
-
 def _register_atexit() -> None:
     global _atexit_registered
     if not _atexit_registered:
@@ -700,7 +539,7 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             # Written now and again below: exporters may take up to their timeout to shut
             # down (a collector that is down), and a job given a short grace period after
             # SIGTERM keeps at least this one, with the export counts so far.
-            _write_summary(summary_path, st, sessions, complete=False)
+            write_summary(summary_path, st, sessions, complete=False)
         if not st.owns_tracer_provider:  # ours in an application's provider: close them
             for proc in st.export_processors:
                 try:
@@ -729,18 +568,18 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                 st.tracer_provider, (st.processor, *st.export_processors, *st.user_processors)
             )
         if st.meter is not None:
-            _register_observables(st.meter, None)
+            register_observables(st.meter, None)
         if st.datadog is not None:
             st.datadog.close()
         if st.perfetto is not None and st.perfetto.path is not None:
             st.info.files["perfetto"] = st.perfetto.path
         spans_file = st.info.files.get("spans")
         if st.perfetto_at_shutdown and spans_file is not None and rt is not None:
-            trace_file = _perfetto_from_jsonl(spans_file, st.info.rank)
+            trace_file = perfetto_from_jsonl(spans_file, st.info.rank)
             if trace_file is not None:
                 st.info.files["perfetto"] = trace_file
         if summary_path is not None and rt is not None:
-            _write_summary(summary_path, st, sessions, complete=True)
+            write_summary(summary_path, st, sessions, complete=True)
         for name, stats in st.export_stats.items():
             if stats.failed or stats.dropped:
                 _logger.warning(
@@ -751,25 +590,6 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                     stats.dropped,
                 )
         return sessions
-
-
-def _write_summary(path: Path, st: _State, sessions: list[ScopeSession], *, complete: bool) -> None:
-    """``summary.json``; ``complete`` is false while exporters are still shutting down
-    (spans still queued then count as dropped)."""
-    rt = st.runtime
-    data = {
-        "complete": complete,
-        "run_id": st.info.run_id,
-        "resource": dict(st.info.resource.attributes),
-        "sampling_rate": st.config.sampling_rate,
-        "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
-        "failed_steps": rt.pipeline.failed_steps if rt else 0,
-        "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
-        "scopes": [s.to_json() for s in sessions],
-    }
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
 
 
 def get_metrics_logger() -> MetricsLogger:

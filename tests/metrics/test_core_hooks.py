@@ -1,6 +1,6 @@
 """Alerts and the system sampler wired into ``configure()`` (the core change of issue 5).
 
-These tests need the core hook ``otel_tunix._recording.add_step_event`` and the ``alerts`` /
+These tests need the core hook ``otel_tunix._step_view.add_step_event`` and the ``alerts`` /
 ``system_metrics`` / ``logger_provider`` options of ``configure()``; they skip without them.
 """
 

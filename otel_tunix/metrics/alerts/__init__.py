@@ -15,7 +15,7 @@ Each transition
    when the metric was logged inside ``otel_tunix.step(...)``; otherwise (a metric logged
    after the step, or a ``perf/...`` metric logged by otel-tunix's worker) the next sampled
    step that starts, with ``tunix.alert.step`` naming the step the value belongs to.
-   This is the core hook ``otel_tunix._recording.add_step_event`` (see ``docs/alerts.md``);
+   This is the core hook ``otel_tunix._step_view.add_step_event`` (see ``docs/alerts.md``);
    while otel-tunix is off the event goes on the current span only when that span is a
    recording span of the application's own;
 2. emits an **OTel log record** (``event_name="tunix.alert"``, severity WARN / ERROR, INFO

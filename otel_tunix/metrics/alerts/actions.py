@@ -22,7 +22,8 @@ from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.context import get_current as current_context
 
 from otel_tunix._errors import ReportOnce
-from otel_tunix._recording import add_step_event, get_runtime
+from otel_tunix._recording import get_runtime
+from otel_tunix._step_view import add_step_event
 from otel_tunix._version import __version__
 from otel_tunix.exporters.datadog import DatadogClient, datadog_enabled
 from otel_tunix.metrics.alerts.rules import Severity
@@ -73,7 +74,7 @@ class AlertAction(ABC):
 
 class SpanEventAction(AlertAction):
     """A ``tunix.alert`` event on the step span: the step open in the calling context, else
-    the next sampled step that starts (``otel_tunix._recording.add_step_event``); while
+    the next sampled step that starts (``otel_tunix._step_view.add_step_event``); while
     otel-tunix is off, the current span when it is a recording span of the application's."""
 
     name = "span"

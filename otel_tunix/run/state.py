@@ -1,0 +1,136 @@
+"""A run's state, and what it reports about itself while it runs and when it ends: the
+observable instruments (step counts and rates, dropped steps, span counts) and
+``summary.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.trace import SpanProcessor
+
+from otel_tunix import _recording
+from otel_tunix import attributes as attr
+from otel_tunix._current import RunInfo
+from otel_tunix.config import PerformanceMetricsConfig
+from otel_tunix.metrics.catalog import Instrument
+from otel_tunix.metrics.instruments import observable
+from otel_tunix.metrics_logger import MetricsLogger
+from otel_tunix.model import ScopeSession
+from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
+from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.settings import Settings
+
+__all__ = ["RunState", "register_observables", "write_summary"]
+
+
+@dataclass(slots=True)
+class RunState:
+    """Everything one ``configure()`` started (``shutdown()`` stops it all)."""
+
+    info: RunInfo
+    config: PerformanceMetricsConfig
+    settings: Settings
+    logger: MetricsLogger
+    owns_logger: bool
+    runtime: _recording.Runtime | None = None
+    processor: StepAccountingProcessor | None = None
+    tracer_provider: Any = None
+    owns_tracer_provider: bool = False
+    meter_provider: Any = None
+    owns_meter_provider: bool = False
+    offset_ns: int = 0
+    datadog: Any = None
+    perfetto: Any = None
+    perfetto_at_shutdown: bool = False
+    export_stats: dict[str, ExportStats] = field(default_factory=dict)
+    export_processors: list[BatchExportProcessor] = field(default_factory=list)
+    alerts: Any = None
+    sampler: Any = None
+    logger_provider: Any = None
+    owns_logger_provider: bool = False
+    meter: Any = None
+    """The meter of the run's observable instruments."""
+    user_processors: tuple[SpanProcessor, ...] = ()
+    """The ``span_processors`` given to ``configure()``."""
+
+
+def register_observables(meter: Any, state: RunState | None) -> None:
+    """The run's observable instruments (step counts and rates, dropped steps, span counts),
+    reading ``state``; ``None`` (a disabled run) leaves them nothing to report. A later run
+    on the same meter takes them over (:func:`~otel_tunix.metrics.instruments.observable`).
+    """
+    counter, gauge = Instrument.COUNTER, Instrument.GAUGE
+    instruments = (
+        (counter, "tunix.steps", "{step}", "Steps run (sampled or not)"),
+        (counter, "tunix.telemetry.spans", "{span}",
+         "Spans given to otel-tunix's batch exporters, by result"),
+        (gauge, "tunix.session.steps_per_second", "{step}/s",
+         "Steps per second from the first to the latest step of a scope"),
+        (counter, "tunix.telemetry.dropped_steps", "{step}",
+         "Sampled steps otel-tunix could not record"),
+    )  # fmt: skip
+    if state is None or state.runtime is None:
+        for kind, name, unit, desc in instruments:
+            observable(meter, kind, name, None, unit=unit, description=desc)
+        return
+    runtime = state.runtime
+
+    def steps(_: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(s.count, {attr.METRIC_SCOPE: scope})
+            for scope, s in list(runtime.scopes.items())
+        ]
+
+    def rate(_: CallbackOptions) -> list[Observation]:
+        out = []
+        for scope, s in list(runtime.scopes.items()):
+            wall = (s.last_end_ns - s.first_start_ns) * 1e-9
+            if wall > 0:
+                out.append(Observation(s.count / wall, {attr.METRIC_SCOPE: scope}))
+        return out
+
+    def dropped(_: CallbackOptions) -> list[Observation]:
+        p = runtime.pipeline
+        return [
+            Observation(p.dropped_steps, {"reason": "queue_full"}),
+            Observation(p.failed_steps, {"reason": "processing_error"}),
+        ]
+
+    def spans(_: CallbackOptions) -> list[Observation]:
+        out = []
+        for name, stats in list(state.export_stats.items()):
+            out += [
+                Observation(stats.exported, {"exporter": name, "result": "exported"}),
+                Observation(stats.failed, {"exporter": name, "result": "failed"}),
+                Observation(stats.dropped, {"exporter": name, "result": "dropped"}),
+            ]
+        return out
+
+    callbacks = (steps, spans, rate, dropped)
+    for (kind, name, unit, desc), callback in zip(instruments, callbacks, strict=True):
+        observable(meter, kind, name, callback, unit=unit, description=desc)
+
+
+def write_summary(
+    path: Path, st: RunState, sessions: list[ScopeSession], *, complete: bool
+) -> None:
+    """``summary.json``; ``complete`` is false while exporters are still shutting down
+    (spans still queued then count as dropped)."""
+    rt = st.runtime
+    data = {
+        "complete": complete,
+        "run_id": st.info.run_id,
+        "resource": dict(st.info.resource.attributes),
+        "sampling_rate": st.config.sampling_rate,
+        "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
+        "failed_steps": rt.pipeline.failed_steps if rt else 0,
+        "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
+        "scopes": [s.to_json() for s in sessions],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
