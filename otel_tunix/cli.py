@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_tunix.analysis.breakdown import render_summary, summarize
+from otel_tunix.analysis.breakdown import summarize
 from otel_tunix.analysis.plotting import (
     DEFAULT_MAX_POINTS,
     PlotSpec,
@@ -28,6 +28,7 @@ from otel_tunix.analysis.plotting import (
     watch,
 )
 from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files
+from otel_tunix.analysis.summary_tables import render_summary
 from otel_tunix.demo import main as demo_main
 from otel_tunix.demo_rl import main as rl_main
 

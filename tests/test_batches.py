@@ -235,7 +235,7 @@ def test_the_pipeline_hands_each_call_at_most_a_bounded_batch() -> None:
     for n in range(worker._MAX_BATCH + 10):
         rec = _recording.StepRecord(rt, "train", n, time.perf_counter_ns())
         rec.end_ns = time.perf_counter_ns()
-        p._queue.append(rec)  # queued without waking the worker
+        p.submit(rec)  # wakes the worker on the first step and on each full batch
     p.close()
     assert sum(sizes) == worker._MAX_BATCH + 10
     assert max(sizes) == worker._MAX_BATCH

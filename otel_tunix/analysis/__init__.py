@@ -17,7 +17,7 @@ package does not import them.
 
 from __future__ import annotations
 
-from otel_tunix.analysis.breakdown import RunSummary, render_summary, summarize
+from otel_tunix.analysis.breakdown import RunSummary, summarize
 from otel_tunix.analysis.metrics import (
     default_metrics,
     filter_metrics,
@@ -34,6 +34,7 @@ from otel_tunix.analysis.readers import (
     resolve_metrics_file,
     resolve_spans_files,
 )
+from otel_tunix.analysis.summary_tables import render_summary
 
 __all__ = [
     "AnalysisError",

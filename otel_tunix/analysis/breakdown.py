@@ -9,28 +9,25 @@ The counters are those the SDK wrote (computed by :func:`otel_tunix.accounting.a
 the goodput categories are derived from the component spans by
 :func:`otel_tunix.analysis.goodput.categorize_step`. The rules are in
 ``docs/local-analysis.md``.
+
+The streaming readers are in :mod:`otel_tunix.analysis.accumulate`; the terminal tables
+(:func:`~otel_tunix.analysis.summary_tables.render_summary`) in
+:mod:`otel_tunix.analysis.summary_tables`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from otel_tunix.analysis import goodput as gp
-from otel_tunix.analysis.readers import (
-    AnalysisError,
-    ReadStats,
-    iter_records,
-    resolve_spans_files,
-    spans_rank,
-)
+from otel_tunix.analysis.accumulate import _NS, _FileAcc, _i, _metrics_start, _ScopeAcc
+from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files, spans_rank
 
 __all__ = [
     "Anomaly",
@@ -40,11 +37,9 @@ __all__ = [
     "RankStats",
     "RunSummary",
     "ScopeStats",
-    "render_summary",
     "summarize",
 ]
 
-_NS = 1e-9
 MAD_FACTOR = 3.0
 """A step is anomalous when slower than ``median + MAD_FACTOR * MAD`` of its scope."""
 MAD_FLOOR = 1e-3
@@ -212,175 +207,6 @@ class RunSummary:
             "notes": self.notes,
             "bad_lines": self.bad_lines,
         }
-
-
-# --- streaming accumulation -----------------------------------------------------------------
-
-
-def _f(v: object) -> float:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
-
-
-def _i(v: object) -> int:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
-
-
-class _ScopeAcc:
-    """The per-step numbers of one scope in one file."""
-
-    def __init__(self, scope: str) -> None:
-        self.scope = scope
-        self.step_no: array[int] = array("q")
-        self.t: array[float] = array("d")
-        self.busy: array[float] = array("d")
-        self.blocked: array[float] = array("d")
-        self.idle: array[float] = array("d")
-        self.comp: dict[tuple[str, str], array[float]] = {}
-        self.cats: dict[str, float] = {}
-        self.first: tuple[int, int, dict[str, float]] | None = None  # start_ns, index, cats
-        self.min_start: int | None = None
-        self.max_end: int | None = None
-        self.session: Mapping[str, Any] | None = None
-
-    @property
-    def n(self) -> int:
-        return len(self.t)
-
-    def add(self, obj: Mapping[str, Any]) -> None:
-        start, end = _i(obj.get("start_ns")), _i(obj.get("end_ns"))
-        idx = self.n
-        self.step_no.append(_i(obj.get("step")))
-        self.t.append(_f(obj.get("step_time_sec")))
-        self.busy.append(_f(obj.get("busy_time_sec")))
-        self.blocked.append(_f(obj.get("blocked_time_sec")))
-        self.idle.append(_f(obj.get("idle_time_sec")))
-        comps = obj.get("components")
-        if isinstance(comps, Mapping):
-            for name, ct in comps.items():
-                if not isinstance(ct, Mapping):
-                    continue
-                busy, blocked = _f(ct.get("busy_time_sec")), _f(ct.get("blocked_time_sec"))
-                if busy or not blocked:
-                    self._comp(name, "busy", idx).append(busy)
-                if blocked:
-                    self._comp(name, "blocked", idx).append(blocked)
-        for col in self.comp.values():
-            if len(col) <= idx:
-                col.append(math.nan)
-        spans = obj.get("spans")
-        cats = gp.categorize_step(
-            self.scope,
-            start,
-            end,
-            [s for s in spans if isinstance(s, Mapping)] if isinstance(spans, list) else (),
-        )
-        for k, v in cats.items():
-            self.cats[k] = self.cats.get(k, 0.0) + v
-        if self.first is None or start < self.first[0]:
-            self.first = (start, idx, cats)
-        self.min_start = start if self.min_start is None else min(self.min_start, start)
-        self.max_end = end if self.max_end is None else max(self.max_end, end)
-
-    def _comp(self, name: str, kind: str, idx: int) -> array[float]:
-        col = self.comp.get((name, kind))
-        if col is None:
-            col = self.comp[(name, kind)] = array("d", [math.nan]) * idx
-        return col
-
-    # --- derived -------------------------------------------------------------------------
-
-    @property
-    def steps(self) -> int:
-        s = self.session
-        return max(_i(s.get("steps")), self.n) if s else self.n
-
-    @property
-    def first_start_ns(self) -> int:
-        s = self.session
-        cands = [v for v in (self.min_start, _i(s.get("first_start_ns")) if s else 0) if v]
-        return min(cands) if cands else 0
-
-    @property
-    def last_end_ns(self) -> int:
-        s = self.session
-        return max(self.max_end or 0, _i(s.get("last_end_ns")) if s else 0)
-
-    @property
-    def wall_sec(self) -> float:
-        return max(0, self.last_end_ns - self.first_start_ns) * _NS
-
-    @property
-    def steps_per_sec(self) -> float:
-        s = self.session
-        if s and isinstance(s.get("steps_per_sec"), int | float):
-            return float(s["steps_per_sec"])
-        wall = self.wall_sec
-        return self.steps / wall if wall > 0 else 0.0
-
-    def times(self) -> np.ndarray:
-        return np.frombuffer(self.t, dtype=np.float64)
-
-
-@dataclass
-class _FileAcc:
-    path: Path
-    rank: int | None
-    scopes: dict[str, _ScopeAcc] = field(default_factory=dict)
-    start_ns: int | None = None
-    start_source: str = ""
-    stats: ReadStats = field(default_factory=ReadStats)
-
-    def read(self) -> None:
-        for obj in iter_records(self.path, self.stats):
-            kind = obj.get("type")
-            if kind == "step":
-                scope = str(obj.get("scope") or "default")
-                acc = self.scopes.get(scope)
-                if acc is None:
-                    acc = self.scopes[scope] = _ScopeAcc(scope)
-                acc.add(obj)
-            elif kind == "session":
-                scope = str(obj.get("scope") or "default")
-                acc = self.scopes.get(scope)
-                if acc is None:
-                    acc = self.scopes[scope] = _ScopeAcc(scope)
-                acc.session = obj
-            elif kind in ("run", "meta"):
-                self._run_line(obj)
-
-    def _run_line(self, obj: Mapping[str, Any]) -> None:
-        if isinstance(obj.get("start_ns"), int):
-            self.start_ns, self.start_source = int(obj["start_ns"]), "spans file header"
-        elif isinstance(obj.get("time"), int | float):
-            self.start_ns, self.start_source = int(obj["time"] * 1e9), "spans file header"
-        resource = obj.get("resource")
-        if self.rank is None and isinstance(resource, Mapping):
-            r = resource.get("tunix.rank")
-            self.rank = r if isinstance(r, int) else None
-
-    @property
-    def n(self) -> int:
-        return sum(a.n for a in self.scopes.values())
-
-
-def _metrics_start(folder: Path, rank: int | None) -> int | None:
-    """The ``time`` of the ``metrics.jsonl`` header in the folder (the run's configure
-    time), if that header is this rank's."""
-    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
-        p = folder / name
-        if not p.is_file():
-            continue
-        try:
-            for obj in iter_records(p):
-                if obj.get("type") != "meta" or not isinstance(obj.get("time"), int | float):
-                    return None
-                meta_rank = obj.get("rank")
-                if rank is not None and isinstance(meta_rank, int) and meta_rank != rank:
-                    return None
-                return int(obj["time"] * 1e9)
-        except AnalysisError:
-            return None
-    return None
 
 
 # --- statistics -------------------------------------------------------------------------------
@@ -676,117 +502,3 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         notes=notes,
         bad_lines=bad,
     )
-
-
-# --- terminal rendering ------------------------------------------------------------------------
-
-
-def _ms(x: float) -> str:
-    return f"{x * 1e3:.3f}"
-
-
-def _pc(x: float) -> str:
-    return f"{x * 100:.1f}"
-
-
-def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: int = 10) -> None:
-    """Print the summary as ``rich`` tables (the ``cli`` extra); fits 80 columns."""
-    try:
-        from rich import box
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise AnalysisError("the summary tables need rich: pip install 'otel-tunix[cli]'") from exc
-    con = console or Console()
-
-    left = {"kind", "scope", "grew most (ms)"}
-
-    def table(title: str, *cols: str) -> Table:
-        t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
-        for i, col in enumerate(cols):
-            t.add_column(col, justify="left" if i == 0 or col in left else "right", no_wrap=i == 0)
-        return t
-
-    con.print(f"[bold]run[/]: {summary.source}")
-    if len(summary.files) > 1 or summary.files[0] != summary.source:
-        for f in summary.files:
-            con.print(f"  {f}")
-
-    for s in summary.scopes:
-        t = table(
-            f"{s.scope}: {s.steps} steps, {s.steps_per_sec:.2f} steps/s, "
-            f"{s.sampled_steps} sampled (times in ms per sampled step)",
-            "component", "kind", "mean", "p50", "p95", "% step", "steps",
-        )  # fmt: skip
-        for c in s.components:
-            t.add_row(
-                c.name, c.kind, _ms(c.mean_sec), _ms(c.p50_sec), _ms(c.p95_sec),
-                _pc(c.share), str(c.steps),
-            )  # fmt: skip
-        t.add_section()
-        for kind, d, style in (
-            ("busy", s.busy, None),
-            ("blocked", s.blocked, "magenta"),
-            ("idle", s.idle, "yellow"),
-        ):
-            t.add_row(
-                f"total {kind}", kind, _ms(d.mean), _ms(d.p50), _ms(d.p95), _pc(d.share), "",
-                style=style,
-            )  # fmt: skip
-        t.add_row(
-            "step", "", _ms(s.step.mean), _ms(s.step.p50), _ms(s.step.p95), "100.0",
-            str(s.sampled_steps), style="bold",
-        )  # fmt: skip
-        con.print(t)
-
-    g = summary.goodput
-    gt = table(
-        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time",
-        "where the time went", "seconds", "% of wall",
-    )  # fmt: skip
-    denom = g.denominator_sec
-    gt.add_row("productive", f"{g.productive_sec:.3f}", _pc(g.goodput), style="green")
-    for k in gp.BADPUT:
-        v = g.badput_sec.get(k, 0.0)
-        gt.add_row(gp.LABELS[k], f"{v:.3f}", _pc(v / denom if denom > 0 else 0.0))
-    con.print(gt)
-
-    if summary.anomaly_count and max_anomalies:
-        shown = min(max_anomalies, len(summary.anomalies))
-        ranked = any(a.rank is not None for a in summary.anomalies)
-        at = table(
-            f"Anomalous steps: {summary.anomaly_count} slower than median + {MAD_FACTOR:g}·MAD "
-            f"(slowest {shown})",
-            "scope", *(("rank",) if ranked else ()), "step", "ms", "limit ms", "grew most (ms)",
-        )  # fmt: skip
-        for a in summary.anomalies[:shown]:
-            grew = ""
-            if a.component:
-                grew = f"{a.component.removesuffix(' (busy)')} +{a.component_excess_sec * 1e3:.1f}"
-            if a.first_step:
-                grew += " (first step)"
-            rank = (str(a.rank) if a.rank is not None else "",) if ranked else ()
-            at.add_row(
-                a.scope, *rank, str(a.step), f"{a.step_time_sec * 1e3:.1f}",
-                f"{a.threshold_sec * 1e3:.1f}", grew.strip(),
-            )  # fmt: skip
-        con.print(at)
-    elif not summary.anomaly_count:
-        con.print(f"No anomalous steps (none slower than median + {MAD_FACTOR:g}·MAD).\n")
-
-    if summary.ranks:
-        rt = table(
-            "Ranks, slowest first (mean step time of the main scope, ms): slowest "
-            + ", ".join(map(str, summary.slowest_ranks)),
-            "rank", "scope", "steps", "mean", "p50", "p95", "vs median", "goodput %",
-        )  # fmt: skip
-        for r in summary.ranks:
-            rt.add_row(
-                "" if r.rank is None else str(r.rank), r.scope, str(r.sampled_steps),
-                _ms(r.mean_step_sec), _ms(r.p50_step_sec), _ms(r.p95_step_sec),
-                f"{r.slowdown * 100:+.1f}%", _pc(r.goodput),
-                style="bold red" if r.straggler else None,
-            )  # fmt: skip
-        con.print(rt)
-    for n in [*summary.notes, *g.notes]:
-        con.print(f"[dim]note: {n}[/]")

@@ -21,15 +21,13 @@ metric ``tunix.telemetry.spans`` (attribute ``result`` = ``exported`` | ``failed
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import operator
 import os
 import threading
-import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 from opentelemetry.context import Context, attach, detach, set_value
@@ -37,6 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tunix._errors import warn_once
+from otel_tunix.pipeline.batch_queue import BatchQueue
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 from otel_tunix.settings import Settings, load_settings
 
@@ -87,6 +86,18 @@ def _span_count(item: ReadableSpan | FinishedStep) -> int:
 def _spans_of(item: ReadableSpan | FinishedStep) -> Sequence[ReadableSpan]:
     """A queued item's spans for one export (a step's are built now)."""
     return (item,) if isinstance(item, ReadableSpan) else item.export_spans()
+
+
+def _restart_weakly(ref: weakref.ref[BatchQueue[Any]]) -> Callable[[], None]:
+    """What a forked child calls: restart the queue if it still exists (a fork handler
+    cannot be removed, so it must not keep the processor alive)."""
+
+    def restart() -> None:
+        queue = ref()
+        if queue is not None:
+            queue.restart()
+
+    return restart
 
 
 class SpanBatch(Sequence[ReadableSpan]):
@@ -175,26 +186,17 @@ class BatchExportProcessor(StepSpanProcessor):
         self._delay = (schedule_delay_millis or s.bsp_schedule_delay_ms) / 1e3
         self._batch = min(max_export_batch_size or s.bsp_max_export_batch_size, self._max_queue)
         self._timeout = (export_timeout_millis or s.bsp_export_timeout_ms) / 1e3
-        self._queue: collections.deque[ReadableSpan | FinishedStep] = collections.deque()
-        self._queued = 0  # spans in the queue (a step counts its spans)
-        self._count_lock = threading.Lock()
         self._shutdown = False
-        self._export_lock = threading.Lock()
-        self._start_thread()
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.WeakMethod(self._start_thread)
-            os.register_at_fork(after_in_child=lambda: (m := ref()) is not None and m())
-
-    def _start_thread(self) -> None:
-        """(Re)start the export thread: at construction and in a forked child, where
-        threads do not survive."""
-        self._queue.clear()
-        self._queued = 0
-        self._count_lock = threading.Lock()
-        self._export_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otel-tunix-export", daemon=True)
-        self._thread.start()
+        self._queue: BatchQueue[ReadableSpan | FinishedStep] = BatchQueue(
+            self._export_batch,
+            name="otel-tunix-export",
+            capacity=self._max_queue,
+            max_batch=self._batch,
+            interval_sec=self._delay,
+            weight=_span_count,
+        )
+        if hasattr(os, "register_at_fork"):  # a forked child gets an empty queue and a thread
+            os.register_at_fork(after_in_child=_restart_weakly(weakref.ref(self._queue)))
 
     # --- receiving ------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -218,26 +220,11 @@ class BatchExportProcessor(StepSpanProcessor):
 
     def _offer(self, items: Sequence[ReadableSpan | FinishedStep]) -> list[Any]:
         """Queue these items, in order, while they fit; returns those dropped."""
-        dropped: list[Any] = []
-        offered = lost = 0
-        with self._count_lock:
-            queued, cap, append = self._queued, self._max_queue, self._queue.append
-            open_ = not self._shutdown
-            for item in items:
-                n = _span_count(item)
-                offered += n
-                if open_ and queued + n <= cap:
-                    queued += n
-                    append(item)
-                else:
-                    lost += n
-                    dropped.append(item)
-            self._queued = queued
-        if open_ and queued >= self._batch and not self._wake.is_set():
-            self._wake.set()
         first = self.stats.dropped_full == 0
-        self.stats.add(offered=offered, dropped=lost)
-        if lost and first and open_:  # the first loss of the run
+        dropped = self._queue.offer(items)
+        lost = sum(map(_span_count, dropped))
+        self.stats.add(offered=sum(map(_span_count, items)), dropped=lost)
+        if lost and first and not self._shutdown:  # the first loss of the run
             _logger.warning(
                 "otel-tunix: the export queue of %s is full (%d spans); dropping spans "
                 "(counted in summary.json and tunix.telemetry.spans)",
@@ -246,54 +233,17 @@ class BatchExportProcessor(StepSpanProcessor):
             )
         return dropped
 
-    # --- exporting ------------------------------------------------------------------------
-    def _run(self) -> None:
-        wake = self._wake
-        while not self._shutdown:
-            wake.wait(self._delay)
-            wake.clear()
-            if self._shutdown:
-                break
-            self._export_all()
-
-    def _take(self) -> tuple[list[ReadableSpan | FinishedStep], int]:
-        """The oldest queued items that fit in one batch, whole (a step is never split
-        between two exports, so its spans are built once), and how many spans they hold.
-        A step with more spans than a batch comes alone."""
-        q = self._queue
-        out: list[ReadableSpan | FinishedStep] = []
-        taken, cap = 0, self._batch
-        while q:
-            n = _span_count(q[0])
-            if out and taken + n > cap:
-                break
-            out.append(q.popleft())
-            taken += n
-        with self._count_lock:
-            self._queued -= taken
-        return out, taken
-
-    def _export_all(self, deadline: float | None = None) -> bool:
-        """Export what is queued, a batch at a time; False if ``deadline`` passed first
-        (including while another thread's export held the lock)."""
-        lock = self._export_lock
-        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        if not lock.acquire(timeout=wait):
-            return False
-        try:
-            while self._queue:
-                if deadline is not None and time.monotonic() > deadline:
-                    return False
-                items, count = self._take()
-                if count <= self._batch:
-                    self._export(SpanBatch(items, count))
-                    continue
-                spans = items[0].export_spans()  # type: ignore[union-attr] # one huge step
-                for start in range(0, count, self._batch):
-                    self._export(spans[start : start + self._batch])
-        finally:
-            lock.release()
-        return True
+    # --- exporting (on the queue's thread) ------------------------------------------------
+    def _export_batch(self, items: list[ReadableSpan | FinishedStep]) -> None:
+        """Export one batch taken from the queue (a step with more spans than a batch comes
+        alone and is exported in slices)."""
+        count = sum(map(_span_count, items))
+        if count <= self._batch:
+            self._export(SpanBatch(items, count))
+            return
+        spans = _spans_of(items[0])
+        for start in range(0, count, self._batch):
+            self._export(spans[start : start + self._batch])
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
         token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
@@ -317,10 +267,10 @@ class BatchExportProcessor(StepSpanProcessor):
             self.stats.add(failed=len(batch))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Export everything queued now (on the calling thread)."""
+        """Export everything queued now (the queue's thread exports it; this waits)."""
         if self._shutdown:
             return False
-        if not self._export_all(time.monotonic() + timeout_millis / 1e3):
+        if not self._queue.flush(timeout_millis / 1e3):
             return False
         flush = getattr(self.exporter, "force_flush", None)
         # The SDK's base exporter answers None: only an explicit False is a failure.
@@ -332,10 +282,8 @@ class BatchExportProcessor(StepSpanProcessor):
         if self._shutdown:
             return
         self._shutdown = True
-        self._wake.set()
-        self._thread.join(self._timeout)
-        self._export_all(time.monotonic() + self._timeout)
+        self._queue.close(self._timeout)
         try:
             self.exporter.shutdown()
-        except Exception:
+        except Exception:  # the exporter's own shutdown: reported, the run still ends
             _logger.exception("otel-tunix: shutting down %s failed", type(self.exporter).__name__)

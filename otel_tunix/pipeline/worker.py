@@ -1,13 +1,14 @@
 """Off the hot path: the worker that hands finished step records to the span processors,
 and the device-end waiter.
 
-The training thread hands each finished sampled step to :meth:`Pipeline.submit` (a deque
-append; the worker is woken at most every ``interval_sec``). A daemon worker thread waits
-until every component of the step has ended (components in other threads, device ends still
-resolving) and then calls the ``process`` callback (the span builder, ``span_builder.py``) with the
-steps that are ready, in order, as one batch (so the processors pay their per-call costs once
-per batch, not per step). The queue is bounded: when the worker falls behind, new steps are dropped
-and counted, never blocking the training loop.
+The training thread hands each finished sampled step to :meth:`Pipeline.submit` (an append
+to the pipeline's :class:`~otel_tunix.pipeline.batch_queue.BatchQueue`; the worker is woken
+at most every ``interval_sec``). The worker thread waits until every component of the step
+has ended (components in other threads, device ends still resolving) and then calls the
+``process`` callback (the span builder, ``span_builder.py``) with the steps that are ready,
+in order, as one batch (so the processors pay their per-call costs once per batch, not per
+step). The queue is bounded: when the worker falls behind, new steps are dropped and
+counted, never blocking the training loop.
 
 Device ends are resolved on a second daemon thread, one resolver at a time in FIFO order, so
 a blocking ``block_until_ready`` reads the clock as soon as the device finishes instead of
@@ -16,7 +17,6 @@ whenever the worker gets to it.
 
 from __future__ import annotations
 
-import collections
 import logging
 import queue
 import threading
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._recording import StepRecord, now_ns
 from otel_tunix._records import step_extras
+from otel_tunix.pipeline.batch_queue import BatchQueue
 
 _logger = logging.getLogger(__name__)
 
@@ -46,7 +47,9 @@ those components closed at that moment and marked ``tunix.incomplete``."""
 
 
 class Pipeline:
-    """Bounded hand-off from the training loop to the span-building worker.
+    """Bounded hand-off from the training loop to the span-building worker: a
+    :class:`~otel_tunix.pipeline.batch_queue.BatchQueue` of finished steps, and the
+    device-end waiter.
 
     ``process`` gets the ready steps, oldest first, a batch at a time, and returns how many
     of them failed (it isolates failures itself: one bad step does not lose the others).
@@ -62,37 +65,33 @@ class Pipeline:
         interval_sec: float = _KICK_SEC,
     ) -> None:
         self._process = process
-        self._after_batch = after_batch
-        self._queue: collections.deque[StepRecord] = collections.deque()
-        self._max = max_queued_steps
         self._stall = stall_sec
         self._interval = interval_sec
-        self._wake = threading.Event()
-        self._last_kick = 0.0
-        self._stopping = False
-        self._closed = False
-        self._processing = False  # a popped step is being processed (flush waits for it)
-        self.dropped_steps = 0
         self.failed_steps = 0
         self.processed_steps = 0
         self._device_queue: queue.SimpleQueue[tuple[StepRecord, list[int]] | None] | None = None
         self._device_thread: threading.Thread | None = None
         self._device_lock = threading.Lock()
-        self._idle = threading.Condition()
-        self._worker = threading.Thread(target=self._run, name="otel-tunix-worker", daemon=True)
-        self._worker.start()
+        self._queue: BatchQueue[StepRecord] = BatchQueue(
+            self._process_batch,
+            name="otel-tunix-worker",
+            capacity=max_queued_steps,
+            max_batch=_MAX_BATCH,
+            interval_sec=interval_sec,
+            ready=self._ready,
+            after_batch=after_batch,
+        )
+
+    @property
+    def dropped_steps(self) -> int:
+        """Steps dropped because the queue was full (or closed)."""
+        return self._queue.dropped
 
     # --- called from the training loop ----------------------------------------------------
     def submit(self, record: StepRecord) -> None:
         """Queue a finished step (drops and counts it when the queue is full or closed)."""
-        if self._closed or len(self._queue) >= self._max:
-            self.dropped_steps += 1
-            return
-        now = record.submitted_at = time.monotonic()
-        self._queue.append(record)
-        if now - self._last_kick >= self._interval:
-            self._last_kick = now
-            self._wake.set()
+        record.submitted_at = time.monotonic()
+        self._queue.put(record)
 
     def wait_for_device(self, step: StepRecord, span_ids: list[int]) -> None:
         """Resolve the device ends of these components of ``step``, in order, on the
@@ -116,54 +115,17 @@ class Pipeline:
             if item is None:
                 return
             resolve_device_ends(*item)
-            self._wake.set()
+            self._queue.wake()
 
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(self._interval if self._queue else 1.0)
-            self._wake.clear()
-            self._drain(force=self._stopping)
-            if self._stopping and not self._queue:
-                with self._idle:
-                    self._idle.notify_all()
-                return
-            if not self._queue:
-                with self._idle:
-                    self._idle.notify_all()
-
-    def _drain(self, force: bool) -> None:
-        done = 0
-        self._processing = True
-        try:
-            done = self._drain_ready(force)
-        finally:
-            if done and self._after_batch is not None:
-                try:
-                    self._after_batch()
-                except Exception:  # each sink's flush reports its own failures
-                    report_internal_error("flushing the sinks after a batch of steps")
-            self._processing = False
-
-    def _drain_ready(self, force: bool) -> int:
-        done = 0
-        batch: list[StepRecord] = []
-        while True:
-            head = self._queue[0] if self._queue else None
-            if head is not None and not _ready(head):
-                stalled = time.monotonic() - head.submitted_at > self._stall
-                if force or stalled:
-                    _close_open_spans(head)
-                else:
-                    head = None
-            if head is not None:
-                batch.append(self._queue.popleft())
-                if len(batch) < _MAX_BATCH:
-                    continue
-            if not batch:
-                return done
-            done += len(batch)
-            self._process_batch(batch)
-            batch = []
+    def _ready(self, rec: StepRecord, force: bool) -> bool:
+        """Whether the oldest step can be processed: every component ended (device ends
+        included), else closing or stalled: its open components are then closed now."""
+        if _ready(rec):
+            return True
+        if force or time.monotonic() - rec.submitted_at > self._stall:
+            _close_open_spans(rec)
+            return True
+        return False
 
     def _process_batch(self, batch: list[StepRecord]) -> None:
         try:
@@ -179,29 +141,17 @@ class Pipeline:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued step whose components have ended on the host (device ends
         still resolving included) is processed."""
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while (self._queue and _host_done(self._queue[0])) or self._processing:
-                self._wake.set()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._worker.is_alive():
-                    return False
-                self._idle.wait(min(remaining, 0.05))
-        return True
+        return self._queue.flush(timeout, pending=_host_done)
 
     def close(self, timeout: float = 10.0) -> None:
         """Process everything still queued (closing open components) and stop the threads."""
-        if self._closed:
+        if self._queue.closed:
             return
-        self._closed = True
         if self._device_queue is not None:
             self._device_queue.put(None)
             if self._device_thread is not None:
                 self._device_thread.join(timeout)
-        self._stopping = True
-        self._wake.set()
-        self._worker.join(timeout)
-        if self._worker.is_alive():
+        if not self._queue.close(timeout):
             _logger.warning("otel-tunix: the worker did not finish within %.1f s", timeout)
 
 

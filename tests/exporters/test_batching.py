@@ -593,7 +593,7 @@ def test_a_forked_child_gets_its_own_export_thread_and_empty_queue():
         try:
             p.on_end(_span(2))
             p.force_flush()
-            alive = p._thread.is_alive()
+            alive = p._queue._thread.is_alive()
             code = 0 if _names(exp) == ["s2"] and alive else 2
         finally:
             os._exit(code)

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 import otel_tunix  # noqa: E402
 from otel_tunix import attributes as attr  # noqa: E402
+from otel_tunix.instrumentation import _torch_device  # noqa: E402
 from otel_tunix.instrumentation import torch as ott  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
@@ -331,7 +332,7 @@ def test_cuda_span_ends_at_device_completion_without_synchronizing() -> None:
 def test_cuda_adjacent_components_share_events() -> None:
     x = torch.randn(1024, 1024, device="cuda")
     torch.cuda.synchronize()
-    clock = ott._cuda_clock()
+    clock = _torch_device._cuda_clock()
     assert clock is not None
     with capture() as cap:
         with otel_tunix.step(0):
@@ -460,10 +461,10 @@ def test_event_clock_on_a_simulated_device(
     monkeypatch: pytest.MonkeyPatch, backlog_ms: int
 ) -> None:
     fake = _FakeTorch()
-    clock = ott._CudaClock(fake, 0)
+    clock = _torch_device._CudaClock(fake, 0)
     assert 0 < clock.window_ns <= ott.SHARE_WINDOW_NS
     clock.window_ns = 250_000  # shorter than a launch (0.5 ms here), longer than our loop
-    monkeypatch.setattr(ott, "_cuda_clock", lambda: clock)
+    monkeypatch.setattr(_torch_device, "_cuda_clock", lambda: clock)
     true_end: dict[str, int] = {}
     with capture() as cap:
         with otel_tunix.step(0):

@@ -1,0 +1,129 @@
+"""``otel-tunix summary``'s terminal tables.
+
+:func:`render_summary` prints a :class:`~otel_tunix.analysis.breakdown.RunSummary` as
+``rich`` tables (the ``cli`` extra; imported only when called).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_tunix.analysis import goodput as gp
+from otel_tunix.analysis.breakdown import MAD_FACTOR, RunSummary
+from otel_tunix.analysis.readers import AnalysisError
+
+__all__ = ["render_summary"]
+
+
+# --- terminal rendering ------------------------------------------------------------------------
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f}"
+
+
+def _pc(x: float) -> str:
+    return f"{x * 100:.1f}"
+
+
+def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: int = 10) -> None:
+    """Print the summary as ``rich`` tables (the ``cli`` extra); fits 80 columns."""
+    try:
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise AnalysisError("the summary tables need rich: pip install 'otel-tunix[cli]'") from exc
+    con = console or Console()
+
+    left = {"kind", "scope", "grew most (ms)"}
+
+    def table(title: str, *cols: str) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
+        for i, col in enumerate(cols):
+            t.add_column(col, justify="left" if i == 0 or col in left else "right", no_wrap=i == 0)
+        return t
+
+    con.print(f"[bold]run[/]: {summary.source}")
+    if len(summary.files) > 1 or summary.files[0] != summary.source:
+        for f in summary.files:
+            con.print(f"  {f}")
+
+    for s in summary.scopes:
+        t = table(
+            f"{s.scope}: {s.steps} steps, {s.steps_per_sec:.2f} steps/s, "
+            f"{s.sampled_steps} sampled (times in ms per sampled step)",
+            "component", "kind", "mean", "p50", "p95", "% step", "steps",
+        )  # fmt: skip
+        for c in s.components:
+            t.add_row(
+                c.name, c.kind, _ms(c.mean_sec), _ms(c.p50_sec), _ms(c.p95_sec),
+                _pc(c.share), str(c.steps),
+            )  # fmt: skip
+        t.add_section()
+        for kind, d, style in (
+            ("busy", s.busy, None),
+            ("blocked", s.blocked, "magenta"),
+            ("idle", s.idle, "yellow"),
+        ):
+            t.add_row(
+                f"total {kind}", kind, _ms(d.mean), _ms(d.p50), _ms(d.p95), _pc(d.share), "",
+                style=style,
+            )  # fmt: skip
+        t.add_row(
+            "step", "", _ms(s.step.mean), _ms(s.step.p50), _ms(s.step.p95), "100.0",
+            str(s.sampled_steps), style="bold",
+        )  # fmt: skip
+        con.print(t)
+
+    g = summary.goodput
+    gt = table(
+        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time",
+        "where the time went", "seconds", "% of wall",
+    )  # fmt: skip
+    denom = g.denominator_sec
+    gt.add_row("productive", f"{g.productive_sec:.3f}", _pc(g.goodput), style="green")
+    for k in gp.BADPUT:
+        v = g.badput_sec.get(k, 0.0)
+        gt.add_row(gp.LABELS[k], f"{v:.3f}", _pc(v / denom if denom > 0 else 0.0))
+    con.print(gt)
+
+    if summary.anomaly_count and max_anomalies:
+        shown = min(max_anomalies, len(summary.anomalies))
+        ranked = any(a.rank is not None for a in summary.anomalies)
+        at = table(
+            f"Anomalous steps: {summary.anomaly_count} slower than median + {MAD_FACTOR:g}·MAD "
+            f"(slowest {shown})",
+            "scope", *(("rank",) if ranked else ()), "step", "ms", "limit ms", "grew most (ms)",
+        )  # fmt: skip
+        for a in summary.anomalies[:shown]:
+            grew = ""
+            if a.component:
+                grew = f"{a.component.removesuffix(' (busy)')} +{a.component_excess_sec * 1e3:.1f}"
+            if a.first_step:
+                grew += " (first step)"
+            rank = (str(a.rank) if a.rank is not None else "",) if ranked else ()
+            at.add_row(
+                a.scope, *rank, str(a.step), f"{a.step_time_sec * 1e3:.1f}",
+                f"{a.threshold_sec * 1e3:.1f}", grew.strip(),
+            )  # fmt: skip
+        con.print(at)
+    elif not summary.anomaly_count:
+        con.print(f"No anomalous steps (none slower than median + {MAD_FACTOR:g}·MAD).\n")
+
+    if summary.ranks:
+        rt = table(
+            "Ranks, slowest first (mean step time of the main scope, ms): slowest "
+            + ", ".join(map(str, summary.slowest_ranks)),
+            "rank", "scope", "steps", "mean", "p50", "p95", "vs median", "goodput %",
+        )  # fmt: skip
+        for r in summary.ranks:
+            rt.add_row(
+                "" if r.rank is None else str(r.rank), r.scope, str(r.sampled_steps),
+                _ms(r.mean_step_sec), _ms(r.p50_step_sec), _ms(r.p95_step_sec),
+                f"{r.slowdown * 100:+.1f}%", _pc(r.goodput),
+                style="bold red" if r.straggler else None,
+            )  # fmt: skip
+        con.print(rt)
+    for n in [*summary.notes, *g.notes]:
+        con.print(f"[dim]note: {n}[/]")
