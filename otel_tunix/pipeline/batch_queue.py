@@ -56,6 +56,8 @@ class BatchQueue(Generic[T]):
         ready: ``ready(item, force)``: whether the oldest item may be handled now (``force``
             while closing: it must then say yes). Default: always.
         after_batch: Called on the thread after the batches of one wake-up.
+        wake_when_full: Wake the thread as soon as a full batch is queued (else only every
+            ``interval_sec``: fewer, larger batches, and fewer hand-offs of the GIL).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class BatchQueue(Generic[T]):
         weight: Callable[[T], int] = _one,
         ready: Callable[[T, bool], bool] | None = None,
         after_batch: Callable[[], None] | None = None,
+        wake_when_full: bool = True,
     ) -> None:
         self._handle = handle
         self._name = name
@@ -78,6 +81,7 @@ class BatchQueue(Generic[T]):
         self._weight = weight
         self._ready = ready
         self._after_batch = after_batch
+        self._wake_at = max_batch if wake_when_full else capacity + 1
         self.dropped = 0
         """Weight dropped because the queue was full or closed."""
         self._start()
@@ -90,15 +94,17 @@ class BatchQueue(Generic[T]):
         self._wake_event = threading.Event()
         self._last_wake = 0.0
         self._processing = False  # taken items are being handled (flush waits for them)
+        self._handling = threading.Lock()  # one drainer at a time: the thread or drain_here
         self._stopping = False
         self.closed = False
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
     # --- producers ---------------------------------------------------------------------------
-    def put(self, item: T) -> bool:
+    def put(self, item: T, now: float | None = None) -> bool:
         """Queue one item (False: dropped). Wakes the thread at most every ``interval_sec``
-        (a fast loop hands over its steps in batches) or when a batch is full."""
+        (a fast loop hands over its steps in batches), or when a batch is full. ``now``:
+        ``time.monotonic()``, when the caller has it."""
         n = self._weight(item)
         with self._lock:
             if self.closed or self._queued + n > self._capacity:
@@ -106,8 +112,9 @@ class BatchQueue(Generic[T]):
                 return False
             self._queue.append(item)
             self._queued += n
-            full = self._queued >= self._max_batch
-        now = time.monotonic()
+            full = self._queued >= self._wake_at
+        if now is None:
+            now = time.monotonic()
         if full or now - self._last_wake >= self._interval:
             self._last_wake = now
             self._wake_event.set()
@@ -132,7 +139,7 @@ class BatchQueue(Generic[T]):
                     self.dropped += n
                     dropped.append(item)
             self._queued = queued
-            full = queued >= self._max_batch
+            full = queued >= self._wake_at
         if full and not self._wake_event.is_set():
             self._wake_event.set()
         return dropped
@@ -163,11 +170,18 @@ class BatchQueue(Generic[T]):
                 if stopping:
                     return
 
-    def _drain(self, force: bool) -> None:
+    def _drain(self, force: bool, deadline: float | None = None) -> bool:
+        """Handle the ready items, a batch at a time; False if ``deadline`` passed first
+        (including while another drainer held the queue)."""
+        wait = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._handling.acquire(timeout=wait):
+            return False
         handled = 0
         self._processing = True
         try:
             while True:
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
                 batch = self._take(force)
                 if not batch:
                     break
@@ -183,6 +197,8 @@ class BatchQueue(Generic[T]):
                 except Exception:  # after_batch reports its own failures
                     report_internal_error(f"{self._name}: after a batch")
             self._processing = False
+            self._handling.release()
+        return True
 
     def _take(self, force: bool) -> list[T]:
         """The oldest ready items that fit in one batch, whole (one heavier than a batch
@@ -204,6 +220,11 @@ class BatchQueue(Generic[T]):
         return out
 
     # --- lifecycle -----------------------------------------------------------------------------
+    def drain_here(self, timeout: float) -> bool:
+        """Handle what is queued and ready now on the calling thread (after the batch the
+        thread may be handling). False if ``timeout`` passed first."""
+        return self._drain(False, time.monotonic() + timeout)
+
     def flush(self, timeout: float, pending: Callable[[T], bool] | None = None) -> bool:
         """Wait until the thread has handled every queued item (with ``pending``, every
         queued item up to the first for which it is false). False on timeout."""

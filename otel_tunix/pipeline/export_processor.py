@@ -267,10 +267,10 @@ class BatchExportProcessor(StepSpanProcessor):
             self.stats.add(failed=len(batch))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Export everything queued now (the queue's thread exports it; this waits)."""
+        """Export everything queued now, on the calling thread."""
         if self._shutdown:
             return False
-        if not self._queue.flush(timeout_millis / 1e3):
+        if not self._queue.drain_here(timeout_millis / 1e3):
             return False
         flush = getattr(self.exporter, "force_flush", None)
         # The SDK's base exporter answers None: only an explicit False is a failure.

@@ -80,6 +80,7 @@ class Pipeline:
             interval_sec=interval_sec,
             ready=self._ready,
             after_batch=after_batch,
+            wake_when_full=False,  # woken every interval_sec: fewer, cheaper wake-ups
         )
 
     @property
@@ -90,8 +91,8 @@ class Pipeline:
     # --- called from the training loop ----------------------------------------------------
     def submit(self, record: StepRecord) -> None:
         """Queue a finished step (drops and counts it when the queue is full or closed)."""
-        record.submitted_at = time.monotonic()
-        self._queue.put(record)
+        now = record.submitted_at = time.monotonic()
+        self._queue.put(record, now)
 
     def wait_for_device(self, step: StepRecord, span_ids: list[int]) -> None:
         """Resolve the device ends of these components of ``step``, in order, on the
