@@ -22,6 +22,8 @@ check fails or the private name is gone. docs/benchmarks.md says what each one b
   own test utilities do, so a later ``configure()`` can replace a provider otel-tunix set.
 * :data:`running_loop`: ``asyncio.events._get_running_loop`` (the C function behind
   ``asyncio.get_running_loop`` that returns ``None`` instead of raising).
+* :data:`SUPPRESS_INSTRUMENTATION_KEY`: the context key the SDK's own batch processor sets
+  while exporting, so instrumented HTTP / gRPC clients inside an exporter make no spans.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ __all__ = [
     "SAMPLED",
     "SPAN_CONTEXT_AS_TUPLE",
     "SPAN_KEY",
+    "SUPPRESS_INSTRUMENTATION_KEY",
     "SpanMaker",
     "active_span_processor",
     "attach_span",
@@ -93,6 +96,14 @@ running_loop: Callable[[], asyncio.AbstractEventLoop | None] = (
     _loop if callable(_loop) and _loop() is None else _running_loop_public
 )
 """The event loop running in this thread, or ``None``."""
+
+try:  # the key the SDK's own batch processor sets while exporting
+    from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
+
+    SUPPRESS_INSTRUMENTATION_KEY: str = _SUPPRESS_INSTRUMENTATION_KEY
+except ImportError:  # pragma: no cover - a future API without it
+    SUPPRESS_INSTRUMENTATION_KEY = "suppress_instrumentation"
+"""The context key that tells instrumentations to make no spans (set while exporting)."""
 
 # --- the current OTel span -----------------------------------------------------------------
 

@@ -35,16 +35,12 @@ from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tunix._errors import warn_once
+from otel_tunix._shortcuts import SUPPRESS_INSTRUMENTATION_KEY
 from otel_tunix.pipeline.batch_queue import BatchQueue
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 from otel_tunix.settings import Settings, load_settings
 
 _logger = logging.getLogger(__name__)
-
-try:  # the key the SDK's own batch processor sets while exporting
-    from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
-except ImportError:  # pragma: no cover - a future API without it
-    _SUPPRESS_INSTRUMENTATION_KEY = "suppress_instrumentation"
 
 
 class ExportStats:
@@ -246,7 +242,7 @@ class BatchExportProcessor(StepSpanProcessor):
             self._export(spans[start : start + self._batch])
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
-        token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+        token = attach(set_value(SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
             result = self.exporter.export(batch)
         except Exception:  # an exporter that raises counts as a failed export

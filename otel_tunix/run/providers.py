@@ -10,6 +10,7 @@ own ``perfetto`` and ``datadog`` all work with ``OTEL_TRACES_EXPORTER`` /
 from __future__ import annotations
 
 import logging
+from importlib.metadata import entry_points
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -19,7 +20,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
