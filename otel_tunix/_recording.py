@@ -180,7 +180,15 @@ class StepRecord(NonRecordingSpan):
 class Runtime:
     """What the hot path needs from one ``configure()``: sampling, filter, the pipeline."""
 
-    __slots__ = ("allowed", "open_steps", "pending_events", "pipeline", "sampling_rate", "scopes")
+    __slots__ = (
+        "allowed",
+        "last_scope",
+        "open_steps",
+        "pending_events",
+        "pipeline",
+        "sampling_rate",
+        "scopes",
+    )
 
     def __init__(
         self, sampling_rate: int, components: tuple[str, ...] | None, pipeline: Pipeline
@@ -189,6 +197,8 @@ class Runtime:
         self.allowed = frozenset(components) if components is not None else None
         self.pipeline = pipeline
         self.scopes: dict[str, ScopeStepCounts] = {}
+        self.last_scope: dict[int, ScopeStepCounts] = {}
+        """Per thread, the scope of the step that ended last on it."""
         self.open_steps: list[StepRecord] = []
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
@@ -310,14 +320,14 @@ class step:
             if type(n) is not int:
                 warn_once("step-n", "otel_tunix.step() wants an int step number, got %r", n)
                 n = self._n = count
-            if n % rt.sampling_rate:  # not sampled: the clock only for the scope's first step
-                if not count:
-                    stats.first_start_ns = self._start_ns or _clock()
-                self._token = _current.set(None)
-                return self
-            start = self._start_ns or _clock()
+            start = self._start_ns
+            if start is None:
+                start = self._start_ns = _clock()
             if not count:
                 stats.first_start_ns = start
+            if n % rt.sampling_rate:  # not sampled
+                self._token = _current.set(None)
+                return self
             rec = StepRecord(rt, self._scope, n, start)
             if rt.pending_events:  # events raised while no sampled step was open
                 rec.events = _take_pending(rt)
@@ -333,8 +343,10 @@ class step:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         end = _clock()
         try:
-            if self._stats is not None:
-                self._stats.last_end_ns = end
+            stats = self._stats
+            if stats is not None:
+                start = self._start_ns
+                _add_active_time(stats, end if start is None else start, end)
             if self._otel_token is not None:
                 detach(self._otel_token)
                 self._otel_token = None
@@ -356,6 +368,22 @@ class step:
                 self._record = None
         except Exception:
             report_internal_error("closing a step")
+
+
+def _add_active_time(stats: ScopeStepCounts, start: int, end: int) -> None:
+    """Count a step's time, and the gap since the scope's previous step when that step was
+    the last to end on this thread (no other scope's step ran in between)."""
+    rt = _runtime
+    ident = _get_ident()
+    prev = stats.last_end_ns
+    last = rt.last_scope if rt is not None else None
+    if last is not None and last.get(ident) is stats and 0 < prev <= start:
+        stats.active_ns += end - prev
+    elif end > start:
+        stats.active_ns += end - start
+    stats.last_end_ns = end
+    if last is not None:
+        last[ident] = stats
 
 
 def component(

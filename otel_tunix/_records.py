@@ -39,14 +39,20 @@ dropped past this bound."""
 
 
 class ScopeStepCounts:
-    """Counts every step of a scope, sampled or not (read by the session summary)."""
+    """Counts every step of a scope, sampled or not (read by the session summary).
 
-    __slots__ = ("count", "first_start_ns", "last_end_ns")
+    ``active_ns`` is the time the scope's own steps cover, with the gaps between two of its
+    consecutive steps on one thread when no step of another scope ran on that thread in
+    between: a scope that runs now and then (eval between training steps) gets its
+    throughput from its own time, not from the span of the whole run."""
+
+    __slots__ = ("active_ns", "count", "first_start_ns", "last_end_ns")
 
     def __init__(self) -> None:
         self.count = 0
         self.first_start_ns = 0
         self.last_end_ns = 0
+        self.active_ns = 0
 
 
 ComponentStart = tuple[str, bool, int, int, int, "threading.Thread | None"]

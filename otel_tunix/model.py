@@ -248,6 +248,9 @@ class ScopeSession:
     sampled_steps: int = 0
     first_start_ns: int = 0
     last_end_ns: int = 0
+    active_ns: int = 0
+    """The time the scope's own steps cover, with the gaps between two of its consecutive
+    steps on one thread when no other scope's step ran there in between (0: unknown)."""
     step_time_sec: float = 0.0
     busy_time_sec: float = 0.0
     blocked_time_sec: float = 0.0
@@ -260,10 +263,17 @@ class ScopeSession:
         return max(0, self.last_end_ns - self.first_start_ns) * _NS
 
     @property
+    def active_time_sec(self) -> float:
+        """The scope's own time (:attr:`active_ns`), else :attr:`wall_time_sec`."""
+        return self.active_ns * _NS if self.active_ns > 0 else self.wall_time_sec
+
+    @property
     def steps_per_sec(self) -> float:
-        """All steps of the scope (sampled or not) over :attr:`wall_time_sec`."""
-        wall = self.wall_time_sec
-        return self.steps / wall if wall > 0 else 0.0
+        """All steps of the scope (sampled or not) over :attr:`active_time_sec`: an eval
+        scope run between training steps gets its own rate, not one diluted by the
+        training in between."""
+        active = self.active_time_sec
+        return self.steps / active if active > 0 else 0.0
 
     def add(self, summary: StepSummary) -> None:
         """Add one sampled step's counters."""
@@ -325,6 +335,7 @@ class ScopeSession:
             "first_start_ns": self.first_start_ns,
             "last_end_ns": self.last_end_ns,
             "wall_time_sec": self.wall_time_sec,
+            "active_time_sec": self.active_time_sec,
             "steps_per_sec": self.steps_per_sec,
             "step_time_sec": self.step_time_sec,
             "busy_time_sec": self.busy_time_sec,

@@ -236,17 +236,18 @@ class StepAccountingProcessor(StepSpanProcessor):
                 self._failed(sink, "flush")
 
     def sessions(
-        self, step_counts: Mapping[str, tuple[int, int, int]] | None = None
+        self, step_counts: Mapping[str, tuple[int, int, int, int]] | None = None
     ) -> list[ScopeSession]:
-        """Per-scope totals; ``step_counts`` maps scope to (steps, first start, last end)."""
+        """Per-scope totals; ``step_counts`` maps scope to (steps, first start, last end,
+        active ns) of all its steps, sampled or not."""
         with self._lock:
             out = {k: v.copy() for k, v in self._sessions.items()}
-        for scope, (count, first, last) in (step_counts or {}).items():
+        for scope, (count, first, last, active) in (step_counts or {}).items():
             s = out.setdefault(scope, ScopeSession(scope))
-            s.steps, s.first_start_ns, s.last_end_ns = count, first, last
+            s.steps, s.first_start_ns, s.last_end_ns, s.active_ns = count, first, last, active
         return [out[k] for k in sorted(out)]
 
-    def finish_session(self, step_counts: Mapping[str, tuple[int, int, int]]) -> None:
+    def finish_session(self, step_counts: Mapping[str, tuple[int, int, int, int]]) -> None:
         """Send the session totals to every sink and close the sinks."""
         sessions = self.sessions(step_counts)
         for sink in self._sinks:

@@ -523,7 +523,12 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         if rt is not None and st.processor is not None:
             rt.pipeline.close(timeout)
             counts = {
-                scope: (s.count, s.first_start_ns + st.offset_ns, s.last_end_ns + st.offset_ns)
+                scope: (
+                    s.count,
+                    s.first_start_ns + st.offset_ns,
+                    s.last_end_ns + st.offset_ns,
+                    s.active_ns,
+                )
                 for scope, s in rt.scopes.items()
             }
             st.processor.finish_session(counts)

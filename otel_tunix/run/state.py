@@ -88,9 +88,9 @@ def register_observables(meter: Any, state: RunState | None) -> None:
     def rate(_: CallbackOptions) -> list[Observation]:
         out = []
         for scope, s in list(runtime.scopes.items()):
-            wall = (s.last_end_ns - s.first_start_ns) * 1e-9
-            if wall > 0:
-                out.append(Observation(s.count / wall, {attr.METRIC_SCOPE: scope}))
+            active = s.active_ns * 1e-9  # the scope's own time (see ScopeStepCounts)
+            if active > 0:
+                out.append(Observation(s.count / active, {attr.METRIC_SCOPE: scope}))
         return out
 
     def dropped(_: CallbackOptions) -> list[Observation]:
