@@ -160,11 +160,22 @@ def uninstrument_model(model: Any) -> None:
 
 # --- optimizer --------------------------------------------------------------------------
 class _OptimizerHooks:
+    """``optimizer_step`` around each ``optimizer.step()`` call.
+
+    For one optimizer (:func:`instrument_optimizer`) the instance's ``step`` is wrapped, so
+    the span covers the whole call: PyTorch's own ``step`` wrapper (profiler scope, step
+    hooks, grad-mode switch) included, about 0.2 ms a call that step hooks miss. For every
+    optimizer at once (the instrumentor), PyTorch's global step pre/post hooks.
+    """
+
     def __init__(self, optimizer: Any, name: str, memory: bool, auto: bool = False) -> None:
         self.name = name
         self.memory = memory
         self.auto = auto
         self.local = _PerThread()
+        self.handles: list[Any] = []
+        self.wrapped: Any = None
+        self.active = True
         if auto:
             mod = sys.modules["torch.optim.optimizer"]
             self.handles = [
@@ -172,10 +183,25 @@ class _OptimizerHooks:
                 mod.register_optimizer_step_post_hook(self._post),
             ]
         else:
-            self.handles = [
-                optimizer.register_step_pre_hook(self._pre),
-                optimizer.register_step_post_hook(self._post),
-            ]
+            self.optimizer = weakref.ref(optimizer)
+            self.own_step = optimizer.__dict__.get("step")  # an LR scheduler's wrapper, say
+            self.wrapped = self._wrap(optimizer.step)
+            optimizer.step = self.wrapped
+
+    def _wrap(self, step: Any) -> Any:
+        hooks = self
+
+        @functools.wraps(step)
+        def instrumented_step(*args: Any, **kwargs: Any) -> Any:
+            if not hooks.active:
+                return step(*args, **kwargs)
+            with device_component(hooks.name):
+                out = step(*args, **kwargs)
+            if hooks.memory:
+                record_memory_stats()
+            return out
+
+        return instrumented_step
 
     def _pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.auto and not _auto.activity():
@@ -202,6 +228,14 @@ class _OptimizerHooks:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        if self.wrapped is not None:
+            self.active = False  # a wrapper of ours that another wrapped stays, inactive
+            optimizer = self.optimizer()
+            if optimizer is not None and optimizer.__dict__.get("step") is self.wrapped:
+                if self.own_step is not None:
+                    optimizer.step = self.own_step
+                else:
+                    del optimizer.step  # the class's step again
 
 
 _optimizers: weakref.WeakKeyDictionary[Any, _OptimizerHooks] = weakref.WeakKeyDictionary()

@@ -489,3 +489,39 @@ def test_event_clock_on_a_simulated_device(
     assert 0 <= clock.waits <= 3  # a wait is on the newest boundary: it can place several
     # every event went back to the pool except the anchor and the thread's last boundary
     assert clock.events_created - len(clock._pool) <= 3
+
+
+def test_optimizer_step_covers_the_whole_step_call_and_comes_off_cleanly() -> None:
+    """The span is the whole ``optimizer.step()`` call, PyTorch's own wrapper (profiler
+    scope, hooks) included: checked against a clock around each call, and a learning-rate
+    scheduler's wrapper of ``step`` survives instrumenting and uninstrumenting."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    scheduler_step = opt.__dict__.get("step")  # the scheduler's wrapper, if this torch has one
+    ott.instrument_optimizer(opt)
+    around: list[tuple[int, int]] = []
+    try:
+        # span times read from perf_counter_ns as they are: comparable with the test's clock
+        with capture(clock=time.perf_counter_ns) as cap:
+            for n in range(6):
+                with otel_tunix.step(n):
+                    model(torch.randn(16, 64)).sum().backward()
+                    t0 = time.perf_counter_ns()
+                    opt.step()
+                    t1 = time.perf_counter_ns()
+                    around.append((t0, t1))
+                sched.step()
+            spans = [s for s in cap.spans() if s.name == "optimizer_step"]
+    finally:
+        ott.uninstrument_optimizer(opt)
+    assert len(spans) == 6
+    for s, (t0, t1) in list(zip(spans, around, strict=True))[1:]:  # the first warms up
+        assert s.start_time is not None and s.end_time is not None
+        start, end = s.start_time, s.end_time
+        # Within the clock pair around the call, and nearly all of it: what is left is the
+        # wrapper's own entry and exit (a few microseconds), not PyTorch's step machinery.
+        assert t0 <= start and end <= t1 + 1000
+        assert (end - start) >= (t1 - t0) - 50_000
+    assert opt.__dict__.get("step") is scheduler_step  # put back as it was
+    assert sched.last_epoch == 6  # the scheduler still counts steps
