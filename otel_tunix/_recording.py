@@ -87,7 +87,6 @@ class StepRecord(NonRecordingSpan):
     __slots__ = (
         "_ctx",
         "attributes",
-        "device_pending",
         "end_ns",
         "ends",
         "error",
@@ -120,8 +119,6 @@ class StepRecord(NonRecordingSpan):
         self.ends: dict[int, int] = {}
         """Host end (perf_counter ns) per component span id, set as each one exits."""
         self.extras: ComponentExtras | None = None
-        self.device_pending: list[int] | None = None
-        """Span ids of components with a device end, handed to the waiter with the step."""
         self.attributes: dict[str, Any] = {}
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
@@ -358,8 +355,6 @@ class step:
                 rec.end_ns = end
                 rec.error = exc
                 rt = rec.runtime
-                if rec.device_pending:
-                    rt.pipeline.wait_for_device(rec, rec.device_pending)
                 try:
                     rt.open_steps.remove(rec)
                 except ValueError:
@@ -612,12 +607,9 @@ class Component:
                 # this device end still unknown.
                 step_extras(st).device[sid] = resolver
                 st.ends[sid] = end_ns
-                if st.end_ns:  # the step already ended (a component in another thread)
-                    st.runtime.pipeline.wait_for_device(st, [sid])
-                elif st.device_pending is None:  # handed to the device waiter with the
-                    st.device_pending = [sid]  # step: one hand-off per step
-                else:
-                    st.device_pending.append(sid)
+                # To the device waiter now, not when the host step ends: the resolver reads
+                # the clock when the device finishes, however long the host works after.
+                st.runtime.pipeline.wait_for_device(st, [sid])
             else:
                 st.ends[sid] = end_ns
             token = self._token

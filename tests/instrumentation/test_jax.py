@@ -230,3 +230,35 @@ def test_missing_jax_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "jax", None)
     with pytest.raises(ModuleNotFoundError, match=r"otel-tunix\[jax\]"):
         otj.instrument_jit(lambda x: x)
+
+
+def test_a_device_end_is_read_when_the_device_finishes_not_when_the_host_step_ends() -> None:
+    """Host work after a jitted call inside the step: the component still ends at device
+    completion, which the test reads itself with ``block_until_ready`` on another thread
+    started at the call."""
+    import threading
+    import time
+
+    step_fn = otj.instrument_jit(jax.jit(_matmul_sum), component="train_step_compute")
+    x = jnp.ones((384, 384))
+    step_fn(x).block_until_ready()  # compiled outside the measured steps
+    ready_at: list[int] = []
+    with capture(clock=time.perf_counter_ns) as cap:  # span times in perf_counter ns
+        for n in range(4):
+            with otel_tunix.step(n):
+                out = step_fn(x)
+                waiter = threading.Thread(
+                    target=lambda o=out: (
+                        o.block_until_ready(),
+                        ready_at.append(time.perf_counter_ns()),
+                    )
+                )
+                waiter.start()
+                time.sleep(0.025)  # 25 ms of host work after the call, in the step
+                waiter.join()
+        calls = [s for s in cap.spans() if s.name == "train_step_compute"]
+    assert len(calls) == 4
+    for s, truth in zip(calls, ready_at, strict=True):
+        assert s.attributes[attr.DEVICE_END] is True
+        assert s.end_time is not None
+        assert abs(s.end_time - truth) <= 500_000, (s.end_time - truth) / 1e6  # within 0.5 ms
