@@ -5,10 +5,16 @@ the offline tools all call it, so every backend shows the same numbers.
 
 How time is counted (all intervals are clipped to the step window):
 
-* The step window runs from the step's start to the later of the step's own end and the
-  end of its last component (a component that ends at device completion can outlive the
-  host-side ``with`` block). A component whose end is before its start (a start given
-  after the fact) is empty: it ends at its start.
+* The step window is the step's **host** window: from its start to its own end (the exit of
+  its ``with`` block), so the consecutive steps of a loop tile its wall time. A component
+  that outlives it (one that ends at device completion, one in another thread) counts only
+  inside it; the span keeps its real end. A step with no end of its own (a window of zero
+  length) runs to the end of its last component. A component whose end is before its start
+  (a start given after the fact) is empty: it ends at its start.
+* **Device** completion is reported apart and never stretches the window: the latest device
+  end of the step's components (``device_end_ns``), its lag after the host window
+  (``device_lag_sec``), and per component the time from its start to its device end
+  (``device_times``).
 * At every instant of the window the step is in exactly one state: **busy** if at least one
   busy component is open (on any thread), else **blocked** if at least one blocked component
   is open, else **idle**. ``busy_time_sec``, ``blocked_time_sec`` and ``idle_time_sec`` are
@@ -26,7 +32,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from otel_tunix.attributes import KIND_BLOCKED
+from otel_tunix.attributes import DEVICE_END, KIND_BLOCKED
 from otel_tunix.model import ComponentRecord, Interval, SpanInfo, StepSummary
 
 _NS = 1e-9
@@ -57,12 +63,18 @@ def account_step(
 
     See the module docstring for the exact rules.
     """
+    ordered = sorted(spans, key=lambda s: s.start_ns)
+    device_ends = {
+        i: s.end_ns for i, s in enumerate(ordered) if s.attributes.get(DEVICE_END) is True
+    }
     return account_intervals(
         scope,
         step,
         start_ns,
         end_ns,
-        [(s.name, s.kind == KIND_BLOCKED, s.start_ns, s.end_ns) for s in spans],
+        [(s.name, s.kind == KIND_BLOCKED, s.start_ns, s.end_ns) for s in ordered],
+        presorted=True,
+        device_ends=device_ends or None,
         spans=spans,
         trace_id=trace_id,
         attributes=attributes,
@@ -77,6 +89,7 @@ def account_intervals(
     intervals: Sequence[Interval],
     *,
     presorted: bool = False,
+    device_ends: Mapping[int, int] | None = None,
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
     trace_id: str | int = "",
     attributes: Mapping[str, object] | None = None,
@@ -93,6 +106,7 @@ def account_intervals(
         end_ns,
         [(name, blocked, i, None, s, None) for i, (name, blocked, s, _) in enumerate(intervals)],
         {i: e for i, (_, _, _, e) in enumerate(intervals)},
+        device_ends=device_ends,
         spans=spans,
         trace_id=trace_id,
         attributes=attributes,
@@ -128,6 +142,15 @@ def account_components(
     # intervals as runs (starts clipped to the step's keep the order). Until the first
     # blocked interval, the busy union is that union; from there it is kept apart.
     window_end = end_ns
+    if window_end <= start_ns:  # no end of its own: to the end of its last component
+        for _, _, key, _, s, _ in components:
+            e = ends.get(key, s)
+            if device_ends is not None:
+                e = device_ends.get(key, e)
+            if e > window_end:
+                window_end = e
+    device_end = 0
+    device_times: dict[str, float] | None = None
     found: dict[str, tuple[float, float, int]] = {}
     repeated: set[str] | None = None
     ends_list = ends_out if ends_out is not None else []
@@ -139,15 +162,22 @@ def account_components(
     busy_start = busy_end = start_ns
     for name, is_blocked, key, _, s, _ in components:
         e = ends.get(key, s)
-        if device_ends is not None:
-            e = device_ends.get(key, e)
+        if device_ends is not None and key in device_ends:
+            e = device_ends[key]
+            if e > device_end:
+                device_end = e
+            if device_times is None:
+                device_times = {}
+            device_times[name] = device_times.get(name, 0.0) + max(0, e - s) * _NS
         if e < s:
             e = s
-        if e > window_end:
-            window_end = e
-        add_end(e)
+        add_end(e)  # the span's own end
+        if e > window_end:  # on the host timeline: clipped to the step's window
+            e = window_end
         if s < start_ns:
             s = start_ns
+        elif s > window_end:
+            s = window_end
         if name in found:
             if repeated is None:
                 repeated = set()
@@ -185,7 +215,7 @@ def account_components(
             found[name] = (busy_ns * _NS, 0.0, len(components))
         else:
             intervals = [
-                (n, b, s, e)
+                (n, b, s, min(e, window_end))
                 for (n, b, _, _, s, _), e in zip(components, ends_list[first:], strict=True)
             ]
             for name in repeated:
@@ -208,6 +238,8 @@ def account_components(
         spans,
         trace_id,
         attributes,
+        device_end + offset if device_end else 0,
+        device_times,
     )
 
 

@@ -115,6 +115,10 @@ class StepSummary:
         spans: The component spans (:class:`SpanInfo`), converted on first access.
         trace_id: The step's trace id (32 hex digits; may be given as an int).
         attributes: Extra attributes of the step span.
+        device_end_ns: The latest device completion of the step's components (Unix epoch
+            ns; 0: none ended on the device). It never stretches the step's window.
+        device_times: Per component that ended on the device, the time from its start to
+            its device end, in seconds (``None``: none did).
     """
 
     __slots__ = (
@@ -126,6 +130,8 @@ class StepSummary:
         "blocked_time_sec",
         "busy_time_sec",
         "component_times",
+        "device_end_ns",
+        "device_times",
         "end_ns",
         "idle_time_sec",
         "scope",
@@ -148,6 +154,8 @@ class StepSummary:
         spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
         trace_id: str | int = "",
         attributes: Mapping[str, object] | None = None,
+        device_end_ns: int = 0,
+        device_times: Mapping[str, float] | None = None,
     ) -> None:
         self.scope = scope
         self.step = step
@@ -161,6 +169,8 @@ class StepSummary:
         self._components: dict[str, ComponentTime] | None = None
         self._trace_id = trace_id
         self.attributes = dict(attributes or {})
+        self.device_end_ns = device_end_ns
+        self.device_times = device_times
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -176,6 +186,13 @@ class StepSummary:
                 name: ComponentTime(*times) for name, times in self.component_times.items()
             }
         return comps
+
+    @property
+    def device_lag_sec(self) -> float:
+        """How long after the step's host window its last device work finished (0: none
+        later, or none on the device)."""
+        lag = self.device_end_ns - self.end_ns
+        return lag * _NS if self.device_end_ns and lag > 0 else 0.0
 
     @property
     def trace_id(self) -> str:
@@ -229,6 +246,10 @@ class StepSummary:
             "components": {name: _times_json(*t) for name, t in self.component_times.items()},
             "spans": self._spans_json(),
         }
+        if self.device_end_ns:
+            out["device_end_ns"] = self.device_end_ns
+            out["device_lag_sec"] = self.device_lag_sec
+            out["device_times"] = dict(self.device_times or {})
         if self.attributes:
             out["attributes"] = dict(self.attributes)
         return out

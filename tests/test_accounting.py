@@ -8,6 +8,7 @@ import time
 import pytest
 
 import otel_tunix
+from otel_tunix import attributes as attr
 from otel_tunix.accounting import account_step, union_ns
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 from otel_tunix.model import SpanInfo
@@ -16,8 +17,20 @@ from otel_tunix.testing import capture
 MS = 1_000_000
 
 
-def _span(name: str, kind: str, start_ms: float, end_ms: float) -> SpanInfo:
-    return SpanInfo(name=name, kind=kind, start_ns=int(start_ms * MS), end_ns=int(end_ms * MS))
+def _span(
+    name: str,
+    kind: str,
+    start_ms: float,
+    end_ms: float,
+    attributes: dict[str, object] | None = None,
+) -> SpanInfo:
+    return SpanInfo(
+        name=name,
+        kind=kind,
+        start_ns=int(start_ms * MS),
+        end_ns=int(end_ms * MS),
+        attributes=attributes or {},
+    )
 
 
 def test_union_counts_overlaps_once():
@@ -69,7 +82,8 @@ def test_account_intervals_matches_counting_every_nanosecond_on_random_steps():
         got = account_intervals("train", case, start, end, given, presorted=presorted)
 
         # an interval that ends before it starts is empty, ending at its start
-        window_end = max([end, *(max(s, e) for _, _, s, e in intervals)])
+        # the step's own (host) window; a step of no length runs to its last component's end
+        window_end = end if end > start else max([end, *(max(s, e) for _, _, s, e in intervals)])
         busy = blocked = idle = 0
         per: dict[tuple[str, bool], int] = {}
         for t in range(start, window_end):
@@ -97,13 +111,26 @@ def test_account_intervals_matches_counting_every_nanosecond_on_random_steps():
             assert ct.count == sum(1 for n, *_ in intervals if n == name)
 
 
-def test_window_extends_to_a_component_that_outlives_the_step():
-    spans = [_span("device", "busy", 10, 150)]
+def test_a_component_that_outlives_the_step_counts_inside_its_host_window_only():
+    """Host and device are two timelines: the step's window is its own (host) one; a
+    component ending on the device after it counts inside it, and its device figures are
+    reported apart."""
+    spans = [
+        _span("dispatch", "busy", 10, 150, attributes={attr.DEVICE_END: True}),
+        _span("upload", "busy", 95, 130),  # another thread, past the step's end
+    ]
     s = account_step("train", 0, 0, 100 * MS, spans)
-    assert s.step_time_sec == pytest.approx(0.150)
-    assert s.end_ns == 150 * MS
-    assert s.busy_time_sec == pytest.approx(0.140)
+    assert s.end_ns == 100 * MS and s.step_time_sec == pytest.approx(0.100)
+    assert s.busy_time_sec == pytest.approx(0.090)
     assert s.idle_time_sec == pytest.approx(0.010)
+    assert s.components["dispatch"].busy_time_sec == pytest.approx(0.090)
+    assert s.components["upload"].busy_time_sec == pytest.approx(0.005)
+    assert s.device_end_ns == 150 * MS
+    assert s.device_lag_sec == pytest.approx(0.050)
+    assert s.device_times == {"dispatch": pytest.approx(0.140)}
+    line = s.to_json()
+    assert line["device_lag_sec"] == pytest.approx(0.050) and line["end_ns"] == 100 * MS
+    assert "device_end_ns" not in account_step("train", 1, 0, 100 * MS, spans[1:]).to_json()
 
 
 def test_a_trace_id_given_as_an_int_reads_as_32_hex_digits():

@@ -131,7 +131,7 @@ class FinishedStep:
             if it has one, else the host end; never before its start).
         summary: What the accounting derived (busy / blocked / idle, per component).
         start_ns: Start of the step (Unix epoch ns).
-        end_ns: The later of the step's end and its last component's end.
+        end_ns: The end of the step's host window (its own end).
         attributes: The step span's attributes besides type, scope and step number.
         scope: The step's scope.
         number: The step number.
