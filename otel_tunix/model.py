@@ -101,7 +101,7 @@ class StepSummary:
         scope: The step's scope (``train``, ``eval``, ``rl/actor``, ...).
         step: The step number.
         start_ns: Start of the step window (Unix epoch ns).
-        end_ns: End of the step window: the later of the step's end and its last component's.
+        end_ns: End of the step's host window (its own end; device work may run past it).
         step_time_sec: ``end_ns - start_ns`` in seconds.
         busy_time_sec: Time with at least one busy component open.
         blocked_time_sec: Time with a blocked component open and no busy one.

@@ -484,7 +484,8 @@ def test_event_clock_on_a_simulated_device(
         host = spans[name].attributes[attr.HOST_DURATION]
         assert host < 0.002  # the host only launched the work
     assert spans["outer"].end_time == spans["c"].end_time  # one shared boundary
-    assert spans["train_step"].end_time == spans["c"].end_time
+    # The step's window is the host's: the device work runs past it (device figures apart).
+    assert spans["train_step"].end_time <= spans["c"].end_time
     assert clock.events_recorded == 4  # outer/a start, a/b, b/c, c/outer end: N + 1
     assert 0 <= clock.waits <= 3  # a wait is on the newest boundary: it can place several
     # every event went back to the pool except the anchor and the thread's last boundary
