@@ -29,8 +29,11 @@ class InstrumentSink(StepSink):
 
     Instruments: ``tunix.step.duration``, ``tunix.step.busy_time``, ``tunix.step.blocked_time``,
     ``tunix.step.idle_time`` (attribute ``scope``); ``tunix.component.busy_time``,
-    ``tunix.component.blocked_time`` (``scope``, ``component``). Values returned by a custom
-    export function become histograms named as returned (see :meth:`record_custom`).
+    ``tunix.component.blocked_time`` (``scope``, ``component``); for steps with device work,
+    ``tunix.step.device_lag`` (how long after the host window the device finished, ``scope``)
+    and ``tunix.component.device_time`` (dispatch to device completion, ``scope``,
+    ``component``). Values returned by a custom export function become histograms named as
+    returned (see :meth:`record_custom`).
     """
 
     def __init__(self, meter: Meter) -> None:
@@ -52,6 +55,14 @@ class InstrumentSink(StepSink):
         self._c_blocked = hist(
             "tunix.component.blocked_time", "Blocked time of a component in a step"
         )
+        self._device_lag = hist(
+            "tunix.step.device_lag",
+            "How long after a step's host window its device work finished",
+        )
+        self._c_device = hist(
+            "tunix.component.device_time",
+            "Time from a component's dispatch to its device completion",
+        )
         self._custom: dict[str, Histogram] = {}
 
     def on_step(self, summary: StepSummary) -> None:
@@ -66,6 +77,11 @@ class InstrumentSink(StepSink):
                 self._c_busy.record(busy, ca)
             if blocked:
                 self._c_blocked.record(blocked, ca)
+        if summary.device_end_ns:
+            self._device_lag.record(summary.device_lag_sec, a)
+            for name, seconds in (summary.device_times or {}).items():
+                ca = {attr.METRIC_SCOPE: summary.scope, attr.METRIC_COMPONENT: name}
+                self._c_device.record(seconds, ca)
 
     def record_custom(self, name: str, value: float, scope: str) -> None:
         """Record a value returned by a custom export function."""

@@ -284,6 +284,7 @@ def test_device_end_ends_the_span_at_device_completion():
                 pass
         by = _by_name(cap.spans())
         summary = cap.summaries[0]
+        metrics = cap.metrics()
     comp = by["train_step_compute"][0]
     host = comp.attributes[attr.HOST_DURATION]
     device = (comp.end_time - comp.start_time) / 1e9
@@ -302,6 +303,11 @@ def test_device_end_ends_the_span_at_device_completion():
     assert summary.device_times == {"train_step_compute": pytest.approx(device, abs=1e-6)}
     assert summary.device_lag_sec == pytest.approx((comp.end_time - step_span.end_time) / 1e9)
     assert summary.device_lag_sec >= 0.02
+    lag = metrics["tunix.step.device_lag"][0]
+    assert lag.count == 1 and lag.sum == pytest.approx(summary.device_lag_sec)
+    (device_time,) = metrics["tunix.component.device_time"]
+    assert dict(device_time.attributes)["component"] == "train_step_compute"
+    assert device_time.sum == pytest.approx(device, abs=1e-6)
 
 
 def test_device_end_accepts_a_future_and_a_failing_resolver_keeps_host_time(caplog):
