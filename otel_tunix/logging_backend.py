@@ -88,6 +88,11 @@ class LoggingBackend:
         if error is not None:
             raise error
 
+    def active_alerts(self) -> list[dict[str, str]]:
+        """Alerts this backend has firing now, for ``get_metrics_summary()``: ``{"rule",
+        "metric", "severity"}`` each. Default: none (the alert engine has some)."""
+        return []
+
     def close(self) -> None:
         """Flush and release resources. Default: nothing."""
 

@@ -163,15 +163,9 @@ def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
         if last is not None
         else None
     )
-    alerts: list[dict[str, Any]] = []
-    for b in backends:  # an alert engine (a layer above): known by its two members
-        active = getattr(b, "active", None)
-        if callable(active) and hasattr(b, "rules"):
-            alerts.extend(
-                {"rule": rule, "metric": metric, "severity": sev.name.lower()}
-                for (rule, metric), sev in active().items()
-            )
-    out["alerts"] = alerts
+    out["alerts"] = [
+        alert for b in backends if isinstance(b, LoggingBackend) for alert in b.active_alerts()
+    ]
     sampler = _sampler
     latest = sampler.latest if sampler is not None else None
     out["system"] = _system_dict(latest) if latest is not None else None

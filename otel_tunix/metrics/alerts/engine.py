@@ -296,6 +296,13 @@ class AlertEngine(LoggingBackend):
         with self._lock:
             return {k: s.level for k, s in self._series.items() if s.level > Severity.OK}
 
+    def active_alerts(self) -> list[dict[str, str]]:
+        """The firing alerts as ``{"rule", "metric", "severity"}`` (``get_metrics_summary``)."""
+        return [
+            {"rule": rule, "metric": metric, "severity": sev.name.lower()}
+            for (rule, metric), sev in self.active().items()
+        ]
+
     # --- MetricsLogger backend ----------------------------------------------------------
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         """Backend protocol: evaluate ``event`` at ``kwargs["step"]``."""
