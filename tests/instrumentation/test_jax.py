@@ -263,11 +263,14 @@ def test_a_device_end_is_read_when_the_device_finishes_not_when_the_host_step_en
         assert s.attributes[attr.DEVICE_END] is True
         assert s.end_time is not None
         errors.append(abs(s.end_time - truth))
-    # Two threads read the clock when the device finishes (ours and the test's): each wakes
-    # when the scheduler lets it, so one reading can be late on a loaded 2-core machine.
+    # Two threads read the clock when the device finishes (ours and the test's reference):
+    # each wakes when the scheduler and the GIL let it, so the two readings differ by ~0.1 ms
+    # when they do not contend and by up to ~0.7 ms when they do (seen on this 2-core VM).
+    # Handed over at the end of the host step instead, the end was ~20 ms late.
     errors.sort()
-    assert errors[len(errors) // 2] <= 500_000, [e / 1e6 for e in errors]  # median ≤ 0.5 ms
-    assert errors[-1] <= 3_000_000, [e / 1e6 for e in errors]  # handed over late: ~20 ms
+    assert errors[0] <= 500_000, [e / 1e6 for e in errors]
+    assert errors[len(errors) // 2] <= 1_000_000, [e / 1e6 for e in errors]
+    assert errors[-1] <= 3_000_000, [e / 1e6 for e in errors]
 
 
 def test_a_loop_that_never_waits_for_the_device_tiles_its_wall_time_with_host_steps() -> None:
