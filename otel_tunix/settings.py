@@ -342,6 +342,11 @@ class Settings:
     def launcher_local_rank(self) -> int | None:
         return _first(self.local_rank, self.ompi_local_rank, self.slurm_localid)
 
+    @property
+    def datadog_wanted(self) -> bool:
+        """Metrics to Datadog: ``DATADOG_ENABLED``, or ``OTEL_METRICS_EXPORTER`` names it."""
+        return self.datadog_enabled or "datadog" in (self.metrics_exporter or ())
+
     def exporters(self, signal: str) -> tuple[str, ...]:
         """The exporter names of ``signal`` (``traces``, ``metrics`` or ``logs``): its
         ``OTEL_<SIGNAL>_EXPORTER`` list, or ``otlp`` when that is unset and an OTLP endpoint
@@ -379,7 +384,7 @@ def load_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """The value of the one variable ``name`` of :data:`SETTINGS` (for code that runs
     outside a run, like the internal-error policy; everything else reads
     :func:`load_settings` once)."""
-    (setting,) = (s for s in SETTINGS if s.name == name and s.field)
+    setting = _BY_NAME[name]
     raw = (os.environ if environ is None else environ).get(name)
     if raw is None or not raw.strip():
         return setting.default
@@ -410,6 +415,9 @@ def markdown_table() -> str:
     for s in SETTINGS:
         lines.append(f"| `{s.name}` | {s.doc} | {_default_text(s)} | {s.allowed} | {s.read_by} |")
     return "\n".join(lines) + "\n"
+
+
+_BY_NAME: Final = {s.name: s for s in SETTINGS if s.field}
 
 
 def _check_table() -> None:

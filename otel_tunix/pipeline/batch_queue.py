@@ -93,8 +93,9 @@ class BatchQueue(Generic[T]):
         self._idle = threading.Condition()
         self._wake_event = threading.Event()
         self._last_wake = 0.0
-        self._processing = False  # taken items are being handled (flush waits for them)
-        self._handling = threading.Lock()  # one drainer at a time: the thread or drain_here
+        # One drainer at a time (the thread or drain_here); held while taken items are
+        # handled, which flush waits for.
+        self._handling = threading.Lock()
         self._stopping = False
         self.closed = False
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -177,7 +178,6 @@ class BatchQueue(Generic[T]):
         if not self._handling.acquire(timeout=wait):
             return False
         handled = 0
-        self._processing = True
         try:
             while True:
                 if deadline is not None and time.monotonic() > deadline:
@@ -196,7 +196,6 @@ class BatchQueue(Generic[T]):
                     self._after_batch()
                 except Exception:  # after_batch reports its own failures
                     report_internal_error(f"{self._name}: after a batch")
-            self._processing = False
             self._handling.release()
         return True
 
@@ -230,7 +229,7 @@ class BatchQueue(Generic[T]):
         queued item up to the first for which it is false). False on timeout."""
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._processing or (
+            while self._handling.locked() or (
                 self._queue and (pending is None or pending(self._queue[0]))
             ):
                 self._wake_event.set()

@@ -22,7 +22,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_tunix import _ids, _recording, _resource
 from otel_tunix import environment_variables as env
-from otel_tunix._current import CurrentRun, RunInfo, set_current
+from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
+from otel_tunix._current import meter as current_meter
 from otel_tunix._errors import report_internal_error
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
 from otel_tunix._shortcuts import active_span_processor, remove_span_processors
@@ -33,7 +34,7 @@ from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.metrics.alerts import AlertEngine
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
-from otel_tunix.model import ScopeSession
+from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
 from otel_tunix.pipeline.worker import Pipeline
@@ -398,7 +399,7 @@ def _datadog_client(settings: Settings) -> Any:
 
     The settings are checked first so that the ``datadog`` package is imported only when used.
     """
-    if not settings.datadog_enabled and "datadog" not in (settings.metrics_exporter or ()):
+    if not settings.datadog_wanted:
         return None
     try:
         return DatadogClient()
@@ -610,22 +611,16 @@ def get_meter(name: str | None = None) -> Any:
 
     Integrations use it so their instruments go wherever otel-tunix's go.
     """
-    st = _state
-    provider = st.meter_provider if st is not None and st.meter_provider is not None else None
-    if provider is None:
-        provider = metrics.get_meter_provider()
-    return provider.get_meter(
-        name or (st.config.otel_scope if st else None) or "tunix", __version__
-    )
+    return current_meter(name)
 
 
 def current_run() -> RunInfo | None:
     """The :class:`RunInfo` of the current run, or ``None``."""
-    st = _state
-    return st.info if st is not None else None
+    run = get_current()
+    return run.info if run is not None else None
 
 
-def last_step_summary() -> Any:
+def last_step_summary() -> StepSummary | None:
     """The latest :class:`~otel_tunix.model.StepSummary` (or ``None``)."""
-    st = _state
-    return st.processor.last_summary if st is not None and st.processor is not None else None
+    run = get_current()
+    return run.last_step_summary() if run is not None else None

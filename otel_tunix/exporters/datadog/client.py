@@ -86,8 +86,7 @@ def datadog_enabled() -> bool:
     Returns:
         True if a :class:`DatadogMetricExporter` should be added.
     """
-    settings = load_settings()
-    return settings.datadog_enabled or "datadog" in (settings.metrics_exporter or ())
+    return load_settings().datadog_wanted
 
 
 class _RepeatFilter(logging.Filter):
