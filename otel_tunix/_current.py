@@ -44,8 +44,7 @@ class RunInfo:
         """``<output_dir>/<stem>[-rank<r>]<suffix>`` (``None`` without a local folder)."""
         if self.output_dir is None:
             return None
-        tag = f"-rank{self.rank.rank}" if self.rank.distributed else ""
-        return self.output_dir / f"{stem}{tag}{suffix}"
+        return self.output_dir / f"{stem}{self.rank.file_suffix}{suffix}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,11 @@ class RankInfo:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def file_suffix(self) -> str:
+        """``-rank<r>`` in a distributed job (the run folder's file names), else nothing."""
+        return f"-rank{self.rank}" if self.distributed else ""
+
 
 def detect_rank(settings: Settings) -> RankInfo:
     """Rank and world size from launcher variables (torchrun, MPI, SLURM), an initialised

@@ -18,11 +18,6 @@ __all__ = ["PERFETTO_AT_SHUTDOWN", "perfetto_dir", "perfetto_from_jsonl"]
 _logger = logging.getLogger(__name__)
 
 
-def rank_suffix(rank: RankInfo) -> str:
-    """``-rank<r>`` in a distributed job (the run folder's file names), else nothing."""
-    return f"-rank{rank.rank}" if rank.distributed else ""
-
-
 PERFETTO_AT_SHUTDOWN = "shutdown"
 """``perfetto_dir`` answer for the default: translate the spans JSONL when the run ends."""
 
@@ -83,7 +78,7 @@ def perfetto_from_jsonl(spans: Path, rank: RankInfo) -> Path | None:
         return None
     from otel_tunix.exporters.perfetto import convert_jsonl_to_perfetto
 
-    out = spans.with_name(f"trace{rank_suffix(rank)}.pftrace")
+    out = spans.with_name(f"trace{rank.file_suffix}.pftrace")
     try:
         convert_jsonl_to_perfetto(spans, out)
     except OSError:  # the file system (once per run: at shutdown)

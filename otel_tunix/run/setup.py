@@ -44,7 +44,6 @@ from otel_tunix.run.perfetto_trace import (
     PERFETTO_AT_SHUTDOWN,
     perfetto_dir,
     perfetto_from_jsonl,
-    rank_suffix,
 )
 from otel_tunix.run.state import RunState, register_observables, write_summary
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
@@ -271,7 +270,7 @@ def configure(
             processor.add_sink(instruments)
         processor.add_sink(MetricsLoggerSink(logger))
         if out_dir is not None:
-            files["spans"] = out_dir / f"spans{rank_suffix(rank)}.jsonl"
+            files["spans"] = out_dir / f"spans{rank.file_suffix}.jsonl"
             processor.add_sink(StepJsonlWriter(files["spans"], header))
         if cfg.export_jsonl_path:
             processor.add_sink(StepJsonlWriter(cfg.export_jsonl_path, header))
@@ -282,14 +281,14 @@ def configure(
         for sink in step_sinks:
             processor.add_sink(sink)
         if out_dir is not None:
-            files["summary"] = out_dir / f"summary{rank_suffix(rank)}.json"
+            files["summary"] = out_dir / f"summary{rank.file_suffix}.json"
         lp, owns_lp = logger_provider, False
         if lp is None:
             lp = _global_logger_provider()
             if lp is None:
                 lp = providers.build_logger_provider(resource, settings)
                 owns_lp = lp is not None
-        alerts_path = out_dir / f"alerts{rank_suffix(rank)}.jsonl" if out_dir else None
+        alerts_path = out_dir / f"alerts{rank.file_suffix}.jsonl" if out_dir else None
         if alerts is None:
             alerts = settings.alerts
         engine = _alert_engine(alerts, logger, lp, mp, datadog, alerts_path)
