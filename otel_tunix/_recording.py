@@ -36,6 +36,7 @@ import contextvars
 import functools
 import inspect
 import itertools
+import operator
 import sys
 import threading
 import time
@@ -314,9 +315,19 @@ class step:
             stats.count = count + 1
             self._stats = stats
             n = self._n
-            if type(n) is not int:
-                warn_once("step-n", "otel_tunix.step() wants an int step number, got %r", n)
-                n = self._n = count
+            if type(n) is not int:  # numpy / JAX / torch integers keep their value
+                try:
+                    if isinstance(n, bool):
+                        raise TypeError(n)
+                    n = self._n = operator.index(n)
+                except Exception:
+                    warn_once(
+                        "step-n",
+                        "otel_tunix.step() wants an integer step number, got a %s (counted "
+                        "as the scope's next step)",
+                        type(n).__name__,
+                    )
+                    n = self._n = count
             start = self._start_ns
             if start is None:
                 start = self._start_ns = _clock()

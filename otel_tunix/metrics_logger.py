@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import math
+import operator
 import os
 import sys
 import threading
@@ -182,12 +183,26 @@ class MetricsLogger:
         out: dict[str, float] = {}
         for name, value in metrics.items():
             if type(value) is float and value - value == 0.0:  # finite float: the usual case
-                out[name] = value
+                if type(name) is str:
+                    out[name] = value
+                    continue
+            if not isinstance(name, str):
+                warn_once(
+                    (id(self), "name", type(name)),
+                    "otel-tunix: a metric name must be a string, got a %s; its values are skipped",
+                    type(name).__name__,
+                )
                 continue
             try:
                 v = to_scalar(value)
-            except Exception as exc:  # not a number: report once, never raise
-                warn_once((id(self), "type", name), "otel-tunix: metric %r skipped: %s", name, exc)
+            except Exception:  # not a number: report once, never raise, never echo the text
+                warn_once(
+                    (id(self), "type", name),
+                    "otel-tunix: metric %r skipped: a %s is not a number (%s)",
+                    name,
+                    type(value).__name__,
+                    _shape_of(value),
+                )
                 continue
             if not math.isfinite(v):
                 warn_once(
@@ -204,6 +219,8 @@ class MetricsLogger:
         """Log several scalars at one step (one record in the JSONL backend)."""
         if not self.active or self._closed:
             return
+        if step is not None and type(step) is not int:
+            step = _step_number(step)
         values = self._convert(metrics, step)
         if values:
             self.log_rows(((step, values),), **kwargs)
@@ -265,6 +282,33 @@ class MetricsLogger:
                     backend.close()
                 except Exception:
                     _logger.exception("otel-tunix: closing %s failed", type(backend).__name__)
+
+
+def _step_number(step: Any) -> int | None:
+    """``step`` as an ``int`` (numpy, JAX and torch integers keep their value); anything
+    else is reported once and logged with no step."""
+    try:
+        if isinstance(step, bool):
+            raise TypeError
+        return operator.index(step)
+    except Exception:
+        warn_once(
+            ("log-step", type(step)),
+            "otel-tunix: a logged step must be an integer, got a %s; logged with no step",
+            type(step).__name__,
+        )
+        return None
+
+
+def _shape_of(value: Any) -> str:
+    """What a value that is not a number is, without its contents (a prompt or a
+    completion logged by mistake must not reach the logs)."""
+    if isinstance(value, str | bytes):
+        return f"{len(value)} characters" if isinstance(value, str) else f"{len(value)} bytes"
+    size = getattr(value, "size", None)
+    if isinstance(size, int):
+        return f"{size} elements"
+    return "not a scalar"
 
 
 def _skips(backend: Backend, source: str) -> bool:

@@ -17,6 +17,7 @@ The shape follows Logfire's ``config_params.py``: one table, loaded and cast in 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
@@ -108,6 +109,16 @@ def _seconds_or_off(raw: str) -> float | None:
     return value
 
 
+def _url(raw: str) -> str:
+    """A URL with its scheme and host: ``localhost:4317`` alone would be read as the scheme
+    ``localhost`` (and gRPC would then go over TLS and fail)."""
+    parsed = urllib.parse.urlsplit(raw)
+    if parsed.scheme.lower() not in ("http", "https") or not parsed.hostname:
+        raise ValueError
+    parsed.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
+    return raw
+
+
 def _protocol(raw: str) -> str:
     if raw not in ("grpc", "http/protobuf"):
         raise ValueError
@@ -132,6 +143,7 @@ class Setting:
 
 _BOOL = "true or false (also 1/0, yes/no, on/off)"
 _EXPORTERS = "a comma-separated list of exporter names, or none"
+_URL = "a URL with its scheme (`http://host:4317`, `https://host:4318`)"
 
 SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_ENABLED, "enabled", parse_bool, True,
@@ -196,15 +208,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("OTEL_LOGS_EXPORTER", "logs_exporter", _names, None,
             "where alert log records go (`otlp`, `console`; unset: `otlp` if an OTLP "
             "endpoint is set, else they stay in process)", _EXPORTERS),
-    Setting("OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint", _text, None,
+    Setting("OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint", _url, None,
             "OTLP endpoint of every signal (read by the OTLP exporters; its presence "
-            "turns OTLP on)", "a URL"),
-    Setting("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "otlp_traces_endpoint", _text, None,
-            "OTLP endpoint of spans", "a URL"),
-    Setting("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "otlp_metrics_endpoint", _text, None,
-            "OTLP endpoint of metrics", "a URL"),
-    Setting("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "otlp_logs_endpoint", _text, None,
-            "OTLP endpoint of log records", "a URL"),
+            "turns OTLP on)", _URL),
+    Setting("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "otlp_traces_endpoint", _url, None,
+            "OTLP endpoint of spans", _URL),
+    Setting("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "otlp_metrics_endpoint", _url, None,
+            "OTLP endpoint of metrics", _URL),
+    Setting("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "otlp_logs_endpoint", _url, None,
+            "OTLP endpoint of log records", _URL),
     Setting("OTEL_EXPORTER_OTLP_PROTOCOL", "otlp_protocol", _protocol, "grpc",
             "OTLP protocol of every signal", "grpc or http/protobuf"),
     Setting("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "otlp_traces_protocol", _protocol, None,

@@ -40,7 +40,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.metrics_core import Metric
 
+from otel_tunix._text import utf8_text
 from otel_tunix.environment_variables import (
     OTEL_TUNIX_PROMETHEUS_HOST,
     OTEL_TUNIX_PROMETHEUS_PORT,
@@ -266,7 +268,7 @@ def _make_app(registry: CollectorRegistry) -> _WSGIApp:
     # prometheus_client's make_wsgi_app serves the metrics on every path and has no health
     # route, so this wrapper routes /metrics to it, answers /healthz itself, and 404s the
     # rest. All the exposition (text format, OpenMetrics, gzip) stays prometheus_client's.
-    metrics_app: _WSGIApp = make_wsgi_app(registry)
+    metrics_app: _WSGIApp = make_wsgi_app(_Utf8Registry(registry))
 
     def app(environ: _WSGIEnviron, start_response: _StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "") or "/"
@@ -285,6 +287,29 @@ def _make_app(registry: CollectorRegistry) -> _WSGIApp:
         return [body]
 
     return app
+
+
+class _Utf8Registry:
+    """The registry as the exposition reads it (``collect``, ``restricted_registry``), with
+    label values and help texts made valid UTF-8: a component name holding a lone surrogate
+    would otherwise fail the encoding of the whole scrape (HTTP 500, every metric lost)."""
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self._registry.collect():
+            metric.documentation = utf8_text(metric.documentation)
+            metric.samples = [
+                s._replace(labels={k: utf8_text(v) for k, v in s.labels.items()})
+                if any(not v.isascii() for v in s.labels.values())
+                else s
+                for s in metric.samples
+            ]
+            yield metric
+
+    def restricted_registry(self, names: Iterable[str]) -> _Utf8Registry:
+        return _Utf8Registry(self._registry.restricted_registry(names))
 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):

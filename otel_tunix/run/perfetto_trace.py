@@ -11,6 +11,7 @@ from otel_tunix import environment_variables as env
 from otel_tunix._errors import report_internal_error
 from otel_tunix._resource import RankInfo
 from otel_tunix.config import PerformanceMetricsConfig
+from otel_tunix.run.paths import checked_dir
 from otel_tunix.settings import ConfigurationError, Settings
 
 __all__ = ["PERFETTO_AT_SHUTDOWN", "perfetto_dir", "perfetto_from_jsonl"]
@@ -51,7 +52,7 @@ def perfetto_dir(
                 f"perfetto_trace_dir / {env.OTEL_TUNIX_PERFETTO_DIR} needs pip install "
                 f"'otel-tunix[perfetto]' ({exc})"
             ) from exc
-        return Path(text)
+        return checked_dir(text, "perfetto_trace_dir / " + env.OTEL_TUNIX_PERFETTO_DIR)
     if out_dir is None:
         return None
     try:

@@ -40,6 +40,7 @@ from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
 from otel_tunix.pipeline.worker import Pipeline
 from otel_tunix.processors import StepAccountingProcessor, StepSink
 from otel_tunix.run import providers, signals
+from otel_tunix.run.paths import checked_dir, checked_file, path_component
 from otel_tunix.run.perfetto_trace import (
     PERFETTO_AT_SHUTDOWN,
     perfetto_dir,
@@ -63,7 +64,7 @@ def _output_dir(arg: str | os.PathLike[str] | None, run_id: str, settings: Setti
     if raw is not None and raw.strip().lower() == "none":
         return None
     if raw is None or not raw.strip():
-        return Path("otel-tunix-runs") / run_id
+        return Path("otel-tunix-runs") / path_component(run_id)
     return Path(raw)
 
 
@@ -193,7 +194,11 @@ def configure(
         out_dir = None if disabled else _output_dir(output_dir, rid, settings)
         files: dict[str, Path] = {}
         if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
+            checked_dir(out_dir, "output_dir / " + env.OTEL_TUNIX_OUTPUT_DIR)
+        if cfg.export_jsonl_path and not disabled:
+            checked_file(
+                cfg.export_jsonl_path, "export_jsonl_path / " + env.OTEL_TUNIX_EXPORT_JSONL_PATH
+            )
 
         if disabled:
             logger = _make_logger(
@@ -588,11 +593,13 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
         for name, stats in st.export_stats.items():
             if stats.failed or stats.dropped:
                 _logger.warning(
-                    "otel-tunix: exporter %s: %d spans failed and %d were dropped "
-                    "(collector down or slow?)",
+                    "otel-tunix: exporter %s: %d spans failed and %d were dropped (%s)",
                     name,
                     stats.failed,
                     stats.dropped,
+                    "the trace file could not be written"
+                    if name == "perfetto"
+                    else "collector down or slow?",
                 )
         return sessions
 

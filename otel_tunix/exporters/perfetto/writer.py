@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Final
 
+from otel_tunix._text import utf8_text
 from otel_tunix.accounting import account_step
 from otel_tunix.attributes import (
     COMPONENT,
@@ -105,7 +106,7 @@ class _TrackGroup:
     __slots__ = ("lanes", "name", "parent_uuid", "thread")
 
     def __init__(self, name: str, parent_uuid: int, thread: tuple[int, int] | None) -> None:
-        self.name = name
+        self.name = utf8_text(name)
         self.parent_uuid = parent_uuid
         self.thread = thread  # (pid, tid) for thread tracks
         self.lanes: list[_Lane] = []
@@ -344,9 +345,9 @@ class PerfettoTraceWriter:
             self._processes[process] = uuid
             desc = pb.TrackDescriptor(uuid=uuid)
             desc.process.pid = _pid_of(process)
-            desc.process.process_name = process.label
+            desc.process.process_name = utf8_text(process.label)
             if process.run_id:
-                desc.process.process_labels.append(f"run {process.run_id}")
+                desc.process.process_labels.append(utf8_text(f"run {process.run_id}"))
             self._write_descriptor(desc)
         return uuid
 
@@ -416,7 +417,7 @@ class PerfettoTraceWriter:
             uuid = self._uuid()
             self._counters[key] = uuid
             desc = pb.TrackDescriptor(uuid=uuid, parent_uuid=proc_uuid)
-            desc.name = f"perf/{scope}/{field_name}"
+            desc.name = utf8_text(f"perf/{scope}/{field_name}")
             desc.counter.unit_name = "s"
             self._write_descriptor(desc)
         return uuid
@@ -460,6 +461,10 @@ class PerfettoTraceWriter:
         """Name the event (interning in file order, as readers expect) and write it."""
         _, packet, name, category = event
         ev = packet.track_event
+        if name is not None:
+            name = utf8_text(name)
+        if category is not None:
+            category = utf8_text(category)
         if name is not None:
             iid = self._intern(self._names, name, packet.interned_data.event_names)
             if iid is None:
@@ -613,7 +618,7 @@ _SHOWN_BY_LAYOUT: dict[str | None, frozenset[str]] = {
 
 def _annotate(ann: pb.DebugAnnotation, name: str | None, value: object) -> None:
     if name is not None:
-        ann.name = name
+        ann.name = utf8_text(name)
     if isinstance(value, bool):
         ann.bool_value = value
     elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
@@ -621,9 +626,9 @@ def _annotate(ann: pb.DebugAnnotation, name: str | None, value: object) -> None:
     elif isinstance(value, float):
         ann.double_value = value
     elif isinstance(value, str):
-        ann.string_value = value
+        ann.string_value = utf8_text(value)
     elif isinstance(value, (list, tuple)):
         for item in value:
             _annotate(ann.array_values.add(), None, item)
     else:
-        ann.string_value = str(value)
+        ann.string_value = utf8_text(str(value))

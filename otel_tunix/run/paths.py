@@ -1,0 +1,77 @@
+"""The run's local paths, checked at ``configure()``: a folder that cannot be one, or a file
+that cannot be written, is a :class:`ConfigurationError` naming the setting, not an
+``OSError`` from deep inside a writer."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+from otel_tunix.settings import ConfigurationError
+
+__all__ = ["checked_dir", "checked_file", "path_component"]
+
+_UNSAFE = re.compile(r"[^\w.\-]")
+_MAX_COMPONENT = 200
+
+
+def path_component(text: str) -> str:
+    """``text`` made safe as one path component: every character but letters, digits,
+    ``_``, ``.`` and ``-`` becomes ``_`` (no ``/``, ``\\``, NUL or lone surrogate survives),
+    leading dots are dropped (no ``..``, no hidden folder), at most 200 characters; ``run``
+    when nothing is left."""
+    safe = _UNSAFE.sub("_", text).lstrip(".")[:_MAX_COMPONENT]
+    return safe or "run"
+
+
+def checked_dir(path: str | os.PathLike[str], setting: str) -> Path:
+    """``path`` made (with its parents) and writable, as a directory.
+
+    Raises:
+        ConfigurationError: it is a file, or cannot be made or written; the message names
+            ``setting`` (e.g. ``"output_dir / OTEL_TUNIX_OUTPUT_DIR"``) and the reason.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigurationError(f"{setting}={os.fspath(path)!r} is a file, not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{setting}={os.fspath(path)!r}: cannot make the directory ({_reason(exc)})"
+        ) from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"{setting}={os.fspath(path)!r}: the directory is not writable by this process"
+        )
+    return p
+
+
+def checked_file(path: str | os.PathLike[str], setting: str) -> Path:
+    """``path`` as a file that can be appended to: not a directory, its folder made.
+
+    Raises:
+        ConfigurationError: it is a directory, its folder cannot be made, or the file
+            cannot be opened for appending; the message names ``setting`` and the reason.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigurationError(f"{setting}={os.fspath(path)!r} is a directory, not a file")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "ab"):
+            pass
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{setting}={os.fspath(path)!r}: cannot write the file ({_reason(exc)})"
+        ) from None
+    return p
+
+
+def _reason(exc: OSError) -> str:
+    """The error in words, without the traceback (``Permission denied``, ...)."""
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return "a part of the path is a file"
+    return exc.strerror or type(exc).__name__

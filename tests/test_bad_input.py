@@ -1,0 +1,192 @@
+"""Bad input from the program or the environment: kept, sanitised or refused by name."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from opentelemetry.sdk.metrics import MeterProvider
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+import otel_tunix
+from otel_tunix.exporters.prometheus import PrometheusEndpoint
+from otel_tunix.settings import ConfigurationError
+
+ODD = "step\ud800compute"  # a lone surrogate: not encodable as UTF-8
+SHOWN = "step\ufffdcompute"
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _slice_names(path: Path) -> list[str]:
+    """Names of the slices that begin in a Perfetto trace (interned or inline)."""
+    trace = pb.Trace()
+    trace.ParseFromString(path.read_bytes())
+    interned: dict[int, str] = {}
+    names = []
+    for p in trace.packet:
+        for n in p.interned_data.event_names:
+            interned[n.iid] = n.name
+        ev = p.track_event
+        if p.HasField("track_event") and ev.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            names.append(interned[ev.name_iid] if ev.name_iid else ev.name)
+    return names
+
+
+@pytest.mark.parametrize(
+    "make", [np.int64, np.int32, np.uint16, lambda n: torch.tensor(n)], ids=str
+)
+def test_integer_like_step_numbers_keep_their_value(tmp_path, make):
+    otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
+    for n in range(1001, 1006):
+        with otel_tunix.step(make(n)):
+            with otel_tunix.component("train_step_compute"):
+                pass
+    otel_tunix.get_metrics_logger().log("loss", 0.5, step=make(1005))
+    otel_tunix.shutdown()
+    steps = [x["step"] for x in _lines(tmp_path / "spans.jsonl") if x["type"] == "step"]
+    assert steps == [1001, 1002, 1003, 1004, 1005]
+    logged = [x for x in _lines(tmp_path / "metrics.jsonl") if x.get("metrics")]
+    assert [(x["step"], x["metrics"]) for x in logged if "loss" in x["metrics"]] == [
+        (1005, {"loss": 0.5})
+    ]
+
+
+def test_a_step_number_that_is_no_integer_is_counted_and_reported_by_type(tmp_path, caplog):
+    otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
+    with caplog.at_level(logging.WARNING, logger="otel_tunix"):
+        for n in ("secret-prompt", 2.5, True):
+            with otel_tunix.step(n):  # type: ignore[arg-type]
+                pass
+    otel_tunix.shutdown()
+    steps = [x["step"] for x in _lines(tmp_path / "spans.jsonl") if x["type"] == "step"]
+    assert steps == [0, 1, 2]  # the scope's count, as documented
+    assert "secret-prompt" not in caplog.text
+    assert "got a str" in caplog.text
+
+
+def test_text_values_are_never_echoed_and_a_bad_name_is_said_without_a_traceback(tmp_path, caplog):
+    otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
+    logger = otel_tunix.get_metrics_logger()
+    with caplog.at_level(logging.WARNING, logger="otel_tunix"):
+        logger.log("completion", "the user's secret prompt", step=1)
+        logger.log(None, 1.0, step=1)  # type: ignore[arg-type]
+        logger.log_dict({3: 2.0, "loss": 1.5}, step=2)  # type: ignore[dict-item]
+        logger.log("loss", 1.0, step=3)
+    otel_tunix.shutdown()
+    assert "secret" not in caplog.text
+    messages = [r.getMessage() for r in caplog.records]
+    assert "otel-tunix: metric 'completion' skipped: a str is not a number (24 characters)" in (
+        messages
+    )
+    assert any("metric name must be a string, got a NoneType" in m for m in messages)
+    assert any("metric name must be a string, got a int" in m for m in messages)
+    assert not any(r.exc_info for r in caplog.records)  # no traceback anywhere
+    logged = [x for x in _lines(tmp_path / "metrics.jsonl") if x.get("metrics")]
+    assert [(x["step"], x["metrics"]) for x in logged if "loss" in x["metrics"]] == [
+        (2, {"loss": 1.5}),
+        (3, {"loss": 1.0}),
+    ]
+
+
+def test_a_lone_surrogate_in_a_name_keeps_every_span_in_the_perfetto_traces(tmp_path):
+    streamed = tmp_path / "streamed"
+    otel_tunix.configure(output_dir=tmp_path / "run", system_metrics=False)
+    for n in range(20):
+        with otel_tunix.step(n):
+            with otel_tunix.component(ODD):
+                pass
+            with otel_tunix.component("optimizer"):
+                pass
+    otel_tunix.shutdown()
+    names = _slice_names(tmp_path / "run" / "trace.pftrace")  # translated at shutdown
+    assert names.count(SHOWN) == 20 and names.count("optimizer") == 20
+    assert names.count("train_step") == 20
+
+    otel_tunix.configure(
+        output_dir="none",
+        system_metrics=False,
+        perf=otel_tunix.PerformanceMetricsConfig(perfetto_trace_dir=streamed),
+    )
+    for n in range(20):
+        with otel_tunix.step(n):
+            with otel_tunix.component(ODD):
+                pass
+    otel_tunix.shutdown()
+    (trace,) = streamed.glob("*.pftrace")
+    assert _slice_names(trace).count(SHOWN) == 20
+
+
+def test_a_lone_surrogate_in_a_label_value_keeps_the_prometheus_scrape_whole():
+    endpoint = PrometheusEndpoint()
+    provider = MeterProvider(metric_readers=[endpoint.reader])
+    try:
+        hist = provider.get_meter("t").create_histogram("tunix.component.busy_time", unit="s")
+        hist.record(0.1, {"component": ODD})
+        hist.record(0.2, {"component": "optimizer"})
+        with urllib.request.urlopen(endpoint.url, timeout=10) as response:
+            assert response.status == 200
+            text = response.read().decode()
+    finally:
+        provider.shutdown()
+    assert f'component="{SHOWN}"' in text and 'component="optimizer"' in text
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("OTEL_TUNIX_OUTPUT_DIR", "{file}", "is a file, not a directory"),
+        ("OTEL_TUNIX_OUTPUT_DIR", "{file}/run", "a part of the path is a file"),
+        ("OTEL_TUNIX_EXPORT_JSONL_PATH", "{dir}", "is a directory, not a file"),
+        ("OTEL_TUNIX_EXPORT_JSONL_PATH", "{file}/spans.jsonl", "a part of the path is a file"),
+        ("OTEL_TUNIX_PERFETTO_DIR", "{file}", "is a file, not a directory"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317", "a URL with its scheme"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://", "a URL with its scheme"),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "https://host:70000", "a URL with its scheme"),
+    ],
+)
+def test_a_bad_path_or_endpoint_fails_configure_naming_the_variable(
+    tmp_path, monkeypatch, variable, value, said
+):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    raw = value.format(file=tmp_path / "a-file", dir=tmp_path / "a-dir")
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(ConfigurationError) as err:
+        otel_tunix.configure(system_metrics=False)
+    assert variable in str(err.value) and said in str(err.value)
+    assert "Traceback" not in str(err.value)
+    assert (tmp_path / "a-file").read_text() == "x"  # nothing written over it
+
+
+def test_an_unwritable_perfetto_dir_is_refused_as_such(tmp_path, monkeypatch):
+    # Not writable to this process: a directory under a read-only bind would do as well;
+    # a path whose parent is a file is what every user (root included) can reproduce, and
+    # os.access is what the check reads, so it is asked for a directory mode 0o500 too.
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    monkeypatch.setenv("OTEL_TUNIX_PERFETTO_DIR", str(locked))
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked)
+    with pytest.raises(ConfigurationError, match=r"OTEL_TUNIX_PERFETTO_DIR=.*not writable"):
+        otel_tunix.configure(output_dir="none", system_metrics=False)
+
+
+@pytest.mark.parametrize("run_id", ["../../escaped", "/abs/path", "a/../../b", "..", "C:\\\\x"])
+def test_a_run_id_is_made_safe_as_a_folder_name(tmp_path, monkeypatch, run_id):
+    monkeypatch.setenv("OTEL_TUNIX_RUN_ID", run_id)
+    info = otel_tunix.configure(system_metrics=False)
+    otel_tunix.shutdown()
+    assert info.run_id == run_id  # the attribute keeps the id as given
+    assert info.output_dir is not None
+    folder = info.output_dir.resolve()
+    assert folder.parent == (tmp_path / "otel-tunix-runs").resolve()
+    assert (folder / "summary.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["otel-tunix-runs"]
