@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7, help="runs on and off (measurement 1)")
     ap.add_argument("--block", type=int, default=20, help="steps per block (measurement 2)")
     ap.add_argument("--blocks", type=int, default=100, help="block pairs (measurement 2)")
-    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--d-model", type=int, default=64, help="width of the demo's tiny LM")
     ap.add_argument(
         "--torch-threads",
         type=int,
@@ -160,8 +160,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.torch_threads)
-    print(f"torch threads: {torch.get_num_threads()}, hidden {args.hidden}")
-    cfg = DemoConfig(steps=args.steps, hidden=args.hidden, eval_every=0, checkpoint_every=0)
+    print(f"torch threads: {torch.get_num_threads()}, d_model {args.d_model}")
+    cfg = DemoConfig(steps=args.steps, d_model=args.d_model, eval_every=0, checkpoint_every=0)
     off: list[_Run] = []
     on: list[_Run] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,7 +171,7 @@ def main() -> None:
             on.append(_Run(cfg, True, Path(tmp) / f"on{i}"))
         long = DemoConfig(
             steps=args.block * (2 * args.blocks + 2),
-            hidden=args.hidden,
+            d_model=args.d_model,
             eval_every=0,
             checkpoint_every=0,
         )

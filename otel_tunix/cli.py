@@ -35,7 +35,7 @@ from otel_tunix.demo_rl import main as rl_main
 _USAGE = """usage: otel-tunix COMMAND [options]
 
 commands:
-  demo      train a small instrumented PyTorch model on the CPU and show the breakdown
+  demo      train a tiny transformer language model on the CPU and show the breakdown
             (--rl: an asynchronous GRPO-style loop with rollout workers and a learner)
   plot      plot metrics of one or more runs (metrics.jsonl, plain or .gz) to a PNG
   summary   step-time breakdown, goodput, anomalous steps and ranks of a finished run

@@ -62,7 +62,7 @@ def test_bench_demo_prints_the_direct_and_wall_clock_measurements():
     pytest.importorskip("torch")
     text = _run(
         "bench_demo.py", "--steps", "6", "--rounds", "1", "--block", "2", "--blocks", "2",
-        "--hidden", "64",
+        "--d-model", "16",
     )  # fmt: skip
     assert re.search(r"otel-tunix threads \(CPU\):\s+\d+\.\d us", text)
     assert re.search(r"total:\s+\d+\.\d us = \d+\.\d\d% of the step", text)

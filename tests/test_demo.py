@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 
+import pytest
 
-def test_demo_cli_trains_and_writes_the_run_folder(tmp_path):
+
+def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
+    pytest.importorskip("torch")
+    from otel_tunix.tiny_lm import TinyLM, TinyLMConfig
+
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "30", "--hidden", "64",
-         "--output-dir", str(out), "--no-progress"],
+        [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "40", "--d-model", "32",
+         "--eval-every", "20", "--peak-tflops", "0.05", "--output-dir", str(out),
+         "--no-progress"],
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -21,10 +28,11 @@ def test_demo_cli_trains_and_writes_the_run_folder(tmp_path):
     assert "Step-time breakdown" in text
     for name in ("train_step_compute", "forward", "backward", "optimizer_step", "train_data_load"):
         assert name in text
+    assert "tokens/s" in text and "MFU" in text and "0.05 TFLOP/s (--peak-tflops)" in text
     assert str(out.resolve()) in text
     lines = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["type"] == "step" and x["scope"] == "train"]
-    assert [x["step"] for x in steps] == list(range(30))
+    assert [x["step"] for x in steps] == list(range(40))
     names = {s["name"] for s in steps[0]["spans"]}
     assert names == {
         "train_data_load",
@@ -38,17 +46,54 @@ def test_demo_cli_trains_and_writes_the_run_folder(tmp_path):
         assert x["busy_time_sec"] <= x["step_time_sec"] + 1e-9
         assert x["busy_time_sec"] >= x["components"]["train_step_compute"]["busy_time_sec"] - 1e-9
     sessions = {x["scope"]: x for x in lines if x["type"] == "session"}
-    assert sessions["train"]["steps"] == 30
+    assert sessions["train"]["steps"] == 40
+    assert sessions["eval"]["steps"] == 2 * 4  # two evaluations of four held-out batches
+
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    losses = [m["metrics"]["loss"] for m in metrics if "loss" in m.get("metrics", {})]
-    assert len(losses) == 30 and losses[-1] < losses[0]
+    rows = [m["metrics"] for m in metrics if "loss" in m.get("metrics", {})]
+    assert len(rows) == 40
+    # bytes: a model that knows nothing starts at ln(256) nats, and it learns
+    assert rows[0]["loss"] == pytest.approx(math.log(256), abs=0.05)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 1.0
+    flops_per_token = TinyLM(TinyLMConfig(d_model=32)).flops().per_token()
+    for r in rows:
+        assert r["perplexity"] == pytest.approx(math.exp(r["loss"]))
+        assert r["tokens_per_sec"] == pytest.approx(16 * 64 / r["step_time_sec"])
+        assert r["mfu"] == pytest.approx(r["tokens_per_sec"] * flops_per_token / 0.05e12)
+        assert 0 < r["learning_rate"] <= 3e-3 and r["grad_norm"] > 0
+    assert rows[0]["learning_rate"] == pytest.approx(3e-3 / 20)  # linear warm-up
+    evals = [m["metrics"] for m in metrics if "eval/loss" in m.get("metrics", {})]
+    assert len(evals) == 2 and evals[1]["eval/loss"] < evals[0]["eval/loss"]
+    assert evals[1]["eval/perplexity"] == pytest.approx(math.exp(evals[1]["eval/loss"]))
     assert json.loads((out / "summary.json").read_text())["scopes"]
+    assert not (out / "checkpoint.pt").exists()  # one every 100 steps: none in 40
+
+
+def test_demo_checkpoint_loads_back_into_the_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    import otel_tunix
+    from otel_tunix.demo import DemoConfig, train
+    from otel_tunix.testing import capture
+    from otel_tunix.tiny_lm import TinyLM, TinyLMConfig
+
+    cfg = DemoConfig(steps=4, d_model=16, checkpoint_every=2, eval_every=0, workers=0)
+    with capture(output_dir=tmp_path) as cap:
+        result = train(cfg, run_dir=tmp_path, progress=None)
+        otel_tunix.force_flush()
+    saved = torch.load(tmp_path / "checkpoint.pt")
+    assert saved["step"] == 3
+    model = TinyLM(TinyLMConfig(d_model=16))
+    model.load_state_dict(saved["model"])
+    assert [s.step for s in cap.summaries if s.scope == "train"] == [0, 1, 2, 3]
+    saves = [s for s in cap.summaries if "checkpoint_save" in s.components]
+    assert [s.step for s in saves] == [1, 3]
+    assert len(result.losses) == 4 and result.mfu > 0
 
 
 def test_demo_sampling_rate_flag_and_usage_errors(tmp_path):
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    cmd = [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "8", "--hidden", "32",
+    cmd = [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "8", "--d-model", "16",
            "--sampling-rate", "4", "--output-dir", str(out), "--no-progress"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
