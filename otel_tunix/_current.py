@@ -23,6 +23,7 @@ from otel_tunix._version import __version__
 if TYPE_CHECKING:
     from otel_tunix.metrics_logger import MetricsLogger
     from otel_tunix.model import StepSummary
+    from otel_tunix.processors import StepSink
 
 __all__ = ["CurrentRun", "RunInfo", "get_current", "meter", "set_current"]
 
@@ -58,6 +59,11 @@ class CurrentRun:
     meter_provider: Any = None
     """The run's MeterProvider (``None``: the global one)."""
     last_step_summary: Callable[[], StepSummary | None] = lambda: None
+    add_step_sink: Callable[[StepSink], None] = lambda sink: None
+    """Send the run's step summaries to one more sink from now on (an integration's)."""
+    process_steps: Callable[[float], bool] = lambda timeout: True
+    """Process every finished step now (device ends included), without flushing the
+    exporters (which may wait on a collector); False if ``timeout`` (s) passed first."""
 
 
 _current: CurrentRun | None = None

@@ -230,6 +230,20 @@ def context_step(rt: Runtime | None = None) -> StepRecord | None:
     return _step_of(cur)
 
 
+def carried_context() -> contextvars.Context | None:
+    """A copy of the calling context when a sampled step is open in it, else ``None``.
+
+    Run a thread or pool task started inside the step in it (``ctx.run(fn)``) and its
+    components record into that step, under the component that started it. Outside a step,
+    or in one that is not sampled, there is nothing to carry (a long-lived thread started
+    there must not keep that decision for later steps).
+    """
+    cur = _current.get()
+    if cur is _NOT_SET or cur is None:
+        return None
+    return contextvars.copy_context()
+
+
 def set_runtime(runtime: Runtime | None) -> None:
     """Install the runtime of a ``configure()`` (``None``: otel-tunix is off, silently)."""
     global _runtime, _quiet
@@ -570,6 +584,13 @@ class Component:
             # more). In an event loop tasks interleave: the variable. (cur is st: the
             # context holds the step itself, no component of its own.)
             fast = cur is st and ident == st.nest_ident and running_loop() is None
+            if not fast and st.end_ns:  # a thread or task that outlived the step its
+                # context holds (started inside it, still running): the latest open step
+                rt = _runtime
+                if rt is None or not rt.open_steps:
+                    return self
+                st = rt.open_steps[-1]
+                outer_id = st.span_id
             span: Any = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id
@@ -743,5 +764,14 @@ def _take_pending(rt: Runtime) -> list[StepEvent]:
 
 
 def in_step() -> bool:
-    """True when a step (sampled or not) is open in the calling context."""
-    return _current.get() is not _NOT_SET
+    """True when a step (sampled or not) is open in the calling context (in a thread that
+    outlived the step its context holds: when any sampled step is open, as its components
+    then record into the latest one)."""
+    cur = _current.get()
+    if cur is _NOT_SET:
+        return False
+    st = _step_of(cur)
+    if st is not None and st.end_ns:
+        rt = _runtime
+        return rt is not None and bool(rt.open_steps)
+    return True

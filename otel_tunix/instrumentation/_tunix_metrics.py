@@ -72,6 +72,12 @@ class TunixMetric:
         return "1"
 
     @property
+    def logged_late(self) -> bool:
+        """Tunix's RL perf metrics (``perf/global_step_time``, ...): Tunix logs a global
+        step's after counting it, at the next step's number."""
+        return self.role is None and self.name.startswith("perf/")
+
+    @property
     def attributes(self) -> dict[str, str]:
         attrs = {"scope": self.mode or "train"}
         if self.role:
@@ -117,7 +123,9 @@ class OTelLoggingBackend(LoggingBackend):
 
     Times (unit ``s``) become histograms, everything else gauges (last value per ``scope`` /
     ``role``). Each scalar is also logged to otel-tunix's MetricsLogger under its
-    slash-style name (``loss``, ``eval/loss``, ``actor/kl``) at its step. Never raises.
+    slash-style name (``loss``, ``eval/loss``, ``actor/kl``) at the step of the work it
+    describes: Tunix's own step, except for its RL ``perf/...`` metrics, which Tunix logs one
+    global step late (see :attr:`TunixMetric.logged_late`). Never raises.
 
     Args:
         forward: Also log to otel-tunix's MetricsLogger (``metrics.jsonl``, console).
@@ -191,6 +199,8 @@ class OTelLoggingBackend(LoggingBackend):
                     inst.set(v, metric.attributes)
             if self._forward:
                 step = kwargs.get("step")
+                if step is not None and metric.logged_late and int(step) > 0:
+                    step = int(step) - 1  # the global step they describe: its span's number
                 otel_tunix.get_metrics_logger().log(
                     metric.logger_name,
                     v,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import otel_tunix
@@ -43,11 +43,13 @@ class _LoopSteps:
         data_component: str,
         number: Callable[[], int],
         stop: Callable[[], bool] | None = None,
+        attributes: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.scope = scope
         self.data_component = data_component
         self._number = number
         self._stop = stop
+        self._attributes = attributes
         self._open: Any = None
 
     def close(self) -> None:
@@ -66,6 +68,7 @@ class _LoopSteps:
             if self._stop is not None and self._stop():
                 return
             n = self._number()
+            attributes = self._attributes() if self._attributes is not None else {}
         except Exception:  # the trainer's private attributes (_iter_steps, max_steps) changed
             warn_once(
                 ("tunix", "step-number"),
@@ -77,6 +80,8 @@ class _LoopSteps:
             return
         try:
             self._open = _open_step_at(n, self.scope, start_ns)
+            for key, value in attributes.items():
+                self._open.set_attribute(key, value)
             record_interval(self.data_component, start_ns, end_ns)
         except Exception:  # only our own code: a bug of ours
             report_internal_error("opening a Tunix step")

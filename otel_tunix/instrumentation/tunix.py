@@ -44,6 +44,7 @@ import otel_tunix
 from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._base import step_is_open
+from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.instrumentation._tunix_metrics import (
     CATEGORIES as CATEGORIES,
 )
@@ -55,16 +56,24 @@ from otel_tunix.instrumentation._tunix_metrics import (
     TunixMetric,
     parse_event,
 )
+from otel_tunix.instrumentation._tunix_perf import LEARNER_SCOPE
 from otel_tunix.instrumentation._tunix_steps import _LoopSteps
+from otel_tunix.instrumentation._tunix_tracer import (
+    COMPONENT_NAMES as COMPONENT_NAMES,
+)
 from otel_tunix.instrumentation._tunix_tracer import (
     DEFAULT_STEP_GROUPS as DEFAULT_STEP_GROUPS,
 )
-from otel_tunix.instrumentation._tunix_tracer import OTelPerfTracer
+from otel_tunix.instrumentation._tunix_tracer import (
+    TAG_ATTRIBUTES as TAG_ATTRIBUTES,
+)
+from otel_tunix.instrumentation._tunix_tracer import OTelPerfTracer, TeeTracer
 from otel_tunix.instrumentation.jax import device_end, ensure_compile_tracking
 
 __all__ = [
     "OTelLoggingBackend",
     "OTelPerfTracer",
+    "TeeTracer",
     "TunixInstrumentor",
     "TunixMetric",
     "parse_event",
@@ -98,11 +107,15 @@ def _wrap_train(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: A
         return wrapped(*args, **kwargs)
     _base.ensure_configured()
     ensure_compile_tracking()
+    # Numbered as Tunix logs the iteration's metrics: one past its update count, so
+    # ``loss`` at step n in metrics.jsonl is the step n span's (``tunix.train_step`` too,
+    # which with gradient accumulation several iterations share).
     steps = _LoopSteps(
         _trainer_scope(instance),
         "train_data_load",
-        number=lambda: int(getattr(instance, "_iter_steps", 0)),
+        number=lambda: int(instance._iter_steps) + 1,
         stop=lambda: _will_stop(instance),
+        attributes=lambda: {"tunix.train_step": int(instance._train_steps) + 1},
     )
     args = list(args)
     if args:
@@ -126,7 +139,12 @@ def _wrap_run_eval(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs
     counter = getattr(instance, "_otel_tunix_eval_count", None)
     if counter is None:
         counter = instance._otel_tunix_eval_count = itertools.count()
-    eval_steps = _LoopSteps("eval", "eval_data_load", number=lambda: next(counter))
+    eval_steps = _LoopSteps(
+        "eval",
+        "eval_data_load",
+        number=lambda: next(counter),
+        attributes=lambda: {"tunix.train_step": int(instance._train_steps)},
+    )
     args = list(args)
     if args:
         args[0] = eval_steps.wrap(args[0])
@@ -177,18 +195,22 @@ def _wrap_wait_for_next(wrapped: Callable[..., Any], instance: Any, args: Any, k
         return wrapped(*args, **kwargs)
 
 
-def _swap_noop_tracers(instance: Any, v1_attr: str, v2_attr: str) -> None:
-    """Replace Tunix's default no-op tracers on ``instance`` with the shared OTel tracer."""
-    if not (_active.is_set() and _shared_tracer is not None):
+def _set_tracers(instance: Any, v1_attr: str, v2_attr: str) -> None:
+    """Give ``instance`` the shared OTel tracer: in place of Tunix's default no-op tracers,
+    or beside Tunix's own (a :class:`TeeTracer` feeding both)."""
+    ours = _shared_tracer
+    if not (_active.is_set() and ours is not None):
         return
     try:
         from tunix.perf import trace as v1
         from tunix.perf.experimental import tracer as v2
 
-        if type(getattr(instance, v1_attr, None)) is v1.NoopTracer:
-            setattr(instance, v1_attr, _shared_tracer)
-        if type(getattr(instance, v2_attr, None)) is v2.NoopTracer:
-            setattr(instance, v2_attr, _shared_tracer.v2)
+        for name, module, face in ((v1_attr, v1, ours), (v2_attr, v2, ours.v2)):
+            current = getattr(instance, name, None)
+            if type(current) is module.NoopTracer:
+                setattr(instance, name, face)
+            elif isinstance(current, module.PerfTracer):
+                setattr(instance, name, TeeTracer(current, face))
     except Exception:  # Tunix's private tracer modules or attributes changed
         warn_once(
             ("tunix", "tracer"),
@@ -201,14 +223,28 @@ def _swap_noop_tracers(instance: Any, v1_attr: str, v2_attr: str) -> None:
 
 def _wrap_peft_init(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     result = wrapped(*args, **kwargs)
-    _swap_noop_tracers(instance, "_perf_tracer", "_perf_tracer_v2")
+    _set_tracers(instance, "_perf_tracer", "_perf_tracer_v2")
     return result
 
 
 def _wrap_init_cluster(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     result = wrapped(*args, **kwargs)
-    _swap_noop_tracers(instance, "_perf", "_perf_v2")
+    _set_tracers(instance, "_perf", "_perf_v2")
     return result
+
+
+def _wrap_rl_train(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    """Number the ``rl/learner`` steps by Tunix's ``global_steps``: the step Tunix logs the
+    global step's rewards and other RL metrics under."""
+    tracer = _shared_tracer
+    cluster = getattr(instance, "rl_cluster", None)
+    if not _active.is_set() or tracer is None or cluster is None:
+        return wrapped(*args, **kwargs)
+    tracer.number_steps(LEARNER_SCOPE, lambda: int(cluster.global_steps))
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        tracer.number_steps(LEARNER_SCOPE, None)
 
 
 def _wrap_metrics_logger_init(
@@ -253,6 +289,7 @@ _PATCHES: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("tunix.sft.inflight_throttler", "InflightThrottler.wait_for_next", _wrap_wait_for_next),
     ("tunix.sft.metrics_logger", "MetricsLogger.__init__", _wrap_metrics_logger_init),
     ("tunix.rl.rl_cluster", "RLCluster._init_cluster", _wrap_init_cluster),
+    ("tunix.rl.rl_learner", "RLLearner.train", _wrap_rl_train),
 )
 _patched: set[tuple[str, str]] = set()
 _hooked: set[str] = set()
@@ -320,6 +357,7 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         tracer = kwargs.get("tracer")
         _shared_tracer = tracer if isinstance(tracer, OTelPerfTracer) else OTelPerfTracer()
         _base.enable_auto_configure()
+        carry_into_threads()
         _active.set()
         for module_name in dict.fromkeys(mod for mod, _, _ in _PATCHES):
             if module_name not in _hooked:
@@ -333,6 +371,7 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
 
         global _shared_tracer
         _active.clear()
+        stop_carrying_into_threads()
         with _patch_lock:
             for mod, target in list(_patched):
                 module = sys.modules.get(mod)

@@ -378,6 +378,8 @@ def configure(
                 cfg.otel_scope or "tunix",
                 meter_provider=mp,
                 last_step_summary=lambda: processor.last_summary,
+                add_step_sink=processor.add_sink,
+                process_steps=_process_steps(state.runtime),
             )
         )
         _register_atexit()
@@ -482,6 +484,13 @@ def _make_logger(
     return MetricsLogger(
         opts, run_id=run_id, rank=rank.rank, meter_provider=meter_provider, settings=settings
     )
+
+
+def _process_steps(runtime: _recording.Runtime | None) -> Callable[[float], bool]:
+    """``CurrentRun.process_steps`` of a run (nothing to wait for when it records nothing)."""
+    if runtime is None:
+        return lambda timeout: True
+    return runtime.pipeline.flush
 
 
 def _register_atexit() -> None:

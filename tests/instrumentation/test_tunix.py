@@ -138,12 +138,14 @@ def instrumented_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def test_one_train_step_per_iteration_with_its_components(instrumented_run: Run) -> None:
     spans = instrumented_run.spans
     steps = [s for s in spans if s.name == "train_step"]
-    assert sorted(s.attributes[attr.STEP] for s in steps) == list(range(STEPS))
+    # numbered as Tunix logs them: step n is the iteration that makes the n-th update
+    assert sorted(s.attributes[attr.STEP] for s in steps) == list(range(1, STEPS + 1))
+    assert all(s.attributes["tunix.train_step"] == s.attributes[attr.STEP] for s in steps)
     assert all(s.attributes[attr.SCOPE] == "train" for s in steps)
     per_step = Counter(
         (s.name, s.attributes[attr.STEP]) for s in spans if s.attributes.get(attr.SCOPE) == "train"
     )
-    for n in range(STEPS):
+    for n in range(1, STEPS + 1):
         assert per_step[("train_data_load", n)] == 1
         assert per_step[("peft_train_step", n)] == 1  # v1 and v2 spans merged into one
     for s in spans:
@@ -160,7 +162,7 @@ def test_train_step_ends_on_device_and_compiles_once(instrumented_run: Run) -> N
     compiles = [
         s for s in spans if s.name == "jax_compile" and _parent_name(spans, s) == "peft_train_step"
     ]
-    assert [s.attributes[attr.STEP] for s in compiles] == [0]  # first step only
+    assert [s.attributes[attr.STEP] for s in compiles] == [1]  # first step only
 
 
 def test_inflight_wait_is_blocked_and_checkpoints_are_components(instrumented_run: Run) -> None:
@@ -168,9 +170,9 @@ def test_inflight_wait_is_blocked_and_checkpoints_are_components(instrumented_ru
     waits = [s for s in spans if s.name == "train_inflight_wait"]
     assert waits and all(s.attributes[attr.TIME_KIND] == attr.KIND_BLOCKED for s in waits)
     # max_inflight_computations=2: from the third step on the throttler waits every step
-    assert {s.attributes[attr.STEP] for s in waits} == set(range(2, STEPS))
+    assert {s.attributes[attr.STEP] for s in waits} == set(range(3, STEPS + 1))
     saves = [s.attributes[attr.STEP] for s in spans if s.name == "checkpoint_save"]
-    assert saves and EVAL_EVERY - 1 in saves and STEPS - 1 in saves
+    assert saves and EVAL_EVERY in saves and STEPS in saves  # Tunix saves step n as n
     assert len(saves) < STEPS  # only the steps that saved
 
 
@@ -228,10 +230,19 @@ def test_tunix_metrics_land_in_metrics_jsonl(instrumented_run: Run) -> None:
     lines = (instrumented_run.run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines[1:]]
     losses = {r["step"]: r["metrics"]["loss"] for r in records if "loss" in r["metrics"]}
-    assert sorted(losses) == list(range(1, STEPS + 1))  # Tunix logs train step n as n + 1
+    assert sorted(losses) == list(range(1, STEPS + 1))
     assert [losses[s] for s in sorted(losses)] == pytest.approx(instrumented_run.losses)
     assert any("eval/loss" in r["metrics"] for r in records)
-    assert any("perf/train/peft_train_step/busy_time_sec" in r["metrics"] for r in records)
+    # joinable by step: Tunix's loss of step n and otel-tunix's figures of the step n span
+    perf = {
+        r["step"]
+        for r in records
+        if "perf/train/peft_train_step/busy_time_sec" in r["metrics"]
+    }
+    spans = {
+        s.attributes[attr.STEP] for s in instrumented_run.spans if s.name == "train_step"
+    }
+    assert perf == spans == set(losses)
 
 
 def test_uninstrument_restores_tunix() -> None:
@@ -287,6 +298,7 @@ def test_tracer_protocol_groups_tags_and_v1_v2_merge() -> None:
                         span_v2.async_end([out])
                 with tracer.span("weight_sync", tracer.all_devices):
                     pass
+        exported = tracer.export()  # Tunix's perf metrics of the last global step
         with tracer.v2.span("peft_train", tags={"step": 41}) as s:  # no step open: a step
             s.async_end(jnp.ones(3) * 2)
         spans = cap.spans()
@@ -297,13 +309,27 @@ def test_tracer_protocol_groups_tags_and_v1_v2_merge() -> None:
         ("rollout", "rl/learner"): 2,
         ("weight_sync", "rl/learner"): 2,
         ("train_step", "train"): 1,
-        ("peft_train", "train"): 1,
+        ("peft_train_step", "train"): 1,  # Tunix's v2 name of the v1 peft_train_step
     }
     rollout = [s for s in spans if s.name == "rollout"]
     assert all(_parent_name(spans, s) == "mini_batch_step" for s in rollout)
     assert all(s.attributes[attr.DEVICE_END] for s in rollout)
-    assert [s.attributes[attr.STEP] for s in spans if s.name == "train_step"] == [41]
-    assert tracer.export() == {} and tracer.all_devices == ["cpu0"]
+    assert all(s.attributes["tunix.role"] == "rollout" for s in rollout)  # v2 tags, merged
+    train = next(s for s in spans if s.name == "peft_train_step")
+    assert train.attributes["tunix.global_step"] == 41 and train.attributes[attr.STEP] == 41
+    assert tracer.all_devices == ["cpu0"]
+
+    def seconds(span: Any) -> float:
+        return (span.end_time - span.start_time) / 1e9
+
+    last = {s.name: s for s in spans if s.attributes.get(attr.STEP) == 1}
+    assert exported["perf/global_step_time"][0] == pytest.approx(seconds(last["rl/learner_step"]))
+    assert exported["perf/sum/rollout_time"][0] == pytest.approx(seconds(last["rollout"]))
+    assert exported["perf/mean/rollout_time"][0] == pytest.approx(seconds(last["rollout"]))
+    assert exported["perf/weight_sync_time"][0] == pytest.approx(seconds(last["weight_sync"]))
+    assert exported["perf/sum/actor_train_step_time"] == (0.0, None)
+    assert "perf/mean/actor_train_step_time" not in exported  # no such span: not a NaN
+    assert tracer.export() == {}  # no current run any more
 
 
 def test_tracer_records_exceptions_and_reraises() -> None:
@@ -425,7 +451,7 @@ def test_zero_code_unmodified_tunix_script(tmp_path: Path, disabled: bool) -> No
         json.loads(line) for line in (tmp_path / "run" / "spans.jsonl").read_text().splitlines()
     ]
     steps = [r for r in records if r.get("type") == "step" and r["scope"] == "train"]
-    assert [r["step"] for r in steps] == list(range(6))
+    assert [r["step"] for r in steps] == list(range(1, 7))  # as Tunix numbers them
     assert all("peft_train_step" in r["components"] for r in steps)
     assert "jax_compile" in steps[0]["components"]
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
