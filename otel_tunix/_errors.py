@@ -15,6 +15,7 @@ Two kinds, two functions, each reporting a thing once:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from otel_tunix import environment_variables as env
@@ -73,6 +74,16 @@ def forget_reports() -> None:
     with _lock:
         _reported.clear()
         _warned.clear()
+
+
+def _new_lock_in_child() -> None:
+    """A forked child: the lock another thread may have held at the fork is made anew."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 class ReportOnce:

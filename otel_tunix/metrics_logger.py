@@ -27,6 +27,7 @@ from typing import IO, Any
 from opentelemetry import metrics
 
 from otel_tunix._errors import ReportOnce, warn_once
+from otel_tunix._fork import at_fork_in_child, silence_file
 from otel_tunix._json import dumps_line, floats_finite, open_text
 from otel_tunix._resource import detect_rank
 from otel_tunix.logging_backend import (
@@ -145,6 +146,7 @@ class MetricsLogger:
         self.last_values: dict[str, float] = {}
         self.last_step: int | None = None
         self.backends: list[Backend] = []
+        at_fork_in_child(self._after_fork_in_child)
         if not self.active:
             return
         if opts.default_backends:
@@ -266,6 +268,13 @@ class MetricsLogger:
                     except Exception:
                         self._failed(backend)
 
+    def _after_fork_in_child(self) -> None:
+        """A forked child logs nothing through its copy of the parent's logger (whose lock
+        another thread may have held at the fork, and whose files are the parent's)."""
+        self._lock = threading.Lock()
+        self.active = False
+        self._closed = True
+
     def _failed(self, backend: object) -> None:
         self._report(
             id(backend), "otel-tunix: backend %s failed (reported once)", type(backend).__name__
@@ -334,6 +343,7 @@ class JsonlBackend(LoggingBackend):
     ) -> None:
         self.path = Path(path)
         self._file = open_text(self.path)
+        at_fork_in_child(self._after_fork_in_child)
         self._every = flush_every_n_steps
         self._last_flush_step: int | None = None
         if header is not None:
@@ -362,6 +372,9 @@ class JsonlBackend(LoggingBackend):
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+    def _after_fork_in_child(self) -> None:
+        silence_file(self._file)  # the parent's file: the child's copy of its buffer goes nowhere
 
 
 class OTelBackend(LoggingBackend):

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from otel_tunix._errors import ReportOnce
+from otel_tunix._fork import at_fork_in_child, silence_file
 from otel_tunix._json import all_finite, dumps_line, open_text
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.processors import StepSink
@@ -38,6 +39,7 @@ class StepJsonlWriter(StepSink):
         self._file = open_text(self.path, "a")
         self._lock = threading.Lock()
         self._report = ReportOnce(_logger)
+        at_fork_in_child(self._after_fork_in_child)
         if header is not None:
             self._write({"type": "run", **header})
 
@@ -81,3 +83,9 @@ class StepJsonlWriter(StepSink):
         with self._lock:
             if not self._file.closed:
                 self._file.close()
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child's copy: a new lock, and the parent's file silenced (the child's copy
+        of its buffer is never written to it)."""
+        self._lock = threading.Lock()
+        silence_file(self._file)

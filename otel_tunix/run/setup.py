@@ -56,7 +56,7 @@ _logger = logging.getLogger(__name__)
 _lock = threading.RLock()
 _state: RunState | None = None
 _installed: list[object] = []  # providers otel-tunix made global (replaceable by a later run)
-_atexit_registered = False
+_forked_from_a_run = False  # this process is a forked child of one with a run configured
 
 
 def _output_dir(arg: str | os.PathLike[str] | None, run_id: str, settings: Settings) -> Path | None:
@@ -192,6 +192,8 @@ def configure(
         resource = build_resource(ours)
         disabled = settings.sdk_disabled
         out_dir = None if disabled else _output_dir(output_dir, rid, settings)
+        if out_dir is not None and _forked_from_a_run:  # never the parent's files
+            out_dir = out_dir / f"forked-{os.getpid()}"
         files: dict[str, Path] = {}
         if out_dir is not None:
             checked_dir(out_dir, "output_dir / " + env.OTEL_TUNIX_OUTPUT_DIR)
@@ -493,11 +495,32 @@ def _process_steps(runtime: _recording.Runtime | None) -> Callable[[float], bool
     return runtime.pipeline.flush
 
 
+def _forget_run_in_child() -> None:
+    """A forked child: the parent's run is not its own. It records nothing and writes none
+    of the parent's files (its atexit finds no run to finish) unless it calls
+    ``configure()`` itself, which then writes a folder of its own (``forked-<pid>`` in the
+    run folder)."""
+    global _lock, _state, _forked_from_a_run
+    _lock = threading.RLock()  # another thread may have held it at the fork
+    if _state is not None:
+        _forked_from_a_run = True
+        _state = None
+        _recording.set_runtime(None)
+        _recording.set_clock(None)
+        set_current(None)
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_forget_run_in_child)
+
+
 def _register_atexit() -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(shutdown)
+    # Again at every configure(): atexit runs the last registered first, and the SDK
+    # registers each provider's shutdown as the provider is made. Ours must run before
+    # those of this run's providers (a tracer provider shut down first drops the run's
+    # last steps: a second configure() whose run ended at exit lost them all).
+    atexit.unregister(shutdown)
+    atexit.register(shutdown)
 
 
 def force_flush(timeout: float = 10.0) -> bool:

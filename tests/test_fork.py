@@ -1,0 +1,107 @@
+"""Forked children (DataLoader workers, multiprocessing's fork start method) of a run.
+
+A real program forks 40 times while a thread logs as fast as it can (so the MetricsLogger's
+lock, the JSONL file's buffer and the step worker's are held at many of the forks); each
+child logs through the parent's logger, opens a step and exits normally (atexit and
+finalizers run). Half of them configure a run of their own first.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+FORKS = 40
+
+PROGRAM = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    import otel_tunix
+
+    out, forks = sys.argv[1], int(sys.argv[2])
+    otel_tunix.configure(output_dir=out, system_metrics=False, alerts=False,
+                         perf=otel_tunix.PerformanceMetricsConfig(process_interval_ms=5))
+    logger = otel_tunix.get_metrics_logger()
+    stop = False
+
+    def busy():
+        i = 0
+        while not stop:
+            logger.log("loss", 1.0, step=i)
+            logger.log_dict({"a": 1.0, "b": 2.0}, step=i)
+            i += 1
+
+    threading.Thread(target=busy, daemon=True).start()
+    pids, n = [], 0
+    for k in range(forks):
+        for _ in range(5):
+            with otel_tunix.step(n):
+                with otel_tunix.component("work"):
+                    time.sleep(0.001)
+            n += 1
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(30)  # a child that hangs ends itself: SIGALRM, not a hung test
+            logger.log("child_loss", 2.0, step=1)
+            otel_tunix.get_metrics_logger().log("child_loss", 2.0, step=1)
+            with otel_tunix.step(10_000 + k):
+                with otel_tunix.component("child_work"):
+                    pass
+            if k % 2:
+                otel_tunix.configure(output_dir=out, system_metrics=False, alerts=False)
+                with otel_tunix.step(7):
+                    with otel_tunix.component("own_work"):
+                        pass
+                otel_tunix.get_metrics_logger().log("own_loss", 3.0, step=7)
+            sys.exit(0)
+        pids.append(pid)
+    stop = True
+    codes = []
+    for pid in pids:
+        codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    otel_tunix.shutdown()
+    print(json.dumps({"codes": codes, "steps": n}))
+    """
+)
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_forty_forks_under_a_busy_logger_none_hangs_and_none_touches_the_parents_files(
+    tmp_path,
+):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(out), str(FORKS)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["codes"] == [0] * FORKS  # -14 (SIGALRM) would be a hung child
+    steps = result["steps"]
+
+    spans = _lines(out / "spans.jsonl")
+    assert [x["step"] for x in spans if x["type"] == "step"] == list(range(steps))
+    assert [x["type"] for x in spans].count("session") == 1  # the parent's only
+    assert [x["type"] for x in spans][-1] == "session"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is True
+    assert [s["steps"] for s in summary["scopes"]] == [steps]
+    names = {name for x in _lines(out / "metrics.jsonl") for name in x.get("metrics", {})}
+    assert names >= {"loss", "a", "b"}
+    assert not names & {"child_loss", "own_loss"}
+
+    own = sorted(out.glob("forked-*"))  # the children that configured a run of their own
+    assert len(own) == FORKS // 2
+    for folder in own:
+        steps_of_child = [x for x in _lines(folder / "spans.jsonl") if x["type"] == "step"]
+        assert [(x["step"], list(x["components"])) for x in steps_of_child] == [(7, ["own_work"])]
+        logged = [x["metrics"] for x in _lines(folder / "metrics.jsonl") if "metrics" in x]
+        assert {"own_loss": 3.0} in logged
