@@ -1,18 +1,29 @@
-"""``otel-tunix demo --rl``: a small GRPO-style RL loop in PyTorch on the CPU, instrumented.
+"""``otel-tunix demo --rl``: GRPO on the demos' tiny transformer LM, on the CPU, instrumented.
 
-A tiny GRU language model learns to count up from a prompt token (reward: the share of
-completion tokens equal to ``prompt + position + 1`` mod the vocabulary). Two loops run:
+The policy is :class:`otel_tunix.tiny_lm.TinyLM` (the causal transformer of ``otel-tunix
+demo``) over a vocabulary of the ten digits and an end token. Its task is verifiable: from a
+prompt digit ``p`` count up to 9 and stop (``p = 6`` → ``7 8 9 <end>``), at most
+``--completion-length`` tokens; the reward is the share of the target's positions the
+completion gets right, so completion lengths vary with the prompt and with what the model
+learnt. Two loops run:
 
 * **Actor** (scope ``rl/actor``, its own thread): per step it waits until the published
   weights are recent enough, fans ``rollout`` out over a thread pool of rollout workers
-  (``generate``, one prompt's group of completions each), runs ``reference_inference`` with
-  the frozen initial model, scores completions (``reward``), normalises rewards within each
-  group (``advantage_computation``) and puts the batch on a queue. Its waits for weights (and
-  for room in the queue) are outside any component: that is the actor's **idle** time.
+  (``generate``, one prompt's group of completions each, decoded token by token: time to
+  first token and time per output token are measured there), runs ``reference_inference``
+  with the frozen initial model, scores completions (``reward``), normalises rewards within
+  each group (``advantage_computation``) and puts the batch on a queue. Its waits for
+  weights (and for room in the queue) are outside any component: that is the actor's
+  **idle** time.
 * **Learner** (scope ``rl/learner``, the main thread): ``train_queue_wait`` (blocked) for the
-  next batch, ``actor_train_step`` (clipped policy-gradient loss with a KL penalty; its
-  ``forward`` / ``backward`` / ``optimizer_step`` come from
+  next batch, ``actor_train_step`` (clipped policy-gradient loss with a KL penalty to the
+  reference; its ``forward`` / ``backward`` / ``optimizer_step`` come from
   :mod:`otel_tunix.instrumentation.torch`), then ``weight_sync`` publishes the new weights.
+
+Logged per learner step: ``rewards/{mean,std,max,min}``, ``kl``, ``pg_clipfrac``,
+``completions/{mean,max,min}_length`` and ``completions/clipped_ratio``,
+``generation/time_to_first_token_sec`` and ``generation/time_per_output_token_sec`` (means
+over the step's groups), ``advantages/mean``, ``loss`` and ``staleness``.
 
 Rollouts of step n wait for weights of version n - ``--max-staleness`` at least, so they are
 never more than that many updates old. ``--sync`` runs actor and learner in turn in one
@@ -28,17 +39,26 @@ import copy
 import math
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import otel_tunix
 from otel_tunix.instrumentation import torch as ott
+from otel_tunix.metrics.rl import rl_metrics
 from otel_tunix.model import ScopeSession
 from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
 ACTOR = "rl/actor"
 LEARNER = "rl/learner"
+
+
+EOS = 10
+"""The end token; tokens 0-9 are the digits."""
+PAD = 11
+"""Fills a completion after its end token (never sampled, never trained on)."""
+VOCAB = 12
 
 
 @dataclass(kw_only=True)
@@ -49,8 +69,7 @@ class RLDemoConfig:
     prompts_per_step: int = 4
     group_size: int = 8
     completion_length: int = 6
-    vocab: int = 12
-    hidden: int = 64
+    d_model: int = 32
     rollout_workers: int = 2
     max_staleness: int = 1
     lr: float = 1e-2
@@ -66,48 +85,52 @@ class Batch:
 
     step: int
     version: int
-    tokens: Any  # (B, 1 + L): prompt token then completion
+    tokens: Any  # (B, 1 + L): prompt token then completion (PAD after the end token)
+    mask: Any  # (B, L): 1 for the completion's tokens up to and with its end token
     old_logps: Any  # (B, L) behaviour-policy log-probs of the completion tokens
     ref_logps: Any  # (B, L)
     rewards: Any  # (B,)
     advantages: Any  # (B,)
+    ttft_sec: float  # mean over the step's groups
+    tpot_sec: float
 
 
 def _policy(cfg: RLDemoConfig) -> Any:
-    import torch
-    from torch import nn
+    from otel_tunix.tiny_lm import TinyLM, TinyLMConfig
 
-    class TinyLM(nn.Module):
-        """Embedding → GRU → logits; ``forward(tokens)`` gives next-token logits."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-            self.gru = nn.GRU(cfg.hidden, cfg.hidden, batch_first=True)
-            self.head = nn.Linear(cfg.hidden, cfg.vocab)
-
-        def forward(self, tokens: torch.Tensor, hidden: Any = None) -> Any:
-            out, hidden = self.gru(self.embed(tokens), hidden)
-            return self.head(out), hidden
-
-    return TinyLM()
+    return TinyLM(
+        TinyLMConfig(vocab=VOCAB, seq_len=1 + cfg.completion_length, d_model=cfg.d_model, n_heads=4)
+    )
 
 
 def _token_logps(model: Any, tokens: Any) -> Any:
     """Log-probs of tokens[:, 1:] given the prefix (teacher forcing)."""
-    logits, _ = model(tokens[:, :-1])
-    logps = logits.log_softmax(-1)
-    return logps.gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logps = model(tokens[:, :-1])[..., : EOS + 1].log_softmax(-1)  # as sampled: no PAD
+    return logps.gather(-1, tokens[:, 1:].clamp(max=EOS).unsqueeze(-1)).squeeze(-1)
 
 
-def reward_fn(tokens: Any, vocab: int) -> Any:
-    """Share of completion positions t holding ``(prompt + t + 1) % vocab``."""
+def target(prompt: int, length: int) -> list[int]:
+    """The right completion of ``prompt``: the digits after it up to 9, then the end token."""
+    return [*range(prompt + 1, 10), EOS][:length]
+
+
+def reward_fn(tokens: Any, length: int) -> Any:
+    """Share of the target's positions (:func:`target`) the completion holds."""
     import torch
 
-    prompt = tokens[:, :1]
-    steps = torch.arange(1, tokens.shape[1], device=tokens.device).unsqueeze(0)
-    target = (prompt + steps) % vocab
-    return (tokens[:, 1:] == target).float().mean(-1)
+    out = []
+    for row in tokens.tolist():
+        want = target(row[0], length)
+        got = row[1 : 1 + len(want)]
+        out.append(sum(a == b for a, b in zip(want, got, strict=True)) / len(want))
+    return torch.tensor(out)
+
+
+def completion_mask(tokens: Any) -> Any:
+    """1 for each completion token up to and with the first end token, else 0."""
+    comp = tokens[:, 1:]
+    ended_before = (comp == EOS).long().cumsum(1) - (comp == EOS).long()
+    return ((ended_before == 0) & (comp != PAD)).float()
 
 
 class _Shared:
@@ -150,22 +173,35 @@ class Actor:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
-    def _generate(self, model: Any, prompt: int, seed: int) -> tuple[Any, Any]:
+    def _generate(self, model: Any, prompt: int, seed: int) -> tuple[Any, Any, float, float]:
+        """One group: tokens, log-probs, time to first token, mean time per later token."""
         import torch
 
         with otel_tunix.component("generate"), torch.no_grad():
             gen = torch.Generator().manual_seed(seed)
             g, length = self.cfg.group_size, self.cfg.completion_length
             tokens = torch.full((g, 1), prompt, dtype=torch.long)
-            logps, hidden, inp = [], None, tokens
+            done = torch.zeros(g, dtype=torch.bool)
+            logps = []
+            start = stamp = time.perf_counter()
+            gaps = []
             for _ in range(length):
-                logits, hidden = model(inp, hidden)
-                dist = logits[:, -1].log_softmax(-1)
+                logits = model(tokens)[:, -1, : EOS + 1]  # digits and the end token
+                dist = logits.log_softmax(-1)
                 nxt = torch.multinomial(dist.exp(), 1, generator=gen)
-                logps.append(dist.gather(-1, nxt))
-                tokens = torch.cat([tokens, nxt], 1)
-                inp = nxt
-            return tokens, torch.cat(logps, 1)
+                logps.append(dist.gather(-1, nxt).masked_fill(done.unsqueeze(1), 0.0))
+                tokens = torch.cat([tokens, nxt.masked_fill(done.unsqueeze(1), PAD)], 1)
+                now = time.perf_counter()
+                gaps.append(now - stamp)
+                stamp = now
+                done |= nxt.squeeze(1) == EOS
+                if bool(done.all()):
+                    break
+            pad = torch.full((g, 1 + length - tokens.shape[1]), PAD, dtype=torch.long)
+            lp = torch.cat(logps, 1)
+            lp = torch.cat([lp, torch.zeros(g, length - lp.shape[1])], 1)
+            tpot = sum(gaps[1:]) / (len(gaps) - 1) if len(gaps) > 1 else 0.0
+            return torch.cat([tokens, pad], 1), lp, gaps[0] if gaps else now - start, tpot
 
     def step(self, n: int) -> Batch:
         """One actor step: rollout, reference inference, reward, advantages."""
@@ -173,7 +209,7 @@ class Actor:
 
         cfg = self.cfg
         model, version = self.shared.model, self.shared.version
-        prompts = torch.randint(0, cfg.vocab, (cfg.prompts_per_step,), generator=self.gen)
+        prompts = torch.randint(0, 10, (cfg.prompts_per_step,), generator=self.gen)
         with otel_tunix.component("rollout"):
             futures = [
                 self.pool.submit(
@@ -182,16 +218,21 @@ class Actor:
                 for i, p in enumerate(prompts)
             ]
             groups = [f.result() for f in futures]
-        tokens = torch.cat([t for t, _ in groups])
-        old_logps = torch.cat([lp for _, lp in groups])
+        tokens = torch.cat([grp[0] for grp in groups])
+        mask = completion_mask(tokens)
+        old_logps = torch.cat([grp[1] for grp in groups])
         with otel_tunix.component("reference_inference"), torch.no_grad():
-            ref_logps = _token_logps(self.reference, tokens)
+            ref_logps = _token_logps(self.reference, tokens) * mask
         with otel_tunix.component("reward"):
-            rewards = reward_fn(tokens, cfg.vocab)
+            rewards = reward_fn(tokens, cfg.completion_length)
         with otel_tunix.component("advantage_computation"):
             grouped = rewards.view(cfg.prompts_per_step, cfg.group_size)
             adv = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
-        return Batch(n, version, tokens, old_logps, ref_logps, rewards, adv.flatten())
+        ttft = sum(grp[2] for grp in groups) / len(groups)
+        tpot = sum(grp[3] for grp in groups) / len(groups)
+        return Batch(
+            n, version, tokens, mask, old_logps, ref_logps, rewards, adv.flatten(), ttft, tpot
+        )
 
     def run(self, out: queue.Queue[Batch | None], steps: int) -> None:
         """The asynchronous actor loop: ``steps`` batches onto ``out`` (``None`` on error)."""
@@ -228,31 +269,35 @@ class Learner:
         import torch
 
         cfg = self.cfg
+        mask = batch.mask
+        tokens = mask.sum()
         with otel_tunix.component("actor_train_step"):
-            logps = _token_logps(self.policy, batch.tokens)
+            logps = _token_logps(self.policy, batch.tokens) * mask
             ratio = (logps - batch.old_logps).exp()
             adv = batch.advantages.unsqueeze(1)
             clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip)
-            pg = -torch.min(ratio * adv, clipped * adv).mean()
+            pg = -(torch.min(ratio * adv, clipped * adv) * mask).sum() / tokens
             delta = batch.ref_logps - logps
-            kl = (delta.exp() - delta - 1).mean()  # k3 estimator, always >= 0
+            kl = ((delta.exp() - delta - 1) * mask).sum() / tokens  # k3 estimator, >= 0
             loss = pg + cfg.kl_coef * kl
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
         with otel_tunix.component("weight_sync"):
             self.shared.publish(self.policy.state_dict())
-        return {
-            "loss": loss.item(),
-            "kl": kl.item(),
-            "rewards/mean": float(batch.rewards.mean()),
-            "rewards/std": float(batch.rewards.std()),
-            "rewards/max": float(batch.rewards.max()),
-            "advantages/mean": float(batch.advantages.mean()),
-            "pg_clipfrac": float(((ratio - 1).abs() > cfg.clip).float().mean()),
-            "completions/mean_length": float(cfg.completion_length),
-            "staleness": float(self.shared.version - 1 - batch.version),  # updates behind
-        }
+        out = rl_metrics(
+            rewards=batch.rewards,
+            advantages=batch.advantages,
+            completion_mask=mask,
+            max_completion_length=cfg.completion_length,
+            kl=kl.detach(),
+            pg_clipfrac=(((ratio - 1).abs() > cfg.clip).float() * mask).sum() / tokens,
+        )
+        out["loss"] = loss.item()
+        out["generation/time_to_first_token_sec"] = batch.ttft_sec
+        out["generation/time_per_output_token_sec"] = batch.tpot_sec
+        out["staleness"] = float(self.shared.version - 1 - batch.version)  # updates behind
+        return out
 
 
 def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:

@@ -69,7 +69,19 @@ def test_async_rl_demo_traces_actor_and_learner(
 
     metrics = _lines(out / "metrics.jsonl")
     logged = {k for m in metrics for k in m.get("metrics", {})}
-    assert {"rewards/mean", "kl", "loss", "pg_clipfrac", "staleness"} <= logged
+    assert {
+        "rewards/mean", "rewards/std", "kl", "loss", "pg_clipfrac", "staleness",
+        "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
+        "generation/time_to_first_token_sec", "generation/time_per_output_token_sec",
+    } <= logged  # fmt: skip
+    rows = [m["metrics"] for m in metrics if "rewards/mean" in m.get("metrics", {})]
+    for r in rows:
+        assert 0 <= r["rewards/min"] <= r["rewards/mean"] <= r["rewards/max"] <= 1
+        assert 1 <= r["completions/min_length"] <= r["completions/max_length"] <= 6
+        assert r["kl"] >= 0 and 0 <= r["pg_clipfrac"] <= 1
+        assert r["generation/time_to_first_token_sec"] > 0
+    # the policy starts as the reference: no divergence at the first step
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert {"perf/rl/learner/train_queue_wait/blocked_time_sec"} <= logged
     assert all(
         0 <= m["metrics"]["staleness"] <= 1 for m in metrics if "staleness" in m.get("metrics", {})
@@ -97,8 +109,49 @@ def test_sync_mode_and_the_wait_summary(tmp_path: Path) -> None:
     assert all(a.end_ns <= b.start_ns for a, b in zip(actor_steps, learner_steps, strict=True))
 
 
-def test_reward_counts_up_from_the_prompt() -> None:
+def test_reward_counts_up_to_nine_and_stops() -> None:
     import torch
 
-    tokens = torch.tensor([[3, 4, 5, 6], [11, 0, 1, 9]])
-    assert demo_rl.reward_fn(tokens, vocab=12).tolist() == pytest.approx([1.0, 2 / 3])
+    eos, pad = demo_rl.EOS, demo_rl.PAD
+    assert demo_rl.target(6, 6) == [7, 8, 9, eos]
+    assert demo_rl.target(0, 6) == [1, 2, 3, 4, 5, 6]  # longer than the limit: cut
+    assert demo_rl.target(9, 6) == [eos]
+    tokens = torch.tensor(
+        [
+            [6, 7, 8, 9, eos, pad, pad],  # right
+            [6, 7, 0, 9, 5, 5, 5],  # 2 of 4 target positions
+            [9, eos, pad, pad, pad, pad, pad],  # right
+            [0, 1, 2, 3, 4, 5, eos],  # 5 of 6
+        ]
+    )
+    assert demo_rl.reward_fn(tokens, 6).tolist() == pytest.approx([1.0, 0.5, 1.0, 5 / 6])
+    # what the learner trains on: up to and with the end token
+    assert demo_rl.completion_mask(tokens).tolist() == [
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1],
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1],
+    ]
+
+
+def test_generation_stops_each_completion_at_its_end_token() -> None:
+    import torch
+
+    cfg = demo_rl.RLDemoConfig(group_size=16, completion_length=6)
+    torch.manual_seed(0)
+    model = demo_rl._policy(cfg).eval()
+    actor = demo_rl.Actor(cfg, demo_rl._Shared(cfg, model.state_dict()), model)
+    try:
+        tokens, logps, ttft, tpot = actor._generate(model, 3, seed=1)
+    finally:
+        actor.close()
+    assert tokens.shape == (16, 7) and (tokens[:, 0] == 3).all()
+    mask = demo_rl.completion_mask(tokens)
+    assert (tokens[:, 1:][mask == 1] <= demo_rl.EOS).all()  # digits and the end token
+    assert (tokens[:, 1:][mask == 0] == demo_rl.PAD).all()  # nothing after the end
+    assert (logps[mask == 0] == 0).all() and (logps[mask == 1] < 0).all()
+    # the behaviour log-probs are the model's own, as the learner recomputes them
+    with torch.no_grad():
+        again = demo_rl._token_logps(model, tokens) * mask
+    assert torch.allclose(again, logps, atol=1e-5)
+    assert ttft > 0 and tpot > 0
