@@ -120,6 +120,11 @@ def test_trainer_steps_components_and_metrics(tmp_path: Path) -> None:
     eval_children = [s.name for s in spans if s.attributes.get(attr.SCOPE) == "eval"]
     assert eval_children[:4] == ["eval_data_load", "eval_step_compute", "forward", "eval_step"]
     assert (tmp_path / "out" / "checkpoint-2").is_dir()
+    # the eval scope's rate counts its own time, not the training between evaluations:
+    # against the time inside Trainer.evaluate (which also builds its loader and metrics)
+    evaluating = sum(s.end_time - s.start_time for s in spans if s.name == "evaluate") / 1e9
+    session = next(x for x in cap.sessions if x.scope == "eval")
+    assert 4 / evaluating <= session.steps_per_sec <= 2 * 4 / evaluating
     # derived counters: micro-batches and forward passes per step, busy <= step time
     [s1] = [x for x in cap.summaries if x.scope == "train" and x.step == 1]
     assert s1.components["forward"].count == 2
@@ -255,6 +260,14 @@ def test_trl_grpo_rollout_reward_reference_and_rl_metrics(tmp_path: Path) -> Non
         tr.train()
         spans = cap.spans()
         logged = dict(otel_tunix.get_metrics_logger().last_values)
+    # the steps tile TRL's own training time (its train_runtime, logged at the end)
+    train = [s for s in cap.summaries if s.scope == "train"]
+    assert len(train) == 2
+    runtime = logged["train/runtime_sec"]
+    # (TRL rounds it to 0.1 ms)
+    assert sum(s.step_time_sec for s in train) == pytest.approx(runtime, rel=0.02)
+    session = next(s for s in cap.sessions if s.scope == "train")
+    assert session.wall_time_sec == pytest.approx(runtime, rel=0.02)
     parent = _parents(spans)
     step0 = [s for s in spans if s.attributes[attr.STEP] == 0]
     names = [s.name for s in step0]

@@ -235,13 +235,9 @@ def test_tunix_metrics_land_in_metrics_jsonl(instrumented_run: Run) -> None:
     assert any("eval/loss" in r["metrics"] for r in records)
     # joinable by step: Tunix's loss of step n and otel-tunix's figures of the step n span
     perf = {
-        r["step"]
-        for r in records
-        if "perf/train/peft_train_step/busy_time_sec" in r["metrics"]
+        r["step"] for r in records if "perf/train/peft_train_step/busy_time_sec" in r["metrics"]
     }
-    spans = {
-        s.attributes[attr.STEP] for s in instrumented_run.spans if s.name == "train_step"
-    }
+    spans = {s.attributes[attr.STEP] for s in instrumented_run.spans if s.name == "train_step"}
     assert perf == spans == set(losses)
 
 

@@ -253,3 +253,70 @@ def test_parity_with_tunix_perf_metrics_export(grpo_tunix_perf: RLRun) -> None:
     for theirs, ours in exports:  # and no span missed or doubled in any step
         for key, (value, _) in theirs.items():
             assert abs(ours[key][0] - float(value)) <= max(5e-3, 0.1 * float(value)), key
+
+
+def test_ppo_learner_actor_and_critic_steps_inside_the_learner_step(tmp_path: Path) -> None:
+    ppo_lib = pytest.importorskip("tunix.rl.ppo.ppo_learner")
+    inst = TunixInstrumentor()
+    with capture() as cap:
+        inst.instrument()
+        try:
+            vocab = tc.MockVocab()
+            config = tc.ModelConfig(vocab_size=vocab.GetPieceSize())
+            critic = tc.ToyTransformerWithScoreHead(
+                tc.ToyTransformer(config=config, rngs=nnx.Rngs(1)), nnx.Rngs(1)
+            )
+            mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+            roles = rl_cluster_lib.Role
+            cluster = rl_cluster_lib.RLCluster(
+                actor=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
+                critic=critic,
+                reference=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
+                tokenizer=vocab,
+                cluster_config=rl_cluster_lib.ClusterConfig(
+                    role_to_mesh={
+                        roles.ACTOR: mesh,
+                        roles.REFERENCE: mesh,
+                        roles.ROLLOUT: mesh,
+                        roles.CRITIC: mesh,
+                    },
+                    rollout_engine="vanilla",
+                    offload_to_cpu=False,
+                    training_config=rl_cluster_lib.RLTrainingConfig(
+                        actor_optimizer=optax.sgd(1e-3),
+                        critic_optimizer=optax.sgd(1e-3),
+                        eval_every_n_steps=100,
+                        max_steps=4,
+                    ),
+                    rollout_config=base_rollout.RolloutConfig(
+                        max_tokens_to_generate=10, max_prompt_length=256, kv_cache_size=1024
+                    ),
+                ),
+            )
+            learner = ppo_lib.PPOLearner(
+                rl_cluster=cluster,
+                ppo_config=ppo_lib.PPOConfig(num_iterations=1),
+                reward_fns=lambda completions, **_: jnp.arange(len(completions)).astype(
+                    jnp.float32
+                ),
+            )
+            data = (
+                grain.MapDataset.source(_Prompts(10))
+                .batch(2)
+                .map(lambda x: {"prompts": x, "answer": x})
+            )
+            start = time.perf_counter()
+            learner.train(data)
+            wall = time.perf_counter() - start
+        finally:
+            inst.uninstrument()
+        cap.flush()
+        summaries = list(cap.summaries)
+    scopes = Counter(s.scope for s in summaries)
+    assert scopes == {"rl/learner": 4, "rl/actor": 4, "rl/critic": 4}  # no stray steps
+    learner_steps = [s for s in summaries if s.scope == "rl/learner"]
+    for s in learner_steps:
+        counts = Counter(span.name for span in s.spans)
+        for name in ("data_loading", "rollout", "actor_training", "critic_training"):
+            assert counts[name] == 1, (s.step, name)
+    assert 0.9 * wall <= sum(s.step_time_sec for s in learner_steps) <= wall
