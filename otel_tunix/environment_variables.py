@@ -44,6 +44,10 @@ launcher (``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``) so all ranks share it, else
 OTEL_TUNIX_LOG_ALL_RANKS: Final = "OTEL_TUNIX_LOG_ALL_RANKS"
 """``true``: every rank's MetricsLogger logs scalars. Default: ``false`` (rank 0 only)."""
 
+OTEL_TUNIX_QUIET: Final = "OTEL_TUNIX_QUIET"
+"""``true``: no notes on stderr at ``configure()`` (where the run's data goes) and
+``shutdown()`` (where it went, what to run next). Default: ``false`` (rank 0 prints them)."""
+
 OTEL_TUNIX_PERFETTO_DIR: Final = "OTEL_TUNIX_PERFETTO_DIR"
 """Directory for Perfetto trace files streamed from the spans during the run; ``none`` turns
 them off. Default: unset; the local run folder then gets ``trace.pftrace`` translated from

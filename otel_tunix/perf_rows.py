@@ -1,7 +1,9 @@
 """The ``perf/<scope>/...`` scalars of sampled steps, as the MetricsLogger gets them.
 
 :func:`perf_metrics` flattens one :class:`~otel_tunix.model.StepSummary` into Tunix's
-names (``perf/<scope>/<component>/busy_time_sec``, ``perf/<scope>/idle_time_sec``, ...).
+names (``perf/<scope>/<component>/busy_time_sec``, ``perf/<scope>/idle_time_sec``, ...),
+with the device figures of a step that has device work (``perf/<scope>/device_lag_sec``,
+``perf/<scope>/<component>/device_time_sec``).
 The worker hands the MetricsLogger a batch of steps as :class:`PerfRows`: a sequence of
 ``(step, {name: value})`` rows like any other, whose dicts are made on first read (once,
 for every backend that reads them). The built-in backends that only count names (the run
@@ -20,27 +22,31 @@ from typing import overload
 from otel_tunix.model import StepSummary
 
 _STEP_LEAVES = ("step_time_sec", "busy_time_sec", "blocked_time_sec", "idle_time_sec")
-_COMPONENT_LEAVES = ("busy_time_sec", "blocked_time_sec")
+_DEVICE_LAG_LEAF = "device_lag_sec"
+_COMPONENT_LEAVES = ("busy_time_sec", "blocked_time_sec", "device_time_sec")
 _MAX_NAMES = 4096
 """Names (and layouts) kept per scope: names made up per step would otherwise pile up."""
 
 
 class _ScopeNames(dict[str, tuple[str, ...]]):
     """The ``perf/<scope>/...`` metric names of one scope, made once each (a handful per
-    run) instead of formatted per step: ``step`` holds the step's four names; the dict maps
-    a component to its busy and blocked names (one lookup per component and step);
-    ``fields`` maps each name back to where its value is (``(None, i)``: the step's i-th
-    value, ``(component, i)``: the component's)."""
+    run) instead of formatted per step: ``step`` holds the step's four names and
+    ``device_lag`` its device lag's; the dict maps a component to its busy, blocked and
+    device time names (one lookup per component and step); ``fields`` maps each name back
+    to where its value is (``(None, i)``: the step's i-th value, ``(component, i)``: the
+    component's, 2 being its device time)."""
 
     def __init__(self, scope: str) -> None:
         super().__init__()
         self.prefix = f"perf/{scope}/"
         self.step = tuple(self.prefix + leaf for leaf in _STEP_LEAVES)
+        self.device_lag = self.prefix + _DEVICE_LAG_LEAF
         self.fields: dict[str, tuple[str | None, int]] = {}
         self._index_step()
 
     def _index_step(self) -> None:
         self.fields.update((name, (None, i)) for i, name in enumerate(self.step))
+        self.fields[self.device_lag] = (None, len(self.step))
 
     def __missing__(self, component: str) -> tuple[str, ...]:
         if len(self) >= _MAX_NAMES:
@@ -66,13 +72,14 @@ def _scope_names(scope: str) -> _ScopeNames:
     return names
 
 
-def _step_values(summary: StepSummary) -> tuple[float, float, float, float]:
-    """The step's own values, in the order of ``_STEP_LEAVES``."""
+def _step_values(summary: StepSummary) -> tuple[float, float, float, float, float]:
+    """The step's own values, in the order of ``_STEP_LEAVES``, then its device lag."""
     return (
         summary.step_time_sec,
         summary.busy_time_sec,
         summary.blocked_time_sec,
         summary.idle_time_sec,
+        summary.device_lag_sec,
     )
 
 
@@ -80,16 +87,22 @@ def perf_metrics(summary: StepSummary) -> dict[str, float]:
     """The Tunix-style ``perf/<scope>/...`` scalars of one step.
 
     A component logs its busy time, and its blocked time when it has some; one that only
-    waited logs its blocked time alone.
+    waited logs its blocked time alone. A step with device work also logs its device lag,
+    and each component that ended on the device its device time (start to device end).
     """
     names = _scope_names(summary.scope)
-    out = dict(zip(names.step, _step_values(summary), strict=True))
+    out = dict(zip(names.step, _step_values(summary), strict=False))
     for name, (c_busy_sec, c_blocked_sec, _) in summary.component_times.items():
-        c_busy, c_blocked = names[name]
+        c_busy, c_blocked, _ = names[name]
         if c_busy_sec or not c_blocked_sec:
             out[c_busy] = c_busy_sec
         if c_blocked_sec:
             out[c_blocked] = c_blocked_sec
+    device_times = summary.device_times
+    if device_times:
+        out[names.device_lag] = summary.device_lag_sec
+        for name, seconds in device_times.items():
+            out[names[name][2]] = seconds
     return out
 
 
@@ -101,19 +114,24 @@ _LAYOUTS: dict[tuple[object, ...], tuple[str, ...]] = {}
 def perf_names(summary: StepSummary) -> tuple[str, ...]:
     """The names of ``perf_metrics(summary)``, in order, without making the dict.
 
-    They depend on the scope, the component names in order and, for a component that
-    waited, on which of its busy and blocked times is nonzero: that is the key they are
-    kept under (a loop makes the same few layouts step after step).
+    They depend on the scope, the component names in order, for a component that waited
+    on which of its busy and blocked times is nonzero, and on the components that ended
+    on the device: that is the key they are kept under (a loop makes the same few layouts
+    step after step).
     """
     times = summary.component_times
     values = times.values()
+    device = summary.device_times
     if any(map(_BLOCKED, values)):  # a component waited: its names depend on its values
         key: tuple[object, ...] = (
             summary.scope,
             tuple(times),
             tuple(map(bool, map(_BUSY, values))),
             tuple(map(bool, map(_BLOCKED, values))),
+            tuple(device) if device else None,
         )
+    elif device:
+        key = (summary.scope, tuple(times), tuple(device))
     else:  # every component logs its busy time alone
         key = (summary.scope, tuple(times))
     names = _LAYOUTS.get(key)
@@ -137,6 +155,8 @@ def perf_value(summary: StepSummary, name: str) -> float:
     component, i = found
     if component is None:
         return _step_values(summary)[i]
+    if i == 2:  # a device time
+        return (summary.device_times or {})[component]
     times = summary.component_times.get(component)
     if times is None:
         raise KeyError(name)

@@ -168,6 +168,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "a non-empty id"),
     Setting(env.OTEL_TUNIX_LOG_ALL_RANKS, "log_all_ranks", parse_bool, False,
             "every rank's MetricsLogger logs scalars (default: rank 0 only)", _BOOL),
+    Setting(env.OTEL_TUNIX_QUIET, "quiet", parse_bool, False,
+            "no notes on stderr at `configure()` (run folder, destinations, sampling) and "
+            "`shutdown()` (steps, anything dropped, what to run next); rank 0 prints them",
+            _BOOL),
     Setting(env.OTEL_TUNIX_PERFETTO_DIR, "perfetto_dir", _text, None,
             "stream a Perfetto trace into this directory during the run; `none` turns "
             "Perfetto off (unset: the run folder gets `trace.pftrace` at shutdown)",
@@ -299,6 +303,7 @@ class Settings:
     export_fn: str | None = None
     run_id: str | None = None
     log_all_ranks: bool = False
+    quiet: bool = False
     perfetto_dir: str | None = None
     process_interval_ms: float = 250.0
     alerts: bool = True

@@ -26,6 +26,9 @@ def clean_otel_state(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[None
     # An internal error of otel-tunix fails the test instead of being reported and skipped
     # (a test of that reporting turns it off for itself).
     monkeypatch.setenv("OTEL_TUNIX_RAISE_INTERNAL_ERRORS", "true")
+    # No notes on stderr from every configure() / shutdown() (tests/test_notices.py turns
+    # them on for itself).
+    monkeypatch.setenv("OTEL_TUNIX_QUIET", "true")
     monkeypatch.chdir(tmp_path)
     reset()
     yield

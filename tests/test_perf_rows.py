@@ -41,12 +41,25 @@ def _random_steps(n: int, seed: int) -> list[StepSummary]:
             length = rng.choice((0, 0, 5, 10, 20))  # zero: a wait that did not wait
             intervals.append((name, blocked, t, t + length))
             t += length + rng.choice((0, 3))
-        out.append(account_intervals(scope, step, 0, t + 7, intervals))
+        device_ends = {  # some components end on the device, some after the step
+            i: e + rng.choice((0, 4, 30))
+            for i, (_, _, _, e) in enumerate(intervals)
+            if rng.random() < 0.3
+        }
+        out.append(account_intervals(scope, step, 0, t + 7, intervals, device_ends=device_ends))
     return out
 
 
 def test_perf_names_and_values_are_those_of_the_dict():
-    for s in _random_steps(400, seed=1):
+    steps = _random_steps(400, seed=1)
+    with_device = [s for s in steps if s.device_times]
+    assert with_device and len(with_device) < len(steps)
+    for s in with_device:  # the device figures, for the steps that have device work
+        values = perf_metrics(s)
+        assert values[f"perf/{s.scope}/device_lag_sec"] == s.device_lag_sec
+        for name, seconds in s.device_times.items():
+            assert values[f"perf/{s.scope}/{name}/device_time_sec"] == seconds
+    for s in steps:
         values = perf_metrics(s)
         assert perf_names(s) == tuple(values)
         for name, value in values.items():

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 
 def test_a_second_run_ended_by_atexit_keeps_its_steps(tmp_path):
@@ -27,3 +36,119 @@ def test_a_second_run_ended_by_atexit_keeps_its_steps(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "b" / "spans.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["type"] == "step"] == [0, 1, 2]
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["scopes"][0]["steps"] == 3
+
+
+# --- a collector that is down or hung: shutdown takes OTEL_TUNIX_SHUTDOWN_TIMEOUT --------
+
+RUN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import otel_tunix
+    otel_tunix.configure(output_dir=sys.argv[1], system_metrics=False)
+    for n in range(50):
+        with otel_tunix.step(n):
+            with otel_tunix.component("work"):
+                pass
+        otel_tunix.get_metrics_logger().log("loss", 1.0, step=n)
+    started = time.monotonic()
+    if sys.argv[2] == "sigterm":
+        print("ready", flush=True)
+        time.sleep(600)  # ended by the test's SIGTERM
+    otel_tunix.shutdown()
+    print(f"shutdown took {time.monotonic() - started:.2f} s", flush=True)
+    """
+)
+
+
+@pytest.fixture
+def hung_collector() -> Iterator[int]:
+    """A loopback port that accepts every connection and never answers on it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed at teardown
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port with nothing listening (taken, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(port: int, protocol: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    # Every timeout of the exporters set to ten minutes: only otel-tunix's budget can end
+    # the shutdown in time for the test's limit.
+    return env | {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "600",
+        "OTEL_BSP_EXPORT_TIMEOUT": "600000",
+        "OTEL_METRIC_EXPORT_TIMEOUT": "600000",
+        "OTEL_TUNIX_SHUTDOWN_TIMEOUT": "1",
+    }
+
+
+def _check_summary(out: Path) -> None:
+    spans = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in spans if x["type"] == "step"] == list(range(50))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is True
+    assert summary["shutdown"]["timeout_sec"] == 1.0
+    assert "spans (TracerProvider)" in summary["shutdown"]["unfinished"]
+    otlp = summary["export"]["otlp"]
+    assert otlp["spans_offered"] == 100 and otlp["spans_exported"] == 0
+    assert otlp["spans_dropped"] + otlp["spans_failed"] == 100  # said, not sent
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("collector", ["hung_collector", "closed_port"])
+def test_shutdown_ends_within_its_budget_whatever_the_collector_does(
+    tmp_path, request, collector, protocol
+):
+    port = request.getfixturevalue(collector)
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, str(out), "shutdown"],
+        env=_env(port, protocol),
+        capture_output=True,
+        text=True,
+        timeout=120,  # the exporters alone would wait ten minutes
+    )
+    assert proc.returncode == 0, proc.stderr
+    print(collector, protocol, proc.stdout.strip())  # the figure docs/guarantees.md quotes
+    _check_summary(out)
+    assert "had not finished after 1 s (OTEL_TUNIX_SHUTDOWN_TIMEOUT)" in proc.stderr
+
+
+def test_sigterm_with_a_hung_collector_ends_the_process_within_the_budget(tmp_path, hung_collector):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUN, str(out), "sigterm"],
+        env=_env(hung_collector, "grpc"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == -signal.SIGTERM  # not SIGKILLed by a grace period
+    print(f"SIGTERM to exit: {time.monotonic() - sent:.2f} s")  # docs/guarantees.md
+    _check_summary(out)

@@ -39,7 +39,7 @@ from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportSta
 from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
 from otel_tunix.pipeline.worker import Pipeline
 from otel_tunix.processors import StepAccountingProcessor, StepSink
-from otel_tunix.run import providers, signals
+from otel_tunix.run import notices, providers, signals
 from otel_tunix.run.paths import checked_dir, checked_file, path_component
 from otel_tunix.run.perfetto_trace import (
     PERFETTO_AT_SHUTDOWN,
@@ -287,6 +287,8 @@ def configure(
             processor.add_sink(DatadogStepSink(datadog, resource=resource))
         for sink in step_sinks:
             processor.add_sink(sink)
+        slowest = notices.SlowestSteps()
+        processor.add_sink(slowest)
         if out_dir is not None:
             files["summary"] = out_dir / f"summary{rank.file_suffix}.json"
         lp, owns_lp = logger_provider, False
@@ -389,6 +391,23 @@ def configure(
         _logger.info("otel-tunix: run %s, local folder %s", rid, out_dir)
         for kind, url in endpoints.items():
             _logger.info("otel-tunix: %s endpoint at %s", kind, url)
+        state.slowest = slowest
+        notices.at_configure(
+            info,
+            settings,
+            cfg,
+            notices.destinations(
+                settings,
+                output_dir=out_dir,
+                jsonl_path=cfg.export_jsonl_path,
+                own_tracer_provider=owns_tp,
+                own_meter_provider=owns_mp,
+                endpoints=endpoints,
+                span_exporters=span_exporters,
+                perfetto=str(trace_dir) if isinstance(trace_dir, Path) else None,
+                datadog=datadog,
+            ),
+        )
         return info
 
 
@@ -633,6 +652,7 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                     if name == "perfetto"
                     else "collector down or slow?",
                 )
+        notices.at_shutdown(st, sessions)
         return sessions
 
 

@@ -4,8 +4,9 @@ Python's default action for SIGTERM ends the process at once, without ``atexit``
 preempted job (SLURM, Kubernetes) would lose the steps still queued for processing, the
 ``session`` lines and ``summary.json``. While otel-tunix is configured, and only when the
 application has not set a SIGTERM handler of its own, this handler finishes the run (within
-a few seconds) and then lets SIGTERM end the process as it would have: the default action is
-restored and the signal raised again, so the exit status is unchanged.
+``OTEL_TUNIX_SHUTDOWN_TIMEOUT``, 5 s by default) and then lets SIGTERM end the process as
+it would have: the default action is restored and the signal raised again, so the exit
+status is unchanged.
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ from otel_tunix._errors import report_internal_error
 
 _logger = logging.getLogger(__name__)
 
-_SHUTDOWN_TIMEOUT_SEC = 5.0
-"""How long the handler lets the run finish before the process ends."""
-
 _handler: Callable[[int, FrameType | None], None] | None = None
 
 
-def install(shutdown: Callable[[float], Any]) -> bool:
+def install(shutdown: Callable[[], Any]) -> bool:
     """Set the handler (main thread only, and only over the default action). Returns True
     when it is set."""
     global _handler
@@ -49,7 +47,7 @@ def install(shutdown: Callable[[float], Any]) -> bool:
                 # the handler and a copy of the run: only the process that configured it
                 # may finish it, or the files would get the parent's lines twice.
                 if os.getpid() == pid:
-                    shutdown(_SHUTDOWN_TIMEOUT_SEC)
+                    shutdown()  # within OTEL_TUNIX_SHUTDOWN_TIMEOUT
             except OSError:  # a file of the run could not be written (once: the process ends)
                 _logger.exception("otel-tunix: finishing the run on SIGTERM failed")
             except Exception:  # shutdown() reports what the exporters and sinks raise itself

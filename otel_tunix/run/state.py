@@ -56,6 +56,8 @@ class RunState:
     """The meter of the run's observable instruments."""
     user_processors: tuple[SpanProcessor, ...] = ()
     """The ``span_processors`` given to ``configure()``."""
+    slowest: Any = None
+    """The step sink that keeps each scope's slowest step, for the end notice."""
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:

@@ -79,7 +79,14 @@ def test_span_ends_on_device_after_host_dispatch() -> None:
         busy = {
             dict(p.attributes)["component"]: p for p in _points(cap, "tunix.component.busy_time")
         }
+        logged = dict(otel_tunix.get_metrics_logger().last_values)
     assert len(calls) == 5
+    # the MetricsLogger's device figures of the last step: its span, start to device end
+    last = calls[-1]
+    assert logged["perf/train/train_step_compute/device_time_sec"] == pytest.approx(
+        (last.end_time - last.start_time) / 1e9, abs=1e-6
+    )
+    assert logged["perf/train/device_lag_sec"] >= 0
     for s in calls:
         host_s = s.attributes[attr.HOST_DURATION]
         assert s.attributes[attr.DEVICE_END] is True
