@@ -58,6 +58,11 @@ OTEL_TUNIX_PROCESS_INTERVAL_MS: Final = "OTEL_TUNIX_PROCESS_INTERVAL_MS"
 the training thread (and the local files flushed); a hard kill loses at most about this much
 of the most recent steps. Default: ``250``."""
 
+OTEL_TUNIX_SHUTDOWN_TIMEOUT: Final = "OTEL_TUNIX_SHUTDOWN_TIMEOUT"
+"""Seconds that ``shutdown()`` (also at exit and on SIGTERM) takes at most, whatever the
+collector does: the local files are finished first, exporters that have not finished by then
+are left behind and ``summary.json`` says so. Default: ``5``."""
+
 OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
 """``true`` / ``false``: evaluate the default alert rules on every logged metric
 (:mod:`otel_tunix.metrics.alerts`). Default: ``true``."""

@@ -44,6 +44,8 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 _OFF = frozenset({"none", "off", "false", "0"})
 MAX_INTERVAL_MS: Final = 60_000.0
 """Largest allowed ``OTEL_TUNIX_PROCESS_INTERVAL_MS``."""
+MAX_SHUTDOWN_SEC: Final = 3600.0
+"""Largest allowed ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``."""
 
 
 # --- parsers: text (stripped, non-empty) -> value; ValueError when not allowed ------------
@@ -96,6 +98,13 @@ def _components(raw: str) -> tuple[str, ...] | None:
 def parse_interval_ms(raw: str) -> float:
     value = float(raw)
     if not 0 < value <= MAX_INTERVAL_MS:
+        raise ValueError
+    return value
+
+
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= MAX_SHUTDOWN_SEC:
         raise ValueError
     return value
 
@@ -181,6 +190,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "longest wait before finished steps are processed off the training thread and "
             "the local files flushed (a hard kill loses at most about this much)",
             f"a number of milliseconds in (0, {MAX_INTERVAL_MS:g}]"),
+    Setting(env.OTEL_TUNIX_SHUTDOWN_TIMEOUT, "shutdown_timeout", _seconds, 5.0,
+            "longest time `shutdown()` takes (also at exit and on SIGTERM), whatever the "
+            "collector does: local files first, then the exporters; what they could not send "
+            "is counted in `summary.json`",
+            f"a number of seconds in (0, {MAX_SHUTDOWN_SEC:g}]"),
     Setting(env.OTEL_TUNIX_ALERTS, "alerts", parse_bool, True,
             "evaluate the default alert rules on logged metrics", _BOOL),
     Setting(env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL, "system_metrics_interval",
@@ -306,6 +320,7 @@ class Settings:
     quiet: bool = False
     perfetto_dir: str | None = None
     process_interval_ms: float = 250.0
+    shutdown_timeout: float = 5.0
     alerts: bool = True
     system_metrics_interval: float | None = 10.0
     raise_internal_errors: bool = False

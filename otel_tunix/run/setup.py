@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
@@ -24,7 +25,6 @@ from otel_tunix import _ids, _recording, _resource
 from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
 from otel_tunix._current import meter as current_meter
-from otel_tunix._errors import report_internal_error
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
 from otel_tunix._shortcuts import active_span_processor, remove_span_processors
 from otel_tunix._version import __version__
@@ -556,16 +556,27 @@ def force_flush(timeout: float = 10.0) -> bool:
     return bool(ok)
 
 
-def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
+def shutdown(timeout: float | None = None) -> list[ScopeSession]:
     """Finish the run: process queued steps, write the session lines and summary, flush.
 
-    Idempotent; registered with ``atexit``. Returns the per-scope session totals.
+    Takes at most ``timeout`` seconds (default: ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``, 5 s)
+    whatever the collector does: the queued steps and the local files come first, then the
+    exporters and providers get what time is left, side by side; those that have not
+    finished by then are left behind (their unsent spans count as dropped) and
+    ``summary.json`` names them under ``"shutdown"``. Idempotent; registered with
+    ``atexit`` and called by the SIGTERM handler. Returns the per-scope session totals.
     """
     global _state
     with _lock:
         st = _state
         if st is None:
             return []
+        budget = st.settings.shutdown_timeout if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + budget
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         _state = None
         _recording.set_runtime(None)
         _recording.set_clock(None)
@@ -577,7 +588,7 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             st.sampler.stop()
         rt = st.runtime
         if rt is not None and st.processor is not None:
-            rt.pipeline.close(timeout)
+            rt.pipeline.close(left())
             counts = {
                 scope: (
                     s.count,
@@ -597,30 +608,16 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             st.alerts.close()
         summary_path = st.info.files.get("summary")
         if summary_path is not None and rt is not None:
-            # Written now and again below: exporters may take up to their timeout to shut
+            # Written now and again below: exporters may take the rest of the time to shut
             # down (a collector that is down), and a job given a short grace period after
             # SIGTERM keeps at least this one, with the export counts so far.
             write_summary(summary_path, st, sessions, complete=False)
-        if not st.owns_tracer_provider:  # ours in an application's provider: close them
-            for proc in st.export_processors:
-                try:
-                    proc.shutdown()
-                except Exception:  # it reports what its exporter raises itself: a bug of ours
-                    report_internal_error("shutting down an export processor")
-        for provider, owned in (
-            (st.tracer_provider, st.owns_tracer_provider),
-            (st.meter_provider, st.owns_meter_provider),
-            (st.logger_provider, st.owns_logger_provider),
-        ):
-            if provider is None:
-                continue
-            try:
-                if owned:
-                    provider.shutdown()
-                else:
-                    provider.force_flush(int(timeout * 1000))
-            except Exception:
-                _logger.exception("otel-tunix: shutting down %s failed", type(provider).__name__)
+        spans_file = st.info.files.get("spans")
+        if st.perfetto_at_shutdown and spans_file is not None and rt is not None:
+            trace_file = perfetto_from_jsonl(spans_file, st.info.rank)  # a local file: first
+            if trace_file is not None:
+                st.info.files["perfetto"] = trace_file
+        unfinished = _stop_exporters(st, left())
         # A provider can outlive the run (the application's, or ours made global, which
         # OTel never replaces): it lets go of this run's processors and callbacks, which
         # would otherwise keep the whole run (pipeline, steps, sinks) in memory for good.
@@ -634,13 +631,10 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
             st.datadog.close()
         if st.perfetto is not None and st.perfetto.path is not None:
             st.info.files["perfetto"] = st.perfetto.path
-        spans_file = st.info.files.get("spans")
-        if st.perfetto_at_shutdown and spans_file is not None and rt is not None:
-            trace_file = perfetto_from_jsonl(spans_file, st.info.rank)
-            if trace_file is not None:
-                st.info.files["perfetto"] = trace_file
         if summary_path is not None and rt is not None:
-            write_summary(summary_path, st, sessions, complete=True)
+            write_summary(
+                summary_path, st, sessions, complete=True, timeout=budget, unfinished=unfinished
+            )
         for name, stats in st.export_stats.items():
             if stats.failed or stats.dropped:
                 _logger.warning(
@@ -652,8 +646,61 @@ def shutdown(timeout: float = 10.0) -> list[ScopeSession]:
                     if name == "perfetto"
                     else "collector down or slow?",
                 )
+        if unfinished:
+            _logger.warning(
+                "otel-tunix: %s had not finished after %g s (OTEL_TUNIX_SHUTDOWN_TIMEOUT); "
+                "left behind, what they held is not sent",
+                ", ".join(unfinished),
+                budget,
+            )
         notices.at_shutdown(st, sessions)
         return sessions
+
+
+def _stop_exporters(st: RunState, timeout: float) -> list[str]:
+    """Shut down the run's export processors and providers (or flush the application's
+    providers), each on a thread of its own, side by side; wait at most ``timeout``.
+    Returns the names of those that had not finished (they go on as daemon threads; the
+    process may end under them)."""
+    parts: list[tuple[str, Callable[[], object]]] = []
+    if not st.owns_tracer_provider:  # ours in an application's provider: close them
+        parts += [
+            (f"exporter {type(p.exporter).__name__}", p.shutdown) for p in st.export_processors
+        ]
+    for provider, owned, what in (
+        (st.tracer_provider, st.owns_tracer_provider, "spans"),
+        (st.meter_provider, st.owns_meter_provider, "metrics"),
+        (st.logger_provider, st.owns_logger_provider, "log records"),
+    ):
+        if provider is None:
+            continue
+        name = f"{what} ({type(provider).__name__})"
+        if owned:
+            # The SDK's own atexit handler would run this shutdown again at exit, blocked
+            # by the same collector: it is ours to do, within the budget.
+            atexit.unregister(provider.shutdown)
+            parts.append((name, provider.shutdown))
+        else:
+            millis = max(1, int(timeout * 1000))
+            parts.append((name, functools.partial(provider.force_flush, millis)))
+    threads = []
+    for name, stop in parts:
+        thread = threading.Thread(
+            target=_stop_one, args=(name, stop), name="otel-tunix-shutdown", daemon=True
+        )
+        thread.start()
+        threads.append((name, thread))
+    deadline = time.monotonic() + timeout
+    for _, thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [name for name, thread in threads if thread.is_alive()]
+
+
+def _stop_one(name: str, stop: Callable[[], object]) -> None:
+    try:
+        stop()
+    except Exception:  # an exporter's or provider's own failure: reported, the run ends
+        _logger.exception("otel-tunix: shutting down %s failed", name)
 
 
 def get_metrics_logger() -> MetricsLogger:

@@ -5,6 +5,7 @@ observable instruments (step counts and rates, dropped steps, span counts) and
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,10 +119,18 @@ def register_observables(meter: Any, state: RunState | None) -> None:
 
 
 def write_summary(
-    path: Path, st: RunState, sessions: list[ScopeSession], *, complete: bool
+    path: Path,
+    st: RunState,
+    sessions: list[ScopeSession],
+    *,
+    complete: bool,
+    timeout: float | None = None,
+    unfinished: Sequence[str] = (),
 ) -> None:
     """``summary.json``; ``complete`` is false while exporters are still shutting down
-    (spans still queued then count as dropped)."""
+    (spans still queued then count as dropped). ``timeout``: the shutdown's budget in
+    seconds; ``unfinished``: the exporters and providers it left behind when that ran out
+    (``"shutdown"``; what they held was not sent)."""
     rt = st.runtime
     data = {
         "complete": complete,
@@ -133,6 +142,8 @@ def write_summary(
         "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
         "scopes": [s.to_json() for s in sessions],
     }
+    if timeout is not None:
+        data["shutdown"] = {"timeout_sec": timeout, "unfinished": list(unfinished)}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     tmp.replace(path)
