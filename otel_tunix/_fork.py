@@ -16,11 +16,18 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Protocol
 
 from otel_tunix._errors import report_internal_error
 
 __all__ = ["at_fork_in_child", "silence_file"]
+
+
+class HasFileno(Protocol):
+    """A file, or anything with a descriptor."""
+
+    def fileno(self) -> int: ...
+
 
 _lock = threading.Lock()
 _handlers: list[weakref.WeakMethod[Callable[[], None]]] = []
@@ -35,7 +42,7 @@ def at_fork_in_child(method: Callable[[], None]) -> None:
         _handlers.append(ref)
 
 
-def silence_file(file: IO[Any] | None) -> None:
+def silence_file(file: HasFileno | None) -> None:
     """Point ``file``'s descriptor, in this process only, at ``/dev/null`` (a forked child's
     copy of the parent's file: its buffered lines and its later flushes land nowhere)."""
     if file is None:

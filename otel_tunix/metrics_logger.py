@@ -28,7 +28,8 @@ from opentelemetry import metrics
 
 from otel_tunix._errors import ReportOnce, warn_once
 from otel_tunix._fork import at_fork_in_child, silence_file
-from otel_tunix._json import dumps_line, floats_finite, open_text
+from otel_tunix._json import dumps_line, floats_finite
+from otel_tunix._linefile import LineFile
 from otel_tunix._resource import detect_rank
 from otel_tunix.logging_backend import (
     PERF_SOURCE,
@@ -325,13 +326,22 @@ def _skips(backend: Backend, source: str) -> bool:
     return isinstance(backend, LoggingBackend) and source in backend.skip_sources
 
 
+FLUSH_INTERVAL_SEC = 0.25
+"""Longest time a record logged to ``metrics.jsonl`` waits for its flush while records
+keep coming (the default ``OTEL_TUNIX_PROCESS_INTERVAL_MS``)."""
+
+
 class JsonlBackend(LoggingBackend):
     """One JSON object per ``log``/``log_dict`` call: ``{"step": s, "time": t, "metrics":
     {name: value, ...}}``.
 
     The first line is a header, ``{"type": "meta", ...}``. NaN / Inf are written as the
     JSON extensions ``NaN`` / ``Infinity`` (Python's ``json`` and pandas read them) and the
-    record gets ``"nonfinite": true``.
+    record gets ``"nonfinite": true``. Records reach the file when the step has advanced
+    ``flush_every_n_steps`` since the last flush, or :data:`FLUSH_INTERVAL_SEC` has passed
+    (so a hard kill loses about that much), and at ``close()``; always as whole lines, a full
+    disk included (:class:`otel_tunix._linefile.LineFile`: what cannot be written is counted
+    in ``summary.json``, never raised).
     """
 
     def __init__(
@@ -342,10 +352,11 @@ class JsonlBackend(LoggingBackend):
         header: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
-        self._file = open_text(self.path)
+        self._file = LineFile(self.path)
         at_fork_in_child(self._after_fork_in_child)
         self._every = flush_every_n_steps
         self._last_flush_step: int | None = None
+        self._flush_at = 0.0  # time.time() past which the next record flushes
         if header is not None:
             meta = {"type": "meta", "time": time.time(), **header}
             self._file.write(json.dumps(meta, default=str) + "\n")
@@ -357,17 +368,22 @@ class JsonlBackend(LoggingBackend):
     def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
         """Write several scalars of one step as one record."""
         step = kwargs.get("step")
-        rec: dict[str, Any] = {"step": step, "time": time.time(), "metrics": dict(values)}
+        now = time.time()
+        rec: dict[str, Any] = {"step": step, "time": now, "metrics": dict(values)}
         finite = floats_finite(values.values())
         if not finite:
             rec["nonfinite"] = True
         self._file.write(dumps_line(rec, finite=finite) + "\n")
         if step is None or self._last_flush_step is None:
             self._last_flush_step = step if step is not None else self._last_flush_step
-            self._file.flush()
-        elif step - self._last_flush_step >= self._every:
+            self._flush(now)
+        elif step - self._last_flush_step >= self._every or now >= self._flush_at:
             self._last_flush_step = step
-            self._file.flush()
+            self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        self._flush_at = now + FLUSH_INTERVAL_SEC
+        self._file.flush()
 
     def close(self) -> None:
         if not self._file.closed:

@@ -9,7 +9,9 @@ component span (name, kind, start/end, thread, span id, parent). At shutdown one
 is flushed after every batch of steps the worker processes (at most
 ``OTEL_TUNIX_PROCESS_INTERVAL_MS``, 250 ms, apart; each step on its own when steps take
 longer), so a hard kill loses only the most recent steps; an exception or a normal exit
-loses none (shutdown processes everything queued).
+loses none (shutdown processes everything queued). Lines are whole, a full disk included:
+a batch that cannot be written is cut back to the last whole line, counted as lost in
+``summary.json`` (``write_errors``) and reported once (:class:`otel_tunix._linefile.LineFile`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from otel_tunix._errors import ReportOnce
 from otel_tunix._fork import at_fork_in_child, silence_file
-from otel_tunix._json import all_finite, dumps_line, open_text
+from otel_tunix._json import all_finite, dumps_line
+from otel_tunix._linefile import LineFile
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.processors import StepSink
 
@@ -36,7 +39,7 @@ class StepJsonlWriter(StepSink):
         self, path: str | os.PathLike[str], header: Mapping[str, object] | None = None
     ) -> None:
         self.path = Path(path)
-        self._file = open_text(self.path, "a")
+        self._file = LineFile(self.path)
         self._lock = threading.Lock()
         self._report = ReportOnce(_logger)
         at_fork_in_child(self._after_fork_in_child)
@@ -66,12 +69,10 @@ class StepJsonlWriter(StepSink):
         """The run and session lines: sums and attributes, checked for finiteness here."""
         self._write_lines((dumps_line(obj, finite=all_finite(obj.values())),))
 
-    def _write_lines(self, lines: Iterable[str]) -> None:
+    def _write_lines(self, lines: Sequence[str]) -> None:
         text = "".join(line + "\n" for line in lines)
         with self._lock:
-            if self._file.closed:
-                return
-            self._file.write(text)
+            self._file.write(text, len(lines))
 
     def flush(self) -> None:
         """Flush written lines to the OS (called after each batch of steps)."""

@@ -5,6 +5,7 @@ observable instruments (step counts and rates, dropped steps, span counts) and
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from otel_tunix import _recording
 from otel_tunix import attributes as attr
 from otel_tunix._current import RunInfo
+from otel_tunix._linefile import record_write_error, write_errors
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.metrics.catalog import Instrument
 from otel_tunix.metrics.instruments import observable
@@ -144,6 +146,14 @@ def write_summary(
     }
     if timeout is not None:
         data["shutdown"] = {"timeout_sec": timeout, "unfinished": list(unfinished)}
+    own = {os.fspath(p) for p in st.info.files.values()}
+    if st.config.export_jsonl_path:
+        own.add(os.fspath(st.config.export_jsonl_path))
+    data["write_errors"] = {f: e for f, e in write_errors().items() if f in own}
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.replace(path)
+    except OSError as exc:  # a full disk: reported once, never raised into the program
+        record_write_error(path, exc, 1)
+        tmp.unlink(missing_ok=True)

@@ -15,13 +15,14 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from opentelemetry import _logs, trace
 from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.context import get_current as current_context
 
 from otel_tunix._errors import ReportOnce
+from otel_tunix._linefile import LineFile, record_write_error
 from otel_tunix._recording import get_runtime
 from otel_tunix._step_view import add_step_event
 from otel_tunix._version import __version__
@@ -234,17 +235,20 @@ class JsonlAction(AlertAction):
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: IO[str] | None = None
+        self._file: LineFile | None = None
         self._lock = threading.Lock()
 
     def on_transition(self, alert: Alert) -> None:
         with self._lock:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "a", encoding="utf-8")
+                try:
+                    self._file = LineFile(self.path)
+                except OSError as exc:  # counted and reported once; tried again next time
+                    record_write_error(self.path, exc, 1)
+                    return
             rec = {"time_ns": alert.time_ns, **alert.attributes(), "message": alert.message}
             self._file.write(json.dumps(rec) + "\n")
-            self._file.flush()
+            self._file.flush()  # whole lines; a full disk is counted, never raised
 
     def close(self) -> None:
         """Close the file."""

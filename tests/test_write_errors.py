@@ -1,0 +1,107 @@
+"""A disk that fills up and frees again: never raised, whole lines, every lost record counted.
+
+The disk is "full" through ``RLIMIT_FSIZE`` in a child process with ``SIGXFSZ`` ignored: a
+write past the limit writes what fits and then fails with ``EFBIG``, as a write to a full
+disk fails with ``ENOSPC`` (no mount needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PROGRAM = textwrap.dedent(
+    """
+    import resource, signal, sys, time
+    import otel_tunix
+
+    out, limit = sys.argv[1], int(sys.argv[2])
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a killed process
+    otel_tunix.configure(output_dir=out, system_metrics=False, alerts=False,
+                         perf=otel_tunix.PerformanceMetricsConfig(process_interval_ms=5))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    logger = otel_tunix.get_metrics_logger()
+
+    def run(steps):
+        for n in steps:
+            with otel_tunix.step(n):
+                with otel_tunix.component("work"):
+                    time.sleep(0.0005)
+            logger.log("loss", 1.0, step=n)
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # the disk fills
+    run(range(0, 400))
+    otel_tunix.force_flush()
+    if sys.argv[3] == "frees":
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space comes back
+    run(range(400, 500))
+    otel_tunix.shutdown()
+    print("shutdown returned")
+    """
+)
+
+# Without a limit the run writes: spans.jsonl a run line, 500 step lines, a session line;
+# metrics.jsonl a header, 500 loss records, 500 perf/... records, a session rate record.
+SPANS_RECORDS = 502
+METRICS_RECORDS = 1002
+
+
+def _run(out: Path, limit: int, space: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TUNIX_QUIET"] = "true"
+    return subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(out), str(limit), space],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _records(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text.endswith("\n")  # no torn last line
+    return [json.loads(line) for line in text.splitlines()]  # every line whole
+
+
+def test_a_disk_that_fills_and_frees_loses_only_counted_whole_records(tmp_path):
+    out = tmp_path / "run"
+    proc = _run(out, 64 * 1024, "frees")
+    assert proc.returncode == 0 and "shutdown returned" in proc.stdout, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    summary = json.loads((out / "summary.json").read_text())
+    errors = summary["write_errors"]
+    spans, metrics = str(out / "spans.jsonl"), str(out / "metrics.jsonl")
+    assert errors[spans]["error"] == errors[metrics]["error"] == "File too large"
+    for path in (spans, metrics):  # reported once each, in words, naming the file
+        assert proc.stderr.count(f"cannot write {path}: File too large") == 1
+
+    lines = _records(out / "spans.jsonl")
+    assert len(lines) + errors[spans]["records_lost"] == SPANS_RECORDS
+    steps = [x["step"] for x in lines if x["type"] == "step"]
+    assert 0 < errors[spans]["records_lost"] < 400
+    assert steps[-100:] == list(range(400, 500))  # written again once space came back
+    assert [x["type"] for x in lines][-1] == "session"
+
+    logged = _records(out / "metrics.jsonl")
+    assert len(logged) + errors[metrics]["records_lost"] == METRICS_RECORDS
+    assert [x["step"] for x in logged if "loss" in x.get("metrics", {})][-100:] == list(
+        range(400, 500)
+    )
+    assert summary["complete"] is True and summary["scopes"][0]["steps"] == 500
+
+
+def test_a_disk_that_stays_full_never_raises_out_of_shutdown(tmp_path):
+    out = tmp_path / "run"
+    proc = _run(out, 1024, "stays full")  # the summary does not fit either
+    assert proc.returncode == 0 and "shutdown returned" in proc.stdout, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count(f"cannot write {out / 'summary.json'}: File too large") == 1
+    assert not (out / "summary.json.tmp").exists()
+    for name in ("spans.jsonl", "metrics.jsonl"):
+        assert _records(out / name)  # what was written before the disk filled, whole
