@@ -224,12 +224,18 @@ def main(argv: list[str] | None = None) -> int:
         "--peak-tflops", type=float, default=None,
         help="peak TFLOP/s of the device for MFU (default: an assumed CPU peak, printed)",
     )  # fmt: skip
+    ap.add_argument(
+        "--console-interval", type=float, default=2.0,
+        help="seconds between live lines on stderr (default 2; 0: none)",
+    )  # fmt: skip
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be at least 1")
     if args.d_model < 4 or args.d_model % 4:
         ap.error("--d-model must be a positive multiple of 4 (4 attention heads)")
+    if args.console_interval < 0:
+        ap.error("--console-interval must be 0 or more")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         ap.error("--peak-tflops must be positive")
     try:
@@ -259,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         # A CPU shared with other programs makes step-time spikes every few steps: the
         # demo keeps the other default rules (loss, grad norm, NaN, ...).
         alerts=[r for r in default_rules() if r.name != "step_time_spike"],
+        console_interval=args.console_interval,
     )
     console = Console(soft_wrap=True)  # long lines (paths) stay whole when piped
     threads = torch.get_num_threads()

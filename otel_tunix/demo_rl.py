@@ -369,10 +369,16 @@ def main(argv: list[str] | None = None) -> int:
         "--max-staleness", type=int, default=1, help="batches the actor may run ahead (default 1)"
     )
     ap.add_argument("--sync", action="store_true", help="actor and learner in turn, one thread")
+    ap.add_argument(
+        "--console-interval", type=float, default=2.0,
+        help="seconds between live lines on stderr (default 2; 0: none)",
+    )  # fmt: skip
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be at least 1")
+    if args.console_interval < 0:
+        ap.error("--console-interval must be 0 or more")
     if args.rollout_workers < 1 or args.group_size < 2 or args.max_staleness < 1:
         ap.error("--rollout-workers and --max-staleness must be >= 1, --group-size >= 2")
     try:
@@ -395,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         service_name="otel-tunix-demo-rl",
         perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=args.sampling_rate),
         output_dir=args.output_dir,
+        console_interval=args.console_interval,
     )
     console = Console()
     mode = "synchronous" if cfg.sync else f"asynchronous, staleness <= {cfg.max_staleness}"

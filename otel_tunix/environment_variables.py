@@ -48,6 +48,10 @@ OTEL_TUNIX_QUIET: Final = "OTEL_TUNIX_QUIET"
 """``true``: no notes on stderr at ``configure()`` (where the run's data goes) and
 ``shutdown()`` (where it went, what to run next). Default: ``false`` (rank 0 prints them)."""
 
+OTEL_TUNIX_CONSOLE_INTERVAL: Final = "OTEL_TUNIX_CONSOLE_INTERVAL"
+"""Seconds between live lines on stderr (step, loss, tokens/s, step time, busy / blocked /
+idle %), printed from a background thread by rank 0. Default: unset (no live line)."""
+
 OTEL_TUNIX_PERFETTO_DIR: Final = "OTEL_TUNIX_PERFETTO_DIR"
 """Directory for Perfetto trace files streamed from the spans during the run; ``none`` turns
 them off. Default: unset; the local run folder then gets ``trace.pftrace`` translated from

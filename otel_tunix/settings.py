@@ -181,6 +181,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "no notes on stderr at `configure()` (run folder, destinations, sampling) and "
             "`shutdown()` (steps, anything dropped, what to run next); rank 0 prints them",
             _BOOL),
+    Setting(env.OTEL_TUNIX_CONSOLE_INTERVAL, "console_interval", _seconds_or_off, None,
+            "print a live line on stderr every N seconds (step, loss, tokens/s, step time, "
+            "busy / blocked / idle %; rank 0, from a background thread); unset: none",
+            "a number of seconds > 0, or 0 / none"),
     Setting(env.OTEL_TUNIX_PERFETTO_DIR, "perfetto_dir", _text, None,
             "stream a Perfetto trace into this directory during the run; `none` turns "
             "Perfetto off (unset: the run folder gets `trace.pftrace` at shutdown)",
@@ -318,6 +322,7 @@ class Settings:
     run_id: str | None = None
     log_all_ranks: bool = False
     quiet: bool = False
+    console_interval: float | None = None
     perfetto_dir: str | None = None
     process_interval_ms: float = 250.0
     shutdown_timeout: float = 5.0

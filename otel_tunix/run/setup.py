@@ -31,6 +31,7 @@ from otel_tunix._version import __version__
 from otel_tunix.config import PerformanceMetricsConfig, load_callable
 from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, DatadogStepSink
 from otel_tunix.exporters.jsonl import StepJsonlWriter
+from otel_tunix.live_line import LiveLine
 from otel_tunix.metrics.alerts import AlertEngine
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
@@ -87,6 +88,7 @@ def configure(
     step_sinks: Sequence[StepSink] = (),
     clock: Callable[[], int] | None = None,
     id_seed: int | None = None,
+    console_interval: float | None = None,
 ) -> RunInfo:
     """Set up otel-tunix for this process (keyword-only, idempotent, thread-safe).
 
@@ -132,6 +134,10 @@ def configure(
             as they are (no offset to the Unix epoch). For deterministic tests.
         id_seed: Draw trace and span ids from ``random.Random(id_seed)`` instead of the
             OS's entropy. For deterministic tests.
+        console_interval: Seconds between live lines on stderr (step, loss, tokens/s, step
+            time, busy / blocked / idle %; :mod:`otel_tunix.live_line`), ``0`` for none
+            (else ``OTEL_TUNIX_CONSOLE_INTERVAL``, default none). Rank 0, with otel-tunix's
+            own MetricsLogger.
 
     Returns:
         The :class:`RunInfo` of the run.
@@ -151,6 +157,7 @@ def configure(
         if isinstance(export_fn, str):
             export_fn = load_callable(export_fn, "export_fn / " + env.OTEL_TUNIX_EXPORT_FN)
         interval = _system_interval(system_metrics, settings)
+        line_sec = _console_interval(console_interval, settings)
         if metrics_logger is not None and not isinstance(
             metrics_logger, MetricsLogger | MetricsLoggerOptions
         ):
@@ -301,6 +308,9 @@ def configure(
         if alerts is None:
             alerts = settings.alerts
         engine = _alert_engine(alerts, logger, lp, mp, datadog, alerts_path)
+        own_logger = not isinstance(metrics_logger, MetricsLogger)
+        if line_sec is not None and rank.rank == 0 and own_logger:
+            logger.backends.append(LiveLine(line_sec))
         if engine is not None and alerts_path is not None:
             files["alerts"] = alerts_path
         sampler = None
@@ -452,6 +462,15 @@ def _system_interval(arg: bool | float | None, settings: Settings) -> float | No
     if isinstance(arg, int | float) and arg > 0:
         return float(arg)
     raise ConfigurationError(f"system_metrics must be True, False or seconds > 0, got {arg!r}")
+
+
+def _console_interval(arg: float | None, settings: Settings) -> float | None:
+    """Seconds between live lines, or ``None`` for none."""
+    if arg is None:
+        return settings.console_interval
+    if isinstance(arg, int | float) and not isinstance(arg, bool) and arg >= 0:
+        return float(arg) or None
+    raise ConfigurationError(f"console_interval must be seconds > 0 or 0 (off), got {arg!r}")
 
 
 def _global_logger_provider() -> Any:
