@@ -51,6 +51,7 @@ from typing import Any
 import otel_tunix
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.instrumentation import _base
+from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 
 __all__ = [
@@ -487,11 +488,13 @@ class JaxInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         if importlib.util.find_spec("jax") is None:
             raise ModuleNotFoundError(f"No module named 'jax' ({EXTRA_HINT})", name="jax")
         _base.enable_auto_configure()
+        carry_into_threads()
         JaxInstrumentor._active = True
         _base.when_imported("jax", _start_tracking)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         JaxInstrumentor._active = False
+        stop_carrying_into_threads()
         if JaxInstrumentor._acquired:
             JaxInstrumentor._acquired = False
             _compile_tracker.release()

@@ -33,6 +33,7 @@ import threading
 from typing import Any
 
 from otel_tunix.instrumentation import _base
+from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.instrumentation._torch_device import (
     ANCHOR_SLACK_NS as ANCHOR_SLACK_NS,
 )
@@ -103,6 +104,7 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         _base.enable_auto_configure()
+        carry_into_threads()
         self._active = True
         _base.when_imported("torch", self._patch)
 
@@ -134,6 +136,7 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     def _uninstrument(self, **kwargs: Any) -> None:
         self._active = False
         _auto.enabled = False
+        stop_carrying_into_threads()
         if self._optimizer_hooks is None:
             return
         torch = sys.modules["torch"]

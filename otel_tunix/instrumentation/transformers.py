@@ -43,6 +43,7 @@ import otel_tunix
 from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation import torch as ott
+from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.metrics.training import perplexity
 
 _base.require("transformers", "transformers", "otel_tunix.instrumentation.transformers")
@@ -354,11 +355,13 @@ class TransformersInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         _base.enable_auto_configure()
+        carry_into_threads()
         type(self)._active = True
         _base.when_imported("transformers.trainer", _patch_trainer)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         type(self)._active = False
+        stop_carrying_into_threads()
         mod = sys.modules.get("transformers.trainer")
         original = TransformersInstrumentor._original_init
         if mod is not None and original is not None:
