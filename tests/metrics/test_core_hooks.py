@@ -66,18 +66,18 @@ def test_alert_between_steps_goes_on_the_next_step_span():
 
 def test_a_slow_step_flagged_by_the_worker_shows_on_a_later_step_span():
     with capture(system_metrics=False) as cap:
-        for n in range(16):
+        for n in range(60):  # past the warm-up (50), then three slow steps in a row
             with otel_tunix.step(n):
-                time.sleep(0.25 if n == 12 else 0.01)
-            if n == 12:
-                cap.flush()  # the worker accounts step 12 before step 13 starts
+                time.sleep(0.25 if n in (50, 51, 52) else 0.01)
+            if n == 52:
+                cap.flush()  # the worker accounts step 52 before step 53 starts
         steps = _steps(cap.spans())
     flagged = {
         n: e.attributes for n, s in steps.items() for e in _alert_events(s)
         if e.attributes["tunix.alert.rule"] == "step_time_spike"
     }  # fmt: skip
     first = min(flagged)
-    assert first > 12 and flagged[first]["tunix.alert.step"] == 12
+    assert first > 52 and flagged[first]["tunix.alert.step"] == 52
     assert flagged[first]["tunix.alert.metric"] == "perf/train/step_time_sec"
 
 

@@ -276,6 +276,11 @@ class SpikeRule(Rule):
             median + 3·MAD is about 2 standard deviations of normal jitter).
         min_absolute: Minimum rise over the median, in the metric's unit (the default rule
             uses 10 ms, so microsecond jitter of tiny steps never alerts).
+        consecutive: Values in a row above the limit before it fires (the default rule: 3,
+            so one slow step, a checkpoint or a garbage collection, is no episode).
+        hysteresis: How far back a value must come to clear it, as a fraction of the way
+            from the limit down to the median (the default rule: 0.5, half way), so a
+            series hovering at the limit is one episode, not one per crossing.
     """
 
     name: str
@@ -287,10 +292,13 @@ class SpikeRule(Rule):
     min_absolute: float = 0.0
     severity: Severity = Severity.WARNING
     consecutive: int = 1
+    hysteresis: float = 0.0
     description: str = ""
 
     def __post_init__(self) -> None:
         self._check()
+        if not 0.0 <= self.hysteresis <= 1.0:
+            raise ValueError(f"rule {self.name!r}: hysteresis must be in [0, 1]")
 
     def _limit(self, history: Sequence[float], value: float | None = None) -> float | None:
         """``max(median + k·MAD, median·(1 + min_relative), median + min_absolute)``; with
@@ -313,8 +321,11 @@ class SpikeRule(Rule):
         return self.severity if limit is not None and value > limit else _OK
 
     def clears(self, value: float, history: Sequence[float], level: Severity) -> bool:
-        limit = self._limit(history, value)
-        return limit is None or value <= limit
+        limit = self._limit(history)
+        if limit is None:
+            return True
+        med = _median(history)
+        return value <= limit - self.hysteresis * (limit - med)
 
     def condition(self, level: Severity, history: Sequence[float]) -> str:
         limit = self._limit(history)
@@ -373,7 +384,8 @@ def default_rules() -> list[Rule]:
                                                                        the median of 20
     ``loss_not_finite``          ``loss``, ``*loss``, ``loss/*``       critical: NaN / Inf
     ``step_time_spike``          ``step_time_sec``,                    warning > median +
-                                 ``perf/*/step_time_sec``              3·MAD of 50
+                                 ``perf/*/step_time_sec``              3·MAD of 50 (3 in a
+                                                                       row, after 50 steps)
     ============================ ===================================== =====================
     """
     return [
@@ -417,7 +429,10 @@ def default_rules() -> list[Rule]:
         SpikeRule(
             "step_time_spike",
             ("step_time_sec", "perf/*/step_time_sec"),
+            min_history=50,  # warm-up: compilation and cold caches make no baseline
             min_absolute=0.01,
-            description="a step much slower than the recent ones",
+            consecutive=3,
+            hysteresis=0.5,
+            description="steps much slower than the recent ones",
         ),
     ]
