@@ -30,6 +30,8 @@ from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.model import ComponentTime, ScopeSession, SpanInfo, StepSummary
 from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.run.log import log
+from otel_tunix.run.run_config import set_config
 from otel_tunix.run.setup import (
     RunInfo,
     configure,
@@ -65,7 +67,9 @@ __all__ = [
     "get_metrics_logger",
     "in_step",
     "last_step_summary",
+    "log",
     "record_component",
+    "set_config",
     "shutdown",
     "step",
 ]

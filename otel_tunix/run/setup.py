@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
 from otel_tunix.pipeline.worker import Pipeline
 from otel_tunix.processors import StepAccountingProcessor, StepSink
 from otel_tunix.run import notices, providers, signals
+from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.paths import checked_dir, checked_file, path_component
 from otel_tunix.run.perfetto_trace import (
     PERFETTO_AT_SHUTDOWN,
@@ -89,6 +90,7 @@ def configure(
     clock: Callable[[], int] | None = None,
     id_seed: int | None = None,
     console_interval: float | None = None,
+    run_config: Mapping[str, Any] | None = None,
 ) -> RunInfo:
     """Set up otel-tunix for this process (keyword-only, idempotent, thread-safe).
 
@@ -138,6 +140,10 @@ def configure(
             time, busy / blocked / idle %; :mod:`otel_tunix.live_line`), ``0`` for none
             (else ``OTEL_TUNIX_CONSOLE_INTERVAL``, default none). Rank 0, with otel-tunix's
             own MetricsLogger.
+        run_config: The run's hyperparameters, as ``wandb.config``: written to
+            ``config.json`` in the run folder, scalars (nested dicts flattened with dots) on
+            the resource as ``tunix.config.<key>``; merged over what
+            :func:`otel_tunix.set_config` kept before ``configure()``.
 
     Returns:
         The :class:`RunInfo` of the run.
@@ -193,8 +199,12 @@ def configure(
                 )
         rid = run_id or new_run_id(settings)
         rank = detect_rank(settings)
+        config = run_config_.take_pending(rid, run_config)
         ours = _resource.resource_attributes(
-            service_name=service_name, run_id=rid, rank=rank, extra=resource_attributes
+            service_name=service_name,
+            run_id=rid,
+            rank=rank,
+            extra={**run_config_.config_attributes(config), **(resource_attributes or {})},
         )
         resource = build_resource(ours)
         disabled = settings.sdk_disabled
@@ -204,6 +214,9 @@ def configure(
         files: dict[str, Path] = {}
         if out_dir is not None:
             checked_dir(out_dir, "output_dir / " + env.OTEL_TUNIX_OUTPUT_DIR)
+            if config:
+                files["config"] = out_dir / run_config_.CONFIG_FILE
+                run_config_.write_config(files["config"], config)
         if cfg.export_jsonl_path and not disabled:
             checked_file(
                 cfg.export_jsonl_path, "export_jsonl_path / " + env.OTEL_TUNIX_EXPORT_JSONL_PATH
