@@ -162,10 +162,13 @@ def uninstrument_model(model: Any) -> None:
 class _OptimizerHooks:
     """``optimizer_step`` around each ``optimizer.step()`` call.
 
-    For one optimizer (:func:`instrument_optimizer`) the instance's ``step`` is wrapped, so
-    the span covers the whole call: PyTorch's own ``step`` wrapper (profiler scope, step
-    hooks, grad-mode switch) included, about 0.2 ms a call that step hooks miss. For every
-    optimizer at once (the instrumentor), PyTorch's global step pre/post hooks.
+    The optimizer instance's ``step`` is wrapped, so the span covers the whole call:
+    PyTorch's own ``step`` wrapper (profiler scope, step hooks, grad-mode switch) included,
+    about 0.2 ms a call that step hooks miss. For one optimizer
+    (:func:`instrument_optimizer`) at once; for every optimizer (the instrumentor, ``auto``)
+    as each is made (``Optimizer.__init__``), with PyTorch's global step pre/post hooks for
+    the optimizers made before. In ``auto`` mode a call opens no span inside a step of the
+    program's own, and ends the automatic step otherwise.
     """
 
     def __init__(self, optimizer: Any, name: str, memory: bool, auto: bool = False) -> None:
@@ -174,38 +177,59 @@ class _OptimizerHooks:
         self.auto = auto
         self.local = _PerThread()
         self.handles: list[Any] = []
-        self.wrapped: Any = None
         self.active = True
+        self.wrapped: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+        """Per optimizer, our wrapper and the instance's own ``step`` it replaced."""
+        self.original_init: Any = None
         if auto:
             mod = sys.modules["torch.optim.optimizer"]
             self.handles = [
                 mod.register_optimizer_step_pre_hook(self._pre),
                 mod.register_optimizer_step_post_hook(self._post),
             ]
+            self._wrap_new_optimizers(mod.Optimizer)
         else:
-            self.optimizer = weakref.ref(optimizer)
-            self.own_step = optimizer.__dict__.get("step")  # an LR scheduler's wrapper, say
-            self.wrapped = self._wrap(optimizer.step)
-            optimizer.step = self.wrapped
+            self.wrap(optimizer)
+
+    def wrap(self, optimizer: Any) -> None:
+        """Wrap the instance's ``step`` (kept: an LR scheduler's wrapper, say)."""
+        own_step = optimizer.__dict__.get("step")
+        wrapper = self._wrap(optimizer.step)
+        optimizer.step = wrapper
+        self.wrapped[optimizer] = (wrapper, own_step)
+
+    def _wrap_new_optimizers(self, optimizer_cls: Any) -> None:
+        hooks = self
+        original = self.original_init = optimizer_cls.__init__
+
+        @functools.wraps(original)
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            if hooks.active and optimizer not in hooks.wrapped:
+                hooks.wrap(optimizer)
+
+        optimizer_cls.__init__ = __init__
 
     def _wrap(self, step: Any) -> Any:
         hooks = self
 
         @functools.wraps(step)
         def instrumented_step(*args: Any, **kwargs: Any) -> Any:
-            if not hooks.active:
+            if not hooks.active or (hooks.auto and not _auto.activity()):
                 return step(*args, **kwargs)
             with device_component(hooks.name):
                 out = step(*args, **kwargs)
             if hooks.memory:
                 record_memory_stats()
+            if hooks.auto:
+                _auto.step_done()
             return out
 
         return instrumented_step
 
     def _pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.auto and not _auto.activity():
-            return
+        if optimizer in self.wrapped or not _auto.activity():
+            return  # wrapped (made after the instrumentor): its wrapper records the call
         key = id(optimizer)
         stale = self.local.open.pop(key, None)
         if stale is not None and stale[1] is not None:  # the last step() raised
@@ -222,18 +246,18 @@ class _OptimizerHooks:
             entry[1].__exit__(None, None, None)
         if self.memory:
             record_memory_stats()
-        if self.auto:
-            _auto.step_done()
+        _auto.step_done()
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
-        if self.wrapped is not None:
-            self.active = False  # a wrapper of ours that another wrapped stays, inactive
-            optimizer = self.optimizer()
-            if optimizer is not None and optimizer.__dict__.get("step") is self.wrapped:
-                if self.own_step is not None:
-                    optimizer.step = self.own_step
+        if self.original_init is not None:
+            sys.modules["torch.optim.optimizer"].Optimizer.__init__ = self.original_init
+        self.active = False  # a wrapper of ours that another wrapped stays, inactive
+        for optimizer, (wrapper, own_step) in list(self.wrapped.items()):
+            if optimizer.__dict__.get("step") is wrapper:
+                if own_step is not None:
+                    optimizer.step = own_step
                 else:
                     del optimizer.step  # the class's step again
 

@@ -532,3 +532,38 @@ def test_optimizer_step_covers_the_whole_step_call_and_comes_off_cleanly() -> No
         assert p1 <= s.end_time <= t1  # and ends after it, within the call
     assert opt.__dict__.get("step") is scheduler_step  # put back as it was
     assert sched.last_epoch == 6  # the scheduler still counts steps
+
+
+def test_zero_code_optimizer_step_covers_the_whole_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the instrumentor, an optimizer made after ``instrument()`` has its ``step``
+    wrapped as it is made: the automatic step's ``optimizer_step`` encloses PyTorch's own
+    step hooks; uninstrumenting restores the instance and ``Optimizer.__init__``."""
+    pytest.importorskip("opentelemetry.instrumentation")
+    from otel_tunix.instrumentation import _base
+
+    monkeypatch.setattr(_base, "_auto_configure", False)
+    model = _model()
+    original_init = torch.optim.Optimizer.__init__
+    instrumentor = ott.TorchInstrumentor()
+    pre: list[int] = []
+    post: list[int] = []
+    with capture(clock=time.perf_counter_ns) as cap:
+        instrumentor.instrument()
+        try:
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)  # made after instrument()
+            opt.register_step_pre_hook(lambda *_: pre.append(time.perf_counter_ns()))
+            opt.register_step_post_hook(lambda *_: post.append(time.perf_counter_ns()))
+            for _ in range(3):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        finally:
+            instrumentor.uninstrument()
+        spans = [s for s in cap.spans() if s.name == "optimizer_step"]
+    assert len(spans) == len(pre) == len(post) == 3  # one span a call, not two
+    for s, p0, p1 in zip(spans, pre, post, strict=True):
+        assert s.start_time is not None and s.end_time is not None
+        assert s.start_time <= p0 and p1 <= s.end_time
+    numbers = [s.attributes[attr.STEP] for s in spans]
+    assert numbers == list(range(numbers[0], numbers[0] + 3))  # each ended a step
+    assert "step" not in opt.__dict__
+    assert torch.optim.Optimizer.__init__ is original_init
