@@ -16,6 +16,12 @@ running on a background daemon thread::
 Routes: ``GET /metrics`` (Prometheus text format, or OpenMetrics when the scraper asks for
 it) and ``GET /healthz`` (``200 ok``); every other path answers ``404``.
 
+Under load the server holds: a listen backlog of 512, eight worker threads whatever the
+number of scrapers, idle or stalled connections closed after 10 s without a thread each
+(200 concurrent scrapes all answered; a thread per connection and a backlog of 5 failed 24
+of them, ``tests/exporters/test_prometheus_load.py``). Label values and help texts are made
+valid UTF-8, so an odd component name cannot fail a scrape.
+
 Each endpoint owns a private :class:`prometheus_client.CollectorRegistry`, so several
 endpoints (one per rank, or one per test) live side by side in one process without their
 metric names colliding in the global registry.
@@ -31,10 +37,13 @@ machine scrape it.
 from __future__ import annotations
 
 import logging
+import selectors
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -66,6 +75,14 @@ DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 0
 METRICS_PATH: Final = "/metrics"
 HEALTH_PATH: Final = "/healthz"
+BACKLOG: Final = 512
+"""Listen backlog of the endpoint (the kernel caps it at ``net.core.somaxconn``)."""
+WORKERS: Final = 8
+"""Threads that serve requests; more concurrent scrapes wait their turn."""
+IDLE_TIMEOUT_SEC: Final = 10.0
+"""A connection that sends no request, or stalls in one, is closed after this."""
+MAX_WAITING: Final = 1024
+"""Connections held open waiting for their request at most; more are closed at once."""
 
 _WSGIEnviron = dict[str, Any]
 _StartResponse = Callable[..., Any]
@@ -312,14 +329,105 @@ class _Utf8Registry:
         return _Utf8Registry(self._registry.restricted_registry(names))
 
 
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    """One thread per request, never joined at close (a slow scraper cannot block us)."""
+class _PooledWSGIServer(WSGIServer):
+    """A WSGI server with a listen backlog of :data:`BACKLOG`, a bounded pool of
+    :data:`WORKERS` threads, and no thread for a connection that has sent nothing yet.
 
-    daemon_threads = True
+    Accepted connections wait in one selector thread until their request arrives (an idle
+    connection costs a socket, not a thread; one idle past :data:`IDLE_TIMEOUT_SEC`, or past
+    :data:`MAX_WAITING` waiting, is closed), then go to the pool; a request that stalls half
+    way is cut after :data:`IDLE_TIMEOUT_SEC` (the handler's socket timeout). Each
+    connection serves one request (wsgiref's HTTP/1.0 handling).
+    """
+
+    request_queue_size = BACKLOG
+    _waiter: threading.Thread | None = None  # set when the server is activated
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="otel-tunix-prometheus")
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._incoming: deque[tuple[socket.socket, Any]] = deque()
+        self._closing = False
+        self._waiter = threading.Thread(
+            target=self._wait_for_requests, name="otel-tunix-prometheus-wait", daemon=True
+        )
+        self._waiter.start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._incoming.append((request, client_address))  # to the selector thread
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # the buffer is full (it is being woken already) or closed
+            pass
+
+    def _wait_for_requests(self) -> None:
+        waiting: dict[socket.socket, tuple[Any, float]] = {}
+        while not self._closing:
+            for key, _ in self._selector.select(timeout=1.0):
+                conn = key.fileobj
+                if conn is self._wake_r:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except OSError:  # drained
+                        pass
+                    continue
+                assert isinstance(conn, socket.socket)
+                self._selector.unregister(conn)
+                address, _ = waiting.pop(conn)
+                self._pool.submit(self._serve, conn, address)
+            now = time.monotonic()
+            while self._incoming:
+                conn, address = self._incoming.popleft()
+                if len(waiting) >= MAX_WAITING:
+                    self.shutdown_request(conn)
+                    continue
+                waiting[conn] = (address, now)
+                self._selector.register(conn, selectors.EVENT_READ, None)
+            for conn, (_, since) in list(waiting.items()):
+                if now - since > IDLE_TIMEOUT_SEC:
+                    self._selector.unregister(conn)
+                    del waiting[conn]
+                    self.shutdown_request(conn)
+        for conn in waiting:
+            self.shutdown_request(conn)
+
+    def _serve(self, conn: Any, address: Any) -> None:
+        try:
+            self.finish_request(conn, address)
+        except Exception:  # a broken client: its connection only
+            self.handle_error(conn, address)
+        finally:
+            self.shutdown_request(conn)
+
+    def server_close(self) -> None:
+        super().server_close()
+        if self._waiter is None:  # the bind failed: nothing was started
+            return
+        self._closing = True
+        self._wake()
+        self._waiter.join(timeout=5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        _logger.debug("otel-tunix Prometheus endpoint: request from %s failed", client_address)
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """Does not print a line to stderr for every scrape."""
+    """Does not print a line to stderr for every scrape; gives up on a request that stalls
+    (its socket times out after :data:`IDLE_TIMEOUT_SEC`)."""
+
+    timeout = IDLE_TIMEOUT_SEC
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -333,7 +441,7 @@ def _bind(host: str, port: int, app: _WSGIApp) -> WSGIServer:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, sockaddr = infos[0]
         server_class = type(
-            "_PrometheusEndpointServer", (_ThreadingWSGIServer,), {"address_family": family}
+            "_PrometheusEndpointServer", (_PooledWSGIServer,), {"address_family": family}
         )
         return make_server(
             str(sockaddr[0]), port, app, server_class=server_class, handler_class=_QuietHandler

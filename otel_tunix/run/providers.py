@@ -84,7 +84,15 @@ def metric_readers(settings: Settings, urls: dict[str, str] | None = None) -> li
                 raise ConfigurationError(
                     f"{var}=prometheus needs pip install 'otel-tunix[prometheus]' ({exc})"
                 ) from exc
-            endpoint = PrometheusEndpoint()
+            try:
+                endpoint = PrometheusEndpoint()
+            except OSError as exc:  # a taken port: said once, the run goes on without it
+                _logger.warning(
+                    "otel-tunix: %s; the run goes on without the Prometheus endpoint (set "
+                    "OTEL_TUNIX_PROMETHEUS_PORT to a free port, or 0 for any)",
+                    exc.strerror or exc,
+                )
+                continue
             if urls is not None:
                 urls["prometheus"] = endpoint.url
             out.append(endpoint.reader)
