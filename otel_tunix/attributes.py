@@ -44,5 +44,21 @@ LOCAL_RANK: Final = "tunix.local_rank"
 WORLD_SIZE: Final = "tunix.world_size"
 
 # --- metric attributes -----------------------------------------------------------------
+STEP_DURATION: Final = "tunix.step.duration"
+"""On a step span: the step's time in seconds (its host window, as ``tunix.step.duration``)."""
+STEP_BUSY_TIME: Final = "tunix.step.busy_time"
+"""On a step span: seconds with at least one busy component open."""
+STEP_BLOCKED_TIME: Final = "tunix.step.blocked_time"
+"""On a step span: seconds with a blocked component open and no busy one."""
+STEP_IDLE_TIME: Final = "tunix.step.idle_time"
+"""On a step span: the rest of the step's time, in seconds."""
+COMPONENT_BUSY_TIME: Final = "tunix.component.busy_time"
+"""On a component span: the busy seconds of the component's name in the step (all its
+spans in the step together, as the ``tunix.component.busy_time`` histogram counts them)."""
+COMPONENT_BLOCKED_TIME: Final = "tunix.component.blocked_time"
+"""On a component span: the blocked seconds of the component's name in the step."""
+COMPONENT_COUNT: Final = "tunix.component.count"
+"""On a component span: spans of the component's name in the step, when more than one."""
+
 METRIC_SCOPE: Final = "scope"
 METRIC_COMPONENT: Final = "component"

@@ -32,7 +32,18 @@ from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 _logger = logging.getLogger(__name__)
 
 _EXTRA_SPAN_ATTRS = (attr.DEVICE_END, attr.HOST_DURATION, attr.INCOMPLETE)
-_STEP_KEYS = frozenset((attr.SPAN_TYPE, attr.SCOPE, attr.STEP))
+_STEP_KEYS = frozenset(
+    (
+        attr.SPAN_TYPE,
+        attr.SCOPE,
+        attr.STEP,
+        # the breakdown the span builder puts on the step span: derived, not the user's
+        attr.STEP_DURATION,
+        attr.STEP_BUSY_TIME,
+        attr.STEP_BLOCKED_TIME,
+        attr.STEP_IDLE_TIME,
+    )
+)
 
 
 class StepSink:

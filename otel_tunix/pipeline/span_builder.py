@@ -311,9 +311,12 @@ class SpanBuilder:
         self._targets_key: object = None
         self._targets: list[tuple[SpanProcessor, Callable[[list[FinishedStep]], object]]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
-        self._attributes: dict[str, tuple[bool, Any, str, int, dict[str, Any]]] = {}
-        """Per component name: (blocked, thread, scope, step, the attributes of its spans)
-        as last made (never changed once made: spans and other threads may hold them)."""
+        self._attributes: dict[
+            str, tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None]
+        ] = {}
+        """Per component name: (blocked, thread, scope, step, the attributes of its spans,
+        the name's times in that step) as last made (never changed once made: spans and other
+        threads may hold them)."""
         self._report = ReportOnce(_logger)
 
     def __call__(self, records: list[StepRecord]) -> int:
@@ -392,6 +395,7 @@ class SpanBuilder:
         make, new_ctx = self._make, new_span_context
         ex = rec.extras
         comps = zip(step.components, step.ends, strict=True)
+        times = step.summary.component_times
         for (name, blocked, sid, parent_id, start_pc, thread), end in comps:
             ctx = new_ctx(trace_id, sid)
             if parent_id == step_sid:
@@ -405,7 +409,9 @@ class SpanBuilder:
             if thread is None:
                 thread = step_thread
             extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
-            attrs = self._component_attributes(name, blocked, thread, scope, number, extra)
+            attrs = self._component_attributes(
+                name, blocked, thread, scope, number, extra, times.get(name)
+            )
             if ex is not None and sid in ex.errors:
                 status, events = _error(ex.errors[sid], rec.ends.get(sid, start_pc) + off)
                 out.append(
@@ -416,8 +422,12 @@ class SpanBuilder:
                 continue
             out.append(make(name, ctx, parent_ctx, attrs, start_pc + off, end + off))
         parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None
+        s = step.summary
         step_attrs = {**step.attributes, _SPAN_TYPE: attr.SPAN_TYPE_STEP, _STEP: number,
-                      _SCOPE: scope}  # fmt: skip
+                      _SCOPE: scope, attr.STEP_DURATION: s.step_time_sec,
+                      attr.STEP_BUSY_TIME: s.busy_time_sec,
+                      attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
+                      attr.STEP_IDLE_TIME: s.idle_time_sec}  # fmt: skip
         name = f"{scope}_step"
         if rec.error is not None or rec.events:
             status, events = _error(rec.error, rec.end_ns + off)
@@ -433,12 +443,13 @@ class SpanBuilder:
 
     def _component_attributes(
         self, name: str, blocked: bool, thread: Any, scope: str, number: int,
-        extra: dict[str, object] | None,
+        extra: dict[str, object] | None, times: tuple[float, float, int] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """A component span's attributes. Components with the same name, kind, thread and
         scope share one dict (spans hand out read-only views of it), copied with the step
-        number in a later step: the run's steps repeat the same components, and a copy of a
-        dict costs a third of building one (about 0.3 us a span in bench_overhead)."""
+        number and the name's times in a later step: the run's steps repeat the same
+        components, and a copy of a dict costs a third of building one (about 0.3 us a span
+        in bench_overhead). ``times``: the name's ``(busy, blocked, count)`` in the step."""
         if extra is None:
             found = self._attributes.get(name)
             if (
@@ -448,10 +459,11 @@ class SpanBuilder:
                 and (found[2] == scope)
             ):
                 attrs = found[4]
-                if found[3] != number:  # made in another step
+                if found[3] != number or found[5] != times:  # made in another step
                     attrs = attrs.copy()
                     attrs[_STEP] = number
-                    self._attributes[name] = (blocked, thread, scope, number, attrs)
+                    _set_times(attrs, times)
+                    self._attributes[name] = (blocked, thread, scope, number, attrs, times)
                 return attrs
         tid, tname = self.thread(thread)
         attrs = {
@@ -463,11 +475,12 @@ class SpanBuilder:
             _THREAD_ID: tid,
             _THREAD_NAME: tname,
         }
+        _set_times(attrs, times)
         if extra is not None:
             return {**extra, **attrs}
         if len(self._attributes) >= _MAX_CACHED:  # names made up per step
             self._attributes.clear()
-        self._attributes[name] = (blocked, thread, scope, number, attrs)
+        self._attributes[name] = (blocked, thread, scope, number, attrs, times)
         return attrs
 
     def _full_span(
@@ -479,6 +492,18 @@ class SpanBuilder:
         return sdk_span(
             self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status
         )
+
+
+def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) -> None:
+    """A component's accounted busy / blocked seconds (and count, if several) in its step."""
+    attrs.pop(attr.COMPONENT_COUNT, None)
+    if times is None:
+        return
+    busy, blocked, count = times
+    attrs[attr.COMPONENT_BUSY_TIME] = busy
+    attrs[attr.COMPONENT_BLOCKED_TIME] = blocked
+    if count > 1:
+        attrs[attr.COMPONENT_COUNT] = count
 
 
 def _extra_attributes(
