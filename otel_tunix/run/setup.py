@@ -376,7 +376,14 @@ def configure(
 
             perfetto = PerfettoSpanExporter(directory=trace_dir)
             stats = export_stats.setdefault("perfetto", ExportStats())
-            state.export_processors.append(BatchExportProcessor(perfetto, stats, settings=settings))
+            # A local file: written as often as the steps are processed, so a hard kill
+            # loses about OTEL_TUNIX_PROCESS_INTERVAL_MS of it (not OTEL_BSP_SCHEDULE_DELAY).
+            every_ms = max(1, round(cfg.process_interval_ms or 250.0))
+            state.export_processors.append(
+                BatchExportProcessor(
+                    perfetto, stats, schedule_delay_millis=every_ms, settings=settings
+                )
+            )
             tp.add_span_processor(state.export_processors[-1])
             state.perfetto = perfetto
         span_sink = active_span_processor(tp, processor)
