@@ -62,6 +62,21 @@ OTEL_TUNIX_PROCESS_INTERVAL_MS: Final = "OTEL_TUNIX_PROCESS_INTERVAL_MS"
 the training thread (and the local files flushed); a hard kill loses at most about this much
 of the most recent steps. Default: ``250``."""
 
+OTEL_TUNIX_STRAGGLER_WINDOW: Final = "OTEL_TUNIX_STRAGGLER_WINDOW"
+"""With several ranks under ``torch.distributed``: every this many sampled steps of the
+straggler scope the ranks compare their mean step times; ``0`` turns it off. Default:
+``50``."""
+
+OTEL_TUNIX_STRAGGLER_SCOPE: Final = "OTEL_TUNIX_STRAGGLER_SCOPE"
+"""The scope whose steps the ranks compare for stragglers. Default: ``train``."""
+
+OTEL_TUNIX_STRAGGLER_MARGIN: Final = "OTEL_TUNIX_STRAGGLER_MARGIN"
+"""How much slower than the ranks' median step time a rank is slow in a window (``0.2``:
+20 %). Default: ``0.2``."""
+
+OTEL_TUNIX_STRAGGLER_WINDOWS: Final = "OTEL_TUNIX_STRAGGLER_WINDOWS"
+"""Windows in a row a rank is slow before the ``straggler`` alert fires. Default: ``3``."""
+
 OTEL_TUNIX_SHUTDOWN_TIMEOUT: Final = "OTEL_TUNIX_SHUTDOWN_TIMEOUT"
 """Seconds that ``shutdown()`` (also at exit and on SIGTERM) takes at most, whatever the
 collector does: the local files are finished first, exporters that have not finished by then

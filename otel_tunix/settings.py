@@ -74,6 +74,13 @@ def _non_negative_int(raw: str) -> int:
     return value
 
 
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0 or value == float("inf"):
+        raise ValueError
+    return value
+
+
 def _port(raw: str) -> int:
     value = int(raw)
     if not 0 <= value <= 65535:
@@ -201,6 +208,18 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             f"a number of seconds in (0, {MAX_SHUTDOWN_SEC:g}]"),
     Setting(env.OTEL_TUNIX_ALERTS, "alerts", parse_bool, True,
             "evaluate the default alert rules on logged metrics", _BOOL),
+    Setting(env.OTEL_TUNIX_STRAGGLER_WINDOW, "straggler_window", _non_negative_int, 50,
+            "with several ranks under `torch.distributed`: every this many sampled steps of "
+            "the straggler scope the ranks compare their mean step times (off the training "
+            "thread, over the job's store); `0` turns it off", "a whole number >= 0"),
+    Setting(env.OTEL_TUNIX_STRAGGLER_SCOPE, "straggler_scope", _text, "train",
+            "the scope whose steps the ranks compare", "a scope name"),
+    Setting(env.OTEL_TUNIX_STRAGGLER_MARGIN, "straggler_margin", _positive_float, 0.2,
+            "how much slower than the ranks' median step time a rank is slow in a window "
+            "(`0.2`: 20 %)", "a number > 0"),
+    Setting(env.OTEL_TUNIX_STRAGGLER_WINDOWS, "straggler_windows", _positive_int, 3,
+            "windows in a row a rank is slow before the `straggler` alert fires",
+            "a whole number >= 1"),
     Setting(env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL, "system_metrics_interval",
             _seconds_or_off, 10.0,
             "seconds between GPU / process / host samples; `0` or `none` turns it off",
@@ -327,6 +346,10 @@ class Settings:
     process_interval_ms: float = 250.0
     shutdown_timeout: float = 5.0
     alerts: bool = True
+    straggler_window: int = 50
+    straggler_scope: str = "train"
+    straggler_margin: float = 0.2
+    straggler_windows: int = 3
     system_metrics_interval: float | None = 10.0
     raise_internal_errors: bool = False
     prometheus_host: str | None = None

@@ -33,6 +33,7 @@ from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, D
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.live_line import LiveLine
 from otel_tunix.metrics.alerts import AlertEngine
+from otel_tunix.metrics.stragglers import StragglerDetector
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.model import ScopeSession, StepSummary
@@ -324,6 +325,21 @@ def configure(
         own_logger = not isinstance(metrics_logger, MetricsLogger)
         if line_sec is not None and rank.rank == 0 and own_logger:
             logger.backends.append(LiveLine(line_sec))
+        if settings.straggler_window and rank.world_size > 1:
+            processor.add_sink(
+                StragglerDetector(
+                    rank=rank.rank,
+                    world_size=rank.world_size,
+                    run_id=rid,
+                    scope=settings.straggler_scope,
+                    window=settings.straggler_window,
+                    margin=settings.straggler_margin,
+                    windows=settings.straggler_windows,
+                    engine=engine,
+                    logger=logger if logger.active else None,
+                    meter_provider=mp,
+                )
+            )
         if engine is not None and alerts_path is not None:
             files["alerts"] = alerts_path
         sampler = None

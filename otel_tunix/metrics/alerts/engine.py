@@ -291,6 +291,35 @@ class AlertEngine(LoggingBackend):
             message=_message(rule, metric, v, step, new, previous, cond),
         )
 
+    def report(
+        self,
+        rule: str,
+        metric: str,
+        severity: Severity,
+        value: float,
+        step: int | None,
+        condition: str,
+        message: str,
+    ) -> Alert | None:
+        """Act on a transition decided elsewhere: a detector with logic of its own (the
+        straggler detector). Kept like a rule's (``history``, :meth:`active_alerts`), then
+        every action runs. ``None`` (nothing done) when the series is already at
+        ``severity``."""
+        if self._closed:
+            return None
+        with self._lock:
+            s = self._series.get((rule, metric))
+            if s is None:
+                s = self._series[(rule, metric)] = _Series()
+            previous = s.level
+            if previous is severity:
+                return None
+            s.level = severity
+            alert = Alert(rule, metric, severity, previous, value, step, condition, message)
+            self.history.append(alert)
+        self._act(alert)
+        return alert
+
     def active(self) -> dict[tuple[str, str], Severity]:
         """``{(rule, metric): severity}`` of every series not OK now."""
         with self._lock:

@@ -1,0 +1,341 @@
+"""Stragglers named during the run: the ranks of a job compare their recent step times.
+
+Every ``window`` sampled steps of one scope (``OTEL_TUNIX_STRAGGLER_WINDOW``, default 50;
+``OTEL_TUNIX_STRAGGLER_SCOPE``, default ``train``) each rank puts its window (its mean step
+time and mean time per component) in the job's ``torch.distributed`` store. Rank 0 reads the
+ranks' windows, compares each rank's mean step time with the ranks' median and publishes
+the ranks' relative speeds (median / own: 1 is typical, 0.5 twice as slow), which every
+rank reads back as ``tunix.rank.relative_speed``. A rank slower than the median by more than
+the margin (``OTEL_TUNIX_STRAGGLER_MARGIN``, 20 %) for ``OTEL_TUNIX_STRAGGLER_WINDOWS``
+windows in a row (3) is a straggler: rank 0 raises the ``straggler`` alert (alerts.jsonl,
+span event, OTel log record, Datadog event) naming the rank and the component that grew
+most against the other ranks; it resolves when the rank is back within half the margin.
+
+All of it off the training thread: the worker adds each sampled step to the window, the
+exchange runs on a thread of its own. Over the store rather than a collective on a process
+group: a collective needs every rank to enter it in the same order as the program's own
+collectives (a process group made in ``configure()`` would hang a job whose ranks do not all
+call it), while a store read waits with a timeout on our thread and never blocks the
+program. A rank that does not answer within the timeout is reported once and the detector
+stops. Needs ``torch.distributed`` initialised (checked when the first window is full); JAX
+multi-host jobs are not compared yet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from otel_tunix._current import meter
+from otel_tunix._errors import warn_once
+from otel_tunix.metrics.alerts.rules import Severity
+from otel_tunix.model import StepSummary
+from otel_tunix.processors import StepSink
+
+_logger = logging.getLogger(__name__)
+
+RULE = "straggler"
+EXCHANGE_TIMEOUT_SEC = 300.0
+"""How long the exchange waits for the other ranks' window before giving up."""
+CLOSE_WAIT_SEC = 1.0
+"""How long ``close()`` lets the windows still queued be compared."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankWindow:
+    """One rank's window: its mean step time and mean time per component (busy + blocked)."""
+
+    rank: int
+    first_step: int
+    last_step: int
+    step_time_sec: float
+    components: Mapping[str, float]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "rank": self.rank,
+                "first": self.first_step,
+                "last": self.last_step,
+                "step_time": self.step_time_sec,
+                "components": dict(self.components),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> RankWindow:
+        d = json.loads(raw)
+        return cls(d["rank"], d["first"], d["last"], d["step_time"], d["components"])
+
+
+@dataclass(frozen=True, slots=True)
+class RankVerdict:
+    """How one rank compares with the others in a window."""
+
+    rank: int
+    relative_speed: float
+    """The ranks' median step time / this rank's (1: typical, 0.5: twice as slow)."""
+    slow: bool
+    """Slower than the median by more than the margin."""
+    recovered: bool
+    """Within half the margin of the median."""
+    grew: str | None
+    """The component whose time is furthest above the other ranks' median."""
+    grew_by_sec: float
+
+
+def compare(windows: Sequence[RankWindow], margin: float) -> list[RankVerdict]:
+    """Each rank of ``windows`` (one per rank, same steps) against the ranks' median."""
+    median = statistics.median(w.step_time_sec for w in windows)
+    out = []
+    for w in windows:
+        ratio = w.step_time_sec / median if median > 0 else 1.0
+        grew, grew_by = None, 0.0
+        for name, own in w.components.items():
+            others = [o.components.get(name, 0.0) for o in windows if o.rank != w.rank]
+            excess = own - statistics.median(others) if others else 0.0
+            if excess > grew_by:
+                grew, grew_by = name, excess
+        out.append(
+            RankVerdict(
+                rank=w.rank,
+                relative_speed=1.0 / ratio if ratio > 0 else 1.0,
+                slow=ratio > 1.0 + margin,
+                recovered=ratio <= 1.0 + margin / 2,
+                grew=grew,
+                grew_by_sec=grew_by,
+            )
+        )
+    return out
+
+
+class StragglerDetector(StepSink):
+    """Compares this rank's recent steps with the other ranks' (see the module docstring).
+
+    Args:
+        rank: This process's rank.
+        world_size: Ranks in the job.
+        run_id: The run (every rank's must be the same: a launcher's job id).
+        scope: Scope whose steps are compared.
+        window: Sampled steps per window.
+        margin: Slower than the median by more than this (a fraction) is slow.
+        windows: Slow windows in a row before the alert fires.
+        engine: The alert engine that acts (rank 0's; ``None``: no alert).
+        logger: Rank 0 logs ``ranks/slowest_relative_speed`` and
+            ``ranks/exchange_cpu_sec`` to it at each window's last step.
+        store: The store to exchange through (default: ``torch.distributed``'s, once it is
+            initialised).
+        timeout_sec: Longest wait for the other ranks' windows.
+        meter_provider: Where ``tunix.rank.relative_speed`` lives (default: the run's).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        run_id: str,
+        scope: str = "train",
+        window: int = 50,
+        margin: float = 0.2,
+        windows: int = 3,
+        engine: Any = None,
+        logger: Any = None,
+        store: Any = None,
+        timeout_sec: float = EXCHANGE_TIMEOUT_SEC,
+        meter_provider: Any = None,
+    ) -> None:
+        if window < 1 or windows < 1 or not margin > 0:
+            raise ValueError(f"straggler window={window}, windows={windows}, margin={margin}")
+        self.rank, self.world_size, self.scope = rank, world_size, scope
+        self.window, self.margin, self.windows = window, margin, windows
+        self._prefix = f"otel-tunix/{run_id}/stragglers/{scope}/"
+        self._engine, self._logger = engine, logger
+        self._store = store
+        self._timeout = timedelta(seconds=timeout_sec)
+        self._steps: list[StepSummary] = []
+        self._index = 0
+        self._queue: queue.SimpleQueue[RankWindow | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._streak = [0] * world_size
+        self._firing = [False] * world_size
+        self.relative_speed: float | None = None
+        """This rank's relative speed in the latest window compared."""
+        self.exchange_cpu_sec: list[float] = []
+        """CPU time of each window's exchange on the exchange thread (its cost; the wall
+        time also waits for the slowest rank)."""
+        scope_name = "otel_tunix.metrics.stragglers"
+        m = meter_provider.get_meter(scope_name) if meter_provider else meter(scope_name)
+        self._gauge = m.create_gauge(
+            "tunix.rank.relative_speed",
+            unit="1",
+            description="The ranks' median step time / this rank's, per window of steps",
+        )
+
+    # --- on the worker thread -----------------------------------------------------------
+    def on_step(self, summary: StepSummary) -> None:
+        if self._stopped or summary.scope != self.scope:
+            return
+        steps = self._steps
+        steps.append(summary)
+        if len(steps) < self.window:
+            return
+        self._steps = []
+        components: dict[str, float] = {}
+        for s in steps:
+            for name, (busy, blocked, _) in s.component_times.items():
+                components[name] = components.get(name, 0.0) + busy + blocked
+        n = len(steps)
+        mine = RankWindow(
+            self.rank,
+            steps[0].step,
+            steps[-1].step,
+            sum(s.step_time_sec for s in steps) / n,
+            {name: t / n for name, t in components.items()},
+        )
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._exchange_loop, name="otel-tunix-stragglers", daemon=True
+            )
+            self._thread.start()
+        self._queue.put(mine)
+
+    def close(self) -> None:
+        """Compare the windows still queued (a second at most), then stop."""
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(CLOSE_WAIT_SEC)
+        self._stopped = True
+
+    # --- on the exchange thread -----------------------------------------------------------
+    def _exchange_loop(self) -> None:
+        while True:
+            mine = self._queue.get()
+            if mine is None or self._stopped:
+                return
+            try:
+                store = self._store if self._store is not None else _job_store()
+                if store is None:
+                    warn_once(
+                        ("stragglers", "store"),
+                        "otel-tunix: straggler detection needs torch.distributed initialised "
+                        "(init_process_group); not comparing ranks",
+                        logger=_logger,
+                    )
+                    self._stopped = True
+                    return
+                self._store = store
+                start = time.thread_time()
+                self._exchange(store, mine)
+                self.exchange_cpu_sec.append(time.thread_time() - start)
+            except Exception as exc:  # a rank gone or too slow to answer, the store down
+                warn_once(
+                    ("stragglers", "exchange"),
+                    "otel-tunix: comparing step times with the other ranks failed (%s: %s); "
+                    "straggler detection stops",
+                    type(exc).__name__,
+                    exc,
+                    logger=_logger,
+                )
+                self._stopped = True
+                return
+            finally:
+                self._index += 1
+
+    def _key(self, index: int, who: str) -> str:
+        return f"{self._prefix}w{index}/{who}"
+
+    def _exchange(self, store: Any, mine: RankWindow) -> None:
+        w = self._index
+        store.set(self._key(w, f"r{self.rank}"), mine.to_json())
+        if self.rank == 0:
+            keys = [self._key(w, f"r{r}") for r in range(self.world_size)]
+            store.wait(keys, self._timeout)
+            windows = [RankWindow.from_json(store.get(k)) for k in keys]
+            verdicts = compare(windows, self.margin)
+            speeds = [v.relative_speed for v in verdicts]
+            store.set(self._key(w, "speeds"), json.dumps(speeds))
+            self._judge(verdicts, mine)
+            if w >= 2:  # every rank has read window w - 2's speeds by now
+                for r in range(self.world_size):
+                    store.delete_key(self._key(w - 2, f"r{r}"))
+                store.delete_key(self._key(w - 2, "speeds"))
+        else:
+            store.wait([self._key(w, "speeds")], self._timeout)
+            speeds = json.loads(store.get(self._key(w, "speeds")))
+        speed = self.relative_speed = float(speeds[self.rank])
+        self._gauge.set(speed, {"scope": self.scope})
+
+    def _judge(self, verdicts: Sequence[RankVerdict], mine: RankWindow) -> None:
+        """Rank 0: streaks per rank, the alert's transitions, the window's scalars."""
+        for v in verdicts:
+            r = v.rank
+            if v.slow:
+                self._streak[r] += 1
+                if self._streak[r] >= self.windows and not self._firing[r]:
+                    self._firing[r] = True
+                    self._alert(v, mine, Severity.WARNING)
+            else:
+                self._streak[r] = 0
+                if v.recovered and self._firing[r]:
+                    self._firing[r] = False
+                    self._alert(v, mine, Severity.OK)
+        if self._logger is not None:
+            values = {"ranks/slowest_relative_speed": min(v.relative_speed for v in verdicts)}
+            if self.exchange_cpu_sec:  # the previous window's: this one is not done yet
+                values["ranks/exchange_cpu_sec"] = self.exchange_cpu_sec[-1]
+            self._logger.log_dict(values, step=mine.last_step)
+
+    def _alert(self, v: RankVerdict, mine: RankWindow, severity: Severity) -> None:
+        if self._engine is None:
+            return
+        slower = 1.0 / v.relative_speed if v.relative_speed > 0 else float("inf")
+        steps = f"steps {mine.first_step}-{mine.last_step}"
+        if severity is Severity.OK:
+            message = (
+                f"otel-tunix alert resolved: {RULE}: rank {v.rank} is back at "
+                f"{slower:.2f}x the ranks' median step time ({self.scope}, {steps})"
+            )
+        else:
+            grew = (
+                f"; {v.grew} grew most (+{v.grew_by_sec * 1e3:.1f} ms a step over the other "
+                f"ranks' median)"
+                if v.grew
+                else ""
+            )
+            message = (
+                f"otel-tunix alert [WARNING] {RULE}: rank {v.rank} took {slower:.2f}x the "
+                f"ranks' median step time in {self.windows} windows of {self.window} "
+                f"{self.scope} steps in a row, up to {steps}{grew}"
+            )
+        self._engine.report(
+            RULE,
+            f"rank {v.rank}",
+            severity,
+            slower,
+            mine.last_step,
+            f"> median step time x {1 + self.margin:g} for {self.windows} windows"
+            + (f" ({v.grew})" if v.grew else ""),
+            message,
+        )
+
+
+def _job_store() -> Any:
+    """The store of ``torch.distributed``'s default process group, or ``None``."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    # The default group's store (the job's rendezvous store): a private accessor, stable
+    # since torch 1.x; without it there is nothing to exchange through.
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    return get_store() if get_store is not None else None

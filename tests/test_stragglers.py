@@ -1,0 +1,128 @@
+"""Stragglers named during the run: the comparison itself, and real ranks under
+``torchrun --standalone --nproc-per-node 3`` (gloo, CPU) with one slow rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from otel_tunix.metrics.stragglers import RankWindow, compare
+
+
+def _window(rank: int, step_sec: float, forward: float) -> RankWindow:
+    return RankWindow(rank, 0, 4, step_sec, {"forward": forward, "train_data_load": 0.002})
+
+
+def test_compare_names_the_slow_rank_and_the_component_that_grew() -> None:
+    windows = [_window(0, 0.010, 0.008), _window(1, 0.011, 0.008), _window(2, 0.025, 0.023)]
+    v = {x.rank: x for x in compare(windows, margin=0.2)}
+    assert v[2].slow and not v[0].slow and not v[1].slow
+    assert v[2].relative_speed == pytest.approx(0.011 / 0.025)
+    assert v[1].relative_speed == pytest.approx(1.0)
+    assert v[2].grew == "forward" and v[2].grew_by_sec == pytest.approx(0.015)
+    assert v[0].grew is None  # nothing above the others
+    # within the margin, and within half of it: recovered
+    calm = compare([_window(0, 0.010, 0.008), _window(1, 0.0109, 0.008)], margin=0.2)
+    assert not any(x.slow for x in calm) and all(x.recovered for x in calm)
+
+
+RANK_SCRIPT = """
+import json, os, sys, time
+import torch.distributed as dist
+import otel_tunix
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+otel_tunix.configure()
+slow = float(os.environ["SLOW_FORWARD_MS"]) / 1e3 if rank == 2 else 0.0
+step_sec = []
+for n in range(40):
+    t0 = time.perf_counter()
+    with otel_tunix.step(n):
+        with otel_tunix.component("train_data_load"):
+            time.sleep(0.002)
+        with otel_tunix.component("forward"):
+            time.sleep(0.008 + slow)
+    step_sec.append(time.perf_counter() - t0)
+end_ns = time.time_ns()
+dist.barrier()
+otel_tunix.shutdown()
+out = {"rank": rank, "step_sec": step_sec, "end_ns": end_ns}
+with open(os.path.join(sys.argv[1], f"truth-{rank}.json"), "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_three_ranks_one_slow_named_during_the_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent(RANK_SCRIPT))
+    env = {
+        **os.environ,
+        "OTEL_TUNIX_OUTPUT_DIR": str(tmp_path / "runs"),
+        "OTEL_TUNIX_STRAGGLER_WINDOW": "5",
+        "OTEL_TUNIX_STRAGGLER_WINDOWS": "2",
+        "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
+        "OTEL_TUNIX_QUIET": "true",
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "SLOW_FORWARD_MS": "15",
+        "OMP_NUM_THREADS": "1",
+    }
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "3", str(script), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = tmp_path / "runs"  # one folder for the job's three ranks
+    assert {p.name for p in run_dir.glob("spans-rank*.jsonl")} == {
+        f"spans-rank{r}.jsonl" for r in range(3)
+    }
+    alerts_file = run_dir / "alerts-rank0.jsonl"  # rank 0 names the straggler
+    alerts = [json.loads(line) for line in alerts_file.read_text().splitlines()]
+    straggler = [a for a in alerts if a["tunix.alert.rule"] == "straggler"]
+    assert straggler, alerts
+    first = straggler[0]
+    assert first["tunix.alert.metric"] == "rank 2"
+    assert first["tunix.alert.severity"] == "warning"
+    assert "forward" in first["message"]
+    truth = {
+        t["rank"]: t for t in (json.loads(p.read_text()) for p in tmp_path.glob("truth-*.json"))
+    }
+    # named during the run: after two windows of five steps, long before rank 0's loop ended
+    assert first["tunix.alert.step"] == 9
+    assert first["time_ns"] < truth[0]["end_ns"]
+    # the slowest rank's relative speed against the ranks' own clocks around each step
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    slowest = {
+        r["step"]: r["metrics"]["ranks/slowest_relative_speed"]
+        for r in rows
+        if "ranks/slowest_relative_speed" in r.get("metrics", {})
+    }
+    assert sorted(slowest)[:7] == [4, 9, 14, 19, 24, 29, 34]  # 39: if compared before exit
+    for last, logged in slowest.items():
+        means = sorted(
+            sum(truth[r]["step_sec"][last - 4 : last + 1]) / 5 for r in range(3)
+        )  # fmt: skip
+        assert logged == pytest.approx(means[1] / means[2], rel=0.1)
+    # the exchange's cost on rank 0: CPU time of its thread per window of five steps
+    cpu = [
+        r["metrics"]["ranks/exchange_cpu_sec"]
+        for r in rows
+        if "ranks/exchange_cpu_sec" in r.get("metrics", {})
+    ]
+    assert len(cpu) >= 6 and 0 < sorted(cpu)[len(cpu) // 2] < 0.05
+    print(f"exchange CPU per window: median {sorted(cpu)[len(cpu) // 2] * 1e3:.3f} ms")
