@@ -14,6 +14,7 @@ the pool and reseeds that generator, so it never repeats its parent's ids.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from array import array
@@ -59,6 +60,37 @@ def seed(value: int | None = None) -> None:
     _draw = os.urandom if value is None else random.Random(value).randbytes
     _rng.seed(value)
     _pool.clear()
+
+
+_MASK64 = (1 << 64) - 1
+_MASK128 = (1 << 128) - 1
+_TRACE_STRIDE = 0x9E3779B97F4A7C15F39CC0605CEDC835  # odd: n -> base + n * stride is 1:1
+_SPAN_STRIDE = 0x9E3779B97F4A7C15
+
+
+class JobStepIds:
+    """Ids shared by the ranks of one job: step ``n`` of a scope is one trace on every rank,
+    under one root span id. Derived from the run id (a launcher's job id, the same on every
+    rank), so different runs get unrelated ids, as random ones would be; within a run each
+    (scope, step) gets its own (an odd stride makes the step number to id map one to one)."""
+
+    __slots__ = ("_bases", "_key")
+
+    def __init__(self, run_id: str) -> None:
+        self._key = hashlib.blake2b(run_id.encode(), digest_size=32).digest()
+        self._bases: dict[str, tuple[int, int]] = {}
+
+    def ids(self, scope: str, number: int) -> tuple[int, int]:
+        """``(trace id, root span id)`` of step ``number`` of ``scope``."""
+        base = self._bases.get(scope)
+        if base is None:
+            digest = hashlib.blake2b(
+                scope.encode("utf-8", "surrogatepass"), key=self._key, digest_size=24
+            ).digest()
+            base = self._bases[scope] = (int.from_bytes(digest[:16]), int.from_bytes(digest[16:]))
+        trace = (base[0] + number * _TRACE_STRIDE) & _MASK128
+        root = (base[1] + number * _SPAN_STRIDE) & _MASK64
+        return trace or 1, root or 1
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows

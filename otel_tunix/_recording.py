@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry.trace import NonRecordingSpan, SpanContext, get_current_span
 
 from otel_tunix._errors import report_internal_error, warn_once
-from otel_tunix._ids import random_bits, refill_span_ids, take_span_id
+from otel_tunix._ids import JobStepIds, random_bits, refill_span_ids, take_span_id
 from otel_tunix._records import (
     MAX_PENDING_EVENTS,
     ComponentExtras,
@@ -143,6 +143,8 @@ class StepRecord(NonRecordingSpan):
             # Join the application's trace: the step becomes a child of its current span.
             self.trace_id = parent.trace_id
             self.parent_id = parent.span_id
+        elif runtime.job_ids is not None:  # one trace per step across the job's ranks
+            self.trace_id, self.parent_id = runtime.job_ids.ids(scope, number)
         else:
             self.trace_id = random_bits(128) or 1
             self.parent_id = 0
@@ -180,6 +182,8 @@ class Runtime:
 
     __slots__ = (
         "allowed",
+        "job_ids",
+        "job_root",
         "last_scope",
         "open_steps",
         "pending_events",
@@ -189,9 +193,20 @@ class Runtime:
     )
 
     def __init__(
-        self, sampling_rate: int, components: tuple[str, ...] | None, pipeline: Pipeline
+        self,
+        sampling_rate: int,
+        components: tuple[str, ...] | None,
+        pipeline: Pipeline,
+        *,
+        job_ids: JobStepIds | None = None,
+        job_root: bool = False,
     ) -> None:
         self.sampling_rate = sampling_rate
+        self.job_ids = job_ids
+        """With several ranks: step n of a scope is one trace on every rank (see
+        :class:`~otel_tunix._ids.JobStepIds`), each rank's step span under its root."""
+        self.job_root = job_root
+        """This rank exports the roots of those traces (rank 0)."""
         self.allowed = frozenset(components) if components is not None else None
         self.pipeline = pipeline
         self.scopes: dict[str, ScopeStepCounts] = {}

@@ -62,6 +62,11 @@ OTEL_TUNIX_PROCESS_INTERVAL_MS: Final = "OTEL_TUNIX_PROCESS_INTERVAL_MS"
 the training thread (and the local files flushed); a hard kill loses at most about this much
 of the most recent steps. Default: ``250``."""
 
+OTEL_TUNIX_JOB_TRACES: Final = "OTEL_TUNIX_JOB_TRACES"
+"""With several ranks: step n of a scope is one trace on every rank (ids derived from the
+run id), each rank's step span under a ``<scope>_job_step`` root that rank 0 exports.
+Default: ``true``."""
+
 OTEL_TUNIX_STRAGGLER_WINDOW: Final = "OTEL_TUNIX_STRAGGLER_WINDOW"
 """With several ranks under ``torch.distributed``: every this many sampled steps of the
 straggler scope the ranks compare their mean step times; ``0`` turns it off. Default:

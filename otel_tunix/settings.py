@@ -208,6 +208,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             f"a number of seconds in (0, {MAX_SHUTDOWN_SEC:g}]"),
     Setting(env.OTEL_TUNIX_ALERTS, "alerts", parse_bool, True,
             "evaluate the default alert rules on logged metrics", _BOOL),
+    Setting(env.OTEL_TUNIX_JOB_TRACES, "job_traces", parse_bool, True,
+            "with several ranks: step n of a scope is one trace on every rank (ids derived "
+            "from the run id), each rank's step span under a `<scope>_job_step` root that "
+            "rank 0 exports", _BOOL),
     Setting(env.OTEL_TUNIX_STRAGGLER_WINDOW, "straggler_window", _non_negative_int, 50,
             "with several ranks under `torch.distributed`: every this many sampled steps of "
             "the straggler scope the ranks compare their mean step times (off the training "
@@ -346,6 +350,7 @@ class Settings:
     process_interval_ms: float = 250.0
     shutdown_timeout: float = 5.0
     alerts: bool = True
+    job_traces: bool = True
     straggler_window: int = 50
     straggler_scope: str = "train"
     straggler_margin: float = 0.2

@@ -439,6 +439,20 @@ class SpanBuilder:
         else:
             step_span = make(name, step_ctx, parent, step_attrs, step.start_ns, step.end_ns)
         out.append(step_span)
+        rt = rec.runtime
+        if rt.job_root and parent is not None and rt.job_ids is not None:
+            root_id = rt.job_ids.ids(scope, number)[1]
+            if rec.parent_id == root_id:  # the job's step, not an application's span
+                out.append(
+                    make(
+                        f"{scope}_job_step",
+                        parent,
+                        None,
+                        {_STEP: number, _SCOPE: scope},
+                        step.start_ns,
+                        step.end_ns,
+                    )
+                )
         return out
 
     def _component_attributes(

@@ -414,7 +414,14 @@ def configure(
                 after_batch=processor.flush_sinks,
                 interval_sec=(cfg.process_interval_ms or 250.0) / 1e3,
             )
-            state.runtime = _recording.Runtime(cfg.sampling_rate or 1, cfg.components, pipeline)
+            job = settings.job_traces and rank.world_size > 1
+            state.runtime = _recording.Runtime(
+                cfg.sampling_rate or 1,
+                cfg.components,
+                pipeline,
+                job_ids=_ids.JobStepIds(rid) if job else None,
+                job_root=job and rank.rank == 0,
+            )
         _recording.set_clock(clock)
         _ids.seed(id_seed)
         state.meter = mp.get_meter(cfg.otel_scope, __version__)
