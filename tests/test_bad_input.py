@@ -183,6 +183,8 @@ def test_an_unwritable_perfetto_dir_is_refused_as_such(tmp_path, monkeypatch):
 def test_a_run_id_is_made_safe_as_a_folder_name(tmp_path, monkeypatch, run_id):
     monkeypatch.setenv("OTEL_TUNIX_RUN_ID", run_id)
     info = otel_tunix.configure(system_metrics=False)
+    with otel_tunix.step(0):
+        pass
     otel_tunix.shutdown()
     assert info.run_id == run_id  # the attribute keeps the id as given
     assert info.output_dir is not None
@@ -190,3 +192,45 @@ def test_a_run_id_is_made_safe_as_a_folder_name(tmp_path, monkeypatch, run_id):
     assert folder.parent == (tmp_path / "otel-tunix-runs").resolve()
     assert (folder / "summary.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["otel-tunix-runs"]
+
+
+BAD_VALUES = {  # a bad value for every setting otel-tunix parses that has a wrong value
+    "OTEL_TUNIX_ENABLED": "maybe",
+    "OTEL_TUNIX_SAMPLING_RATE": "0",
+    "OTEL_TUNIX_OUTPUT_DIR": "/proc/1/no-such-run-folder",
+    "OTEL_TUNIX_EXPORT_JSONL_PATH": "/",
+    "OTEL_TUNIX_EXPORT_FN": "no-colon",
+    "OTEL_TUNIX_LOG_ALL_RANKS": "2",
+    "OTEL_TUNIX_PERFETTO_DIR": "/proc/1/no-such-trace-folder",
+    "OTEL_TUNIX_PROCESS_INTERVAL_MS": "nan",
+    "OTEL_TUNIX_SHUTDOWN_TIMEOUT": "inf",
+    "OTEL_TUNIX_ALERTS": "x",
+    "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "-1",
+    "OTEL_TUNIX_RAISE_INTERNAL_ERRORS": "sometimes",
+    "OTEL_TUNIX_PROMETHEUS_PORT": "99999",
+    "OTEL_EXPORTER_PROMETHEUS_PORT": "abc",
+    "DATADOG_ENABLED": "y",
+    "OTEL_SDK_DISABLED": "nope",
+    "OTEL_TRACES_EXPORTER": "no-such-exporter",
+    "OTEL_METRICS_EXPORTER": "no-such-exporter",
+    "OTEL_LOGS_EXPORTER": "no-such-exporter",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "localhost:4317",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "ftp://host:4317",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "udp",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpcs",
+    "OTEL_BSP_SCHEDULE_DELAY": "-5",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "0",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "x",
+    "OTEL_BSP_EXPORT_TIMEOUT": "1.5",
+    "RANK": "-1",
+    "WORLD_SIZE": "0",
+    "LOCAL_RANK": "x",
+    "SLURM_PROCID": "a",
+}
+
+
+@pytest.mark.parametrize(("variable", "value"), sorted(BAD_VALUES.items()))
+def test_a_bad_value_of_any_setting_fails_configure_naming_it(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=variable):
+        otel_tunix.configure(system_metrics=False)
