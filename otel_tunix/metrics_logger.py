@@ -68,7 +68,8 @@ class MetricsLoggerOptions:
     """Options of a :class:`MetricsLogger` (Tunix's ``MetricsLoggerOptions`` and more).
 
     Attributes:
-        log_dir: Folder for ``metrics.jsonl`` (the JSONL backend is added when it is set).
+        log_dir: Folder for ``metrics.jsonl`` (``metrics-rank<r>.jsonl`` on rank r > 0; the
+            JSONL backend is added when it is set).
         project_name: Project name, written into the JSONL header and passed to backends.
         run_name: Run name; defaults to the run id.
         backend_factories: Extra backends, as factories (a class or ``lambda: Backend(...)``).
@@ -154,7 +155,7 @@ class MetricsLogger:
             if opts.log_dir is not None:
                 self.backends.append(
                     JsonlBackend(
-                        Path(opts.log_dir) / "metrics.jsonl",
+                        Path(opts.log_dir) / metrics_file_name(self.rank),
                         flush_every_n_steps=opts.flush_every_n_steps,
                         header={
                             "project": opts.project_name,
@@ -329,6 +330,12 @@ def _skips(backend: Backend, source: str) -> bool:
 FLUSH_INTERVAL_SEC = 0.25
 """Longest time a record logged to ``metrics.jsonl`` waits for its flush while records
 keep coming (the default ``OTEL_TUNIX_PROCESS_INTERVAL_MS``)."""
+
+
+def metrics_file_name(rank: int) -> str:
+    """``metrics.jsonl`` on rank 0; ``metrics-rank<r>.jsonl`` on the other ranks that log
+    (``log_all_ranks``), so ranks sharing a run folder never mix their rows in one file."""
+    return "metrics.jsonl" if rank == 0 else f"metrics-rank{rank}.jsonl"
 
 
 class JsonlBackend(LoggingBackend):

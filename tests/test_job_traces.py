@@ -3,6 +3,7 @@ starts them) exporting over OTLP to a real collector (rotel)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,3 +93,47 @@ def test_step_n_is_one_trace_on_every_rank_under_one_root(
         forward = [c for c in out.spans_named("forward") if c.trace_id == root.trace_id]
         assert len(forward) == 3  # each rank's components in the same trace
     assert len(traces) == 3  # a trace per step
+
+
+LOG_SCRIPT = """
+import otel_tunix
+
+otel_tunix.configure()
+for n in range(10):
+    with otel_tunix.step(n):
+        pass
+    otel_tunix.log({"loss": 1.0 / (n + 1)}, step=n)
+otel_tunix.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_ranks_sharing_a_run_folder_keep_their_rows_apart(tmp_path: Path) -> None:
+    """Two ranks with OTEL_TUNIX_LOG_ALL_RANKS write into one run folder: a metrics file
+    each (rank 0's metrics.jsonl, rank 1's metrics-rank1.jsonl), ten rows per rank."""
+    script = tmp_path / "log.py"
+    script.write_text(textwrap.dedent(LOG_SCRIPT))
+    run_dir = tmp_path / "run"
+    procs = []
+    for rank in range(2):
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "TORCHELASTIC_RUN_ID": "job-b",
+            "OTEL_TUNIX_OUTPUT_DIR": str(run_dir),
+            "OTEL_TUNIX_LOG_ALL_RANKS": "true",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
+            "OTEL_TUNIX_QUIET": "true",
+        }
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path))
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    for rank, name in ((0, "metrics.jsonl"), (1, "metrics-rank1.jsonl")):
+        lines = [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
+        assert lines[0]["type"] == "meta" and lines[0]["rank"] == rank
+        losses = [r["step"] for r in lines[1:] if "loss" in r["metrics"]]
+        assert losses == list(range(10)), name

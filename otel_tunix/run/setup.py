@@ -35,7 +35,7 @@ from otel_tunix.live_line import LiveLine
 from otel_tunix.metrics.alerts import AlertEngine
 from otel_tunix.metrics.stragglers import StragglerDetector
 from otel_tunix.metrics.system import SystemMetricsSampler
-from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
@@ -282,7 +282,7 @@ def configure(
             metrics_logger, out_dir, rid, rank, mp, enabled=True, settings=settings
         )
         if out_dir is not None and logger.backends:
-            files["metrics"] = out_dir / "metrics.jsonl"
+            files["metrics"] = out_dir / metrics_file_name(rank.rank)
         processor = StepAccountingProcessor()
         header = {
             "run_id": rid,
