@@ -41,7 +41,7 @@ from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportSta
 from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
 from otel_tunix.pipeline.worker import Pipeline
 from otel_tunix.processors import StepAccountingProcessor, StepSink
-from otel_tunix.run import notices, providers, signals
+from otel_tunix.run import folders, notices, providers, signals
 from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.paths import checked_dir, checked_file, path_component
 from otel_tunix.run.perfetto_trace import (
@@ -62,12 +62,14 @@ _installed: list[object] = []  # providers otel-tunix made global (replaceable b
 _forked_from_a_run = False  # this process is a forked child of one with a run configured
 
 
-def _output_dir(arg: str | os.PathLike[str] | None, run_id: str, settings: Settings) -> Path | None:
+def _output_dir(
+    arg: str | os.PathLike[str] | None, run_id: str, settings: Settings, rank_suffix: str = ""
+) -> Path | None:
     raw = os.fspath(arg) if arg is not None else settings.output_dir
     if raw is not None and raw.strip().lower() == "none":
         return None
-    if raw is None or not raw.strip():
-        return Path("otel-tunix-runs") / path_component(run_id)
+    if raw is None or not raw.strip():  # one folder per run, also for a reused job id
+        return folders.fresh_folder(Path("otel-tunix-runs") / path_component(run_id), rank_suffix)
     return Path(raw)
 
 
@@ -209,11 +211,12 @@ def configure(
         )
         resource = build_resource(ours)
         disabled = settings.sdk_disabled
-        out_dir = None if disabled else _output_dir(output_dir, rid, settings)
+        out_dir = None if disabled else _output_dir(output_dir, rid, settings, rank.file_suffix)
         if out_dir is not None and _forked_from_a_run:  # never the parent's files
             out_dir = out_dir / f"forked-{os.getpid()}"
         files: dict[str, Path] = {}
         if out_dir is not None:
+            folders.note_made(out_dir)
             checked_dir(out_dir, "output_dir / " + env.OTEL_TUNIX_OUTPUT_DIR)
             if config:
                 files["config"] = out_dir / run_config_.CONFIG_FILE
@@ -715,6 +718,7 @@ def shutdown(timeout: float | None = None) -> list[ScopeSession]:
                 ", ".join(unfinished),
                 budget,
             )
+        folders.drop_if_empty(st.info, sessions)
         notices.at_shutdown(st, sessions)
         return sessions
 

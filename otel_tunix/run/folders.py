@@ -1,0 +1,85 @@
+"""The default run folder: one per run, and none for a run that recorded nothing.
+
+The default folder is ``./otel-tunix-runs/<run id>``, and the run id of a launched job is
+the launcher's job id (``slurm-<id>``, ``torchelastic-<id>``), shared by all its ranks. A
+second run with the same job id (a script that trains twice, a requeued job) gets
+``<run id>-2`` (then ``-3``, ...) instead of appending to the first one's files: a folder is
+taken for a rank when it already holds that rank's spans or summary file, so the ranks of
+one run still share a folder (each has its own files), and the ranks of the second run all
+move on to the same ``-2``.
+
+A run that recorded no step and logged no metric leaves no folder behind (``otel-tunix
+summary`` would otherwise pick that empty run as the newest): at shutdown the files it
+wrote are removed, and the folder too when otel-tunix made it and nothing else is in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from otel_tunix._current import RunInfo
+from otel_tunix.model import ScopeSession
+
+__all__ = ["drop_if_empty", "fresh_folder", "note_made"]
+
+_lock = threading.Lock()
+_made: set[Path] = set()  # folders otel-tunix made (absolute): the only ones it removes
+
+
+def _taken(folder: Path, rank_suffix: str) -> bool:
+    return any(
+        (folder / f"{stem}{rank_suffix}{ext}").exists()
+        for stem, ext in (("spans", ".jsonl"), ("summary", ".json"))
+    )
+
+
+def fresh_folder(base: Path, rank_suffix: str = "") -> Path:
+    """``base``, else ``base-2``, ``base-3``...: the first that holds no spans or summary
+    file of this rank (``rank_suffix``: ``-rank<r>`` in a distributed job, else empty)."""
+    folder, n = base, 1
+    while _taken(folder, rank_suffix):
+        n += 1
+        folder = base.with_name(f"{base.name}-{n}")
+    return folder
+
+
+def note_made(folder: Path) -> None:
+    """Remember that otel-tunix made ``folder`` (call before making it, if it is new)."""
+    if not folder.exists():
+        with _lock:
+            _made.add(folder.resolve())
+
+
+def _logged(metrics: Path) -> bool:
+    """Whether the metrics JSONL holds a line besides its ``meta`` header."""
+    try:
+        with metrics.open("rb") as f:
+            lines = [line for line in (f.readline(), f.readline()) if line.strip()]
+    except OSError:  # not there (no backend wrote it): nothing logged
+        return False
+    return len(lines) > 1 or (len(lines) == 1 and b'"meta"' not in lines[0])
+
+
+def drop_if_empty(info: RunInfo, sessions: Sequence[ScopeSession]) -> bool:
+    """Remove the files of a run that recorded no step and logged no metric, and its folder
+    when otel-tunix made it and it is then empty. Returns whether the files were removed."""
+    folder = info.output_dir
+    if folder is None or any(s.steps for s in sessions):
+        return False
+    metrics = info.files.get("metrics")
+    if metrics is not None and _logged(metrics):
+        return False
+    for path in info.files.values():
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove: keep going
+            path.unlink(missing_ok=True)
+    resolved = folder.resolve()
+    with _lock:
+        made = resolved in _made
+        _made.discard(resolved)
+    if made:
+        with contextlib.suppress(OSError):  # something else is in it: it stays
+            folder.rmdir()
+    return True
