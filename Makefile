@@ -1,5 +1,6 @@
 # Every target creates its own virtual environment in .venv on first use.
 PY ?= python3
+TORCH_INDEX ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -9,9 +10,10 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch 2.13.0 is the CPU build (a CUDA build is several GB); install it first so the
-	# extras' looser pin is already satisfied.
-	$(BIN)/pip install -q "torch==2.13.0"
+	# torch first, so that the extras' looser pin is already satisfied. On Linux PyPI's
+	# torch wheel is the CUDA build (several GB); for the CPU build (enough for the demo):
+	#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+	$(BIN)/pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 

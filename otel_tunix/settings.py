@@ -312,7 +312,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("SLURM_JOB_ID", "slurm_job_id", _text, None,
             "SLURM's job id: the run id `slurm-<id>` shared by all ranks", "an id"),
     Setting("OTEL_SERVICE_NAME", "", _text, None,
-            "`service.name` (an explicit `service_name=` wins)", "a name",
+            "`service.name` (an explicit `service_name=` wins; unset: "
+            "`unknown_service:python`)", "a name",
             read_by="opentelemetry-sdk"),
     Setting("OTEL_RESOURCE_ATTRIBUTES", "", _text, None,
             "more resource attributes", "key=value pairs", read_by="opentelemetry-sdk"),
