@@ -9,6 +9,7 @@ from pathlib import Path
 
 from otel_tunix import environment_variables as env
 from otel_tunix._errors import report_internal_error
+from otel_tunix._linefile import record_write_error
 from otel_tunix._resource import RankInfo
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.run.paths import checked_dir
@@ -82,8 +83,8 @@ def perfetto_from_jsonl(spans: Path, rank: RankInfo) -> Path | None:
     out = spans.with_name(f"trace{rank.file_suffix}.pftrace")
     try:
         convert_jsonl_to_perfetto(spans, out)
-    except OSError:  # the file system (once per run: at shutdown)
-        _logger.exception("otel-tunix: writing the Perfetto trace %s failed", out)
+    except OSError as exc:  # the file system (a full disk): said in words, never raised
+        record_write_error(out, exc, 0)
         return None
     except Exception:  # our converter, reading our own file
         report_internal_error("writing the Perfetto trace at shutdown")

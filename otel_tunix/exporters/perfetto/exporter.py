@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tunix._errors import warn_once
+from otel_tunix._linefile import record_write_error
 from otel_tunix.attributes import RANK
 from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int
 from otel_tunix.exporters.perfetto.writer import DEFAULT_MAX_PENDING_SPANS, PerfettoTraceWriter
@@ -126,6 +127,12 @@ class PerfettoSpanExporter(SpanExporter):
                         writer.add(TraceSpan.from_readable_span(span, self._process_of(span)))
                 finally:
                     self._drain()  # whole packets only, even if a span failed
+        except OSError as exc:  # the file system (a full disk): in words, counted
+            if self._path is None:  # the file could not even be made
+                self._log_once(f"Perfetto exporter cannot make its trace file: {exc}")
+            else:
+                record_write_error(self._path, exc, len(spans))
+            return SpanExportResult.FAILURE
         except Exception:
             self._log_once("Perfetto exporter failed to write spans", exc_info=True)
             return SpanExportResult.FAILURE
