@@ -68,9 +68,9 @@ run id), each rank's step span under a ``<scope>_job_step`` root that rank 0 exp
 Default: ``true``."""
 
 OTEL_TUNIX_STRAGGLER_WINDOW: Final = "OTEL_TUNIX_STRAGGLER_WINDOW"
-"""With several ranks under ``torch.distributed``: every this many sampled steps of the
-straggler scope the ranks compare their mean step times; ``0`` turns it off. Default:
-``50``."""
+"""With several ranks under ``torch.distributed`` or ``jax.distributed``: every this many
+sampled steps of the straggler scope the ranks compare their mean step times; ``0`` turns it
+off. Default: ``50``."""
 
 OTEL_TUNIX_STRAGGLER_SCOPE: Final = "OTEL_TUNIX_STRAGGLER_SCOPE"
 """The scope whose steps the ranks compare for stragglers. Default: ``train``."""

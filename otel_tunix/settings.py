@@ -213,7 +213,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "from the run id), each rank's step span under a `<scope>_job_step` root that "
             "rank 0 exports", _BOOL),
     Setting(env.OTEL_TUNIX_STRAGGLER_WINDOW, "straggler_window", _non_negative_int, 50,
-            "with several ranks under `torch.distributed`: every this many sampled steps of "
+            "with several ranks under `torch.distributed` or `jax.distributed`: every this "
+            "many sampled steps of "
             "the straggler scope the ranks compare their mean step times (off the training "
             "thread, over the job's store); `0` turns it off", "a whole number >= 0"),
     Setting(env.OTEL_TUNIX_STRAGGLER_SCOPE, "straggler_scope", _text, "train",

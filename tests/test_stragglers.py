@@ -126,3 +126,66 @@ def test_torchrun_three_ranks_one_slow_named_during_the_run(tmp_path: Path) -> N
     ]
     assert len(cpu) >= 6 and 0 < sorted(cpu)[len(cpu) // 2] < 0.05
     print(f"exchange CPU per window: median {sorted(cpu)[len(cpu) // 2] * 1e3:.3f} ms")
+
+
+JAX_RANK_SCRIPT = """
+import os, sys, time
+import jax
+
+rank = int(sys.argv[1])
+jax.distributed.initialize(
+    coordinator_address=os.environ["COORDINATOR"], num_processes=3, process_id=rank
+)
+import otel_tunix
+
+otel_tunix.configure()
+slow = 0.015 if rank == 2 else 0.0
+for n in range(30):
+    with otel_tunix.step(n):
+        with otel_tunix.component("forward"):
+            time.sleep(0.008 + slow)
+otel_tunix.shutdown()
+jax.distributed.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_jax_multi_host_ranks_name_the_slow_one(tmp_path: Path) -> None:
+    """Three JAX processes joined by jax.distributed (CPU), one slow: the ranks compare
+    through JAX's coordination service and rank 0 names the straggler during the run."""
+    pytest.importorskip("jax")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "jax_ranks.py"
+    script.write_text(textwrap.dedent(JAX_RANK_SCRIPT))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        "JAX_PLATFORMS": "cpu",
+        "COORDINATOR": f"127.0.0.1:{port}",
+        "OTEL_TUNIX_RUN_ID": "jax-job",  # no launcher job id: every process is told the run
+        "OTEL_TUNIX_OUTPUT_DIR": str(tmp_path / "run"),
+        "OTEL_TUNIX_STRAGGLER_WINDOW": "5",
+        "OTEL_TUNIX_STRAGGLER_WINDOWS": "2",
+        "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
+        "OTEL_TUNIX_QUIET": "true",
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for r in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+    alerts_file = tmp_path / "run" / "alerts-rank0.jsonl"
+    alerts = [json.loads(line) for line in alerts_file.read_text().splitlines()]
+    straggler = [a for a in alerts if a["tunix.alert.rule"] == "straggler"]
+    assert straggler and straggler[0]["tunix.alert.metric"] == "rank 2"
+    assert straggler[0]["tunix.alert.step"] == 9 and "forward" in straggler[0]["message"]

@@ -17,8 +17,8 @@ group: a collective needs every rank to enter it in the same order as the progra
 collectives (a process group made in ``configure()`` would hang a job whose ranks do not all
 call it), while a store read waits with a timeout on our thread and never blocks the
 program. A rank that does not answer within the timeout is reported once and the detector
-stops. Needs ``torch.distributed`` initialised (checked when the first window is full); JAX
-multi-host jobs are not compared yet.
+stops. Needs ``torch.distributed`` or ``jax.distributed`` initialised (checked when the first
+window is full); JAX jobs exchange through its coordination service's key-value store.
 """
 
 from __future__ import annotations
@@ -331,11 +331,38 @@ class StragglerDetector(StepSink):
 
 
 def _job_store() -> Any:
-    """The store of ``torch.distributed``'s default process group, or ``None``."""
+    """The job's key-value store: ``torch.distributed``'s default group's, else JAX's
+    multi-host coordination service's; ``None`` when neither is initialised."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    # The default group's store (the job's rendezvous store): a private accessor, stable
-    # since torch 1.x; without it there is nothing to exchange through.
-    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
-    return get_store() if get_store is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        # The default group's store (the job's rendezvous store): a private accessor,
+        # stable since torch 1.x; without it there is nothing to exchange through.
+        get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+        return get_store() if get_store is not None else None
+    jax_distributed = sys.modules.get("jax._src.distributed")
+    state = getattr(jax_distributed, "global_state", None)
+    client = getattr(state, "client", None)  # set by jax.distributed.initialize()
+    return _JaxStore(client) if client is not None else None
+
+
+class _JaxStore:
+    """JAX's coordination service key-value store (``jax.distributed``'s client, private
+    but the only handle JAX gives to it), under the calls the exchange makes of a
+    ``torch.distributed`` store."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def set(self, key: str, value: str) -> None:
+        self._client.key_value_set(key, value)
+
+    def wait(self, keys: Sequence[str], timeout: timedelta) -> None:
+        ms = max(1, int(timeout.total_seconds() * 1000))
+        for key in keys:
+            self._client.blocking_key_value_get(key, ms)
+
+    def get(self, key: str) -> str:
+        return str(self._client.blocking_key_value_get(key, 1000))
+
+    def delete_key(self, key: str) -> None:
+        self._client.key_value_delete(key)
