@@ -9,9 +9,12 @@ finalizers run). Half of them configure a run of their own first.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 FORKS = 40
@@ -105,3 +108,57 @@ def test_forty_forks_under_a_busy_logger_none_hangs_and_none_touches_the_parents
         assert [(x["step"], list(x["components"])) for x in steps_of_child] == [(7, ["own_work"])]
         logged = [x["metrics"] for x in _lines(folder / "metrics.jsonl") if "metrics" in x]
         assert {"own_loss": 3.0} in logged
+
+
+CHILD_EXIT = textwrap.dedent(
+    """
+    import os, signal, sys, otel_tunix
+    otel_tunix.configure(output_dir=sys.argv[1], system_metrics=False)
+    for n in range(5):
+        with otel_tunix.step(n):
+            pass
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # blocked in the parent's exporters: SIGALRM, not a hung test
+        sys.exit(0)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    otel_tunix.shutdown(0.5)
+    """
+)
+
+
+def test_a_child_ends_at_once_though_the_parents_collector_hangs(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:  # accepts every connection and never answers on it
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env |= {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.getsockname()[1]}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "600",
+        "OTEL_METRIC_EXPORT_TIMEOUT": "600000",
+        "OTEL_TUNIX_QUIET": "true",
+    }
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD_EXIT, str(tmp_path / "run")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    # The child's exit ran none of the parent's providers' exit hooks (it sat 30 s in them).
+    assert proc.stdout.split() == ["0"], proc.stderr

@@ -586,12 +586,23 @@ def _forget_run_in_child() -> None:
     run folder)."""
     global _lock, _state, _forked_from_a_run
     _lock = threading.RLock()  # another thread may have held it at the fork
-    if _state is not None:
+    st = _state
+    if st is not None:
         _forked_from_a_run = True
         _state = None
         _recording.set_runtime(None)
         _recording.set_clock(None)
         set_current(None)
+        # The SDK's exit hooks of the parent's providers would export the child's copy of
+        # the parent's data at its exit (blocked for the exporters' timeouts when the
+        # collector is down): those providers are the parent's to shut down.
+        for provider, owned in (
+            (st.tracer_provider, st.owns_tracer_provider),
+            (st.meter_provider, st.owns_meter_provider),
+            (st.logger_provider, st.owns_logger_provider),
+        ):
+            if owned and provider is not None:
+                atexit.unregister(provider.shutdown)
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows
