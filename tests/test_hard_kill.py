@@ -17,6 +17,8 @@ from pathlib import Path
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+import otel_tunix
+
 STEP_SEC = 0.02
 
 PROGRAM = textwrap.dedent(
@@ -62,10 +64,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
 def _trace_steps(directory: Path) -> list[int]:
     """Steps whose ``train_step`` slice begins in the streamed trace, read packet by packet
     up to the last whole one (a reader of a killed run's file does the same)."""
-    files = list(directory.glob("*.pftrace"))
-    if not files:
-        return []
-    (path,) = files
+    (path,) = directory.glob("*.pftrace")  # made at configure(): there from the start
     data = path.read_bytes()
     pos, names, steps = 0, {}, []
     while pos < len(data):
@@ -119,7 +118,7 @@ def test_sigkill_at_random_moments_leaves_files_that_read_to_their_last_whole_re
     tmp_path,
 ):
     rng = random.Random(21)
-    delays = [*sorted(rng.uniform(0.2, 3.0) for _ in range(4)), 4.0]
+    delays = [0.05, *sorted(rng.uniform(0.2, 3.0) for _ in range(4)), 4.0]
     for i, delay in enumerate(delays):
         finished, last = _kill_after(tmp_path / f"run{i}", delay)
         lost = {
@@ -129,3 +128,17 @@ def test_sigkill_at_random_moments_leaves_files_that_read_to_their_last_whole_re
         print(f"killed {delay:.2f} s after the first step, at step {finished}: lost {lost}")
     # Four seconds in (16 times OTEL_TUNIX_PROCESS_INTERVAL_MS), every file has steps.
     assert all(step is not None for step in last.values()), last
+
+
+def test_the_streamed_trace_exists_from_configure(tmp_path):
+    perf = otel_tunix.PerformanceMetricsConfig(perfetto_trace_dir=tmp_path / "trace")
+    info = otel_tunix.configure(output_dir="none", system_metrics=False, perf=perf)
+    (path,) = (tmp_path / "trace").glob("*.pftrace")  # before any step
+    header = pb.Trace.FromString(path.read_bytes())
+    assert header.packet and header.packet[0].HasField("clock_snapshot")
+    for n in range(3):
+        with otel_tunix.step(n):
+            pass
+    otel_tunix.shutdown()
+    assert info.files["perfetto"] == path
+    assert _trace_steps(tmp_path / "trace") == [0, 1, 2]  # the same file, header once

@@ -25,6 +25,7 @@ from otel_tunix import _ids, _recording, _resource
 from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
 from otel_tunix._current import meter as current_meter
+from otel_tunix._linefile import record_write_error
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
 from otel_tunix._shortcuts import active_span_processor, remove_span_processors
 from otel_tunix._version import __version__
@@ -394,6 +395,10 @@ def configure(
             from otel_tunix.exporters.perfetto import PerfettoSpanExporter
 
             perfetto = PerfettoSpanExporter(directory=trace_dir)
+            try:  # the file exists from the run's start: a kill early still leaves one
+                perfetto.open_file(span_resource)
+            except OSError as exc:  # said in words; the first export tries again
+                record_write_error(trace_dir, exc, 0)
             stats = export_stats.setdefault("perfetto", ExportStats())
             # A local file: written as often as the steps are processed, so a hard kill
             # loses about OTEL_TUNIX_PROCESS_INTERVAL_MS of it (not OTEL_BSP_SCHEDULE_DELAY).

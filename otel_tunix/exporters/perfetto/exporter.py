@@ -98,6 +98,26 @@ class PerfettoSpanExporter(SpanExporter):
         """Folder the trace file goes to."""
         return self._directory
 
+    def open_file(self, resource: Resource | None = None) -> Path | None:
+        """Create the trace file now, with its header, named for ``resource`` (its rank), so
+        that it exists from the run's start (else the first export creates it). Returns its
+        path (``None`` after shutdown).
+
+        Raises:
+            OSError: the file cannot be made or written.
+        """
+        with self._lock:
+            if self._shutdown:
+                return None
+            if self._file is None:
+                self._create_file(resource)
+            if self._writer is None:
+                self._writer = PerfettoTraceWriter(
+                    self._staging, max_pending_spans=self._max_pending
+                )
+                self._drain()
+            return self._path
+
     @property
     def path(self) -> Path | None:
         """Path of the trace file, or ``None`` before the first export created it."""
@@ -209,14 +229,14 @@ class PerfettoSpanExporter(SpanExporter):
         if self._writer is not None:
             return self._writer
         if self._file is None:
-            self._create_file(first)
+            self._create_file(first.resource)
         # A new writer starts with a fresh header (clock, sequence, track descriptors): also
         # after a failed write, when the old writer's state no longer matches the file.
         self._writer = PerfettoTraceWriter(self._staging, max_pending_spans=self._max_pending)
         return self._writer
 
-    def _create_file(self, first: ReadableSpan) -> None:
-        rank = _as_int(first.resource.attributes.get(RANK)) if first.resource else None
+    def _create_file(self, resource: Resource | None) -> None:
+        rank = _as_int(resource.attributes.get(RANK)) if resource else None
         host = re.sub(r"[^A-Za-z0-9._-]+", "_", self._host)[:64] or "host"
         stem = f"trace-{host}{'-r' + str(rank) if rank is not None else ''}"
         stem = f"{stem}-{self._pid}-{self._start_ms}"
