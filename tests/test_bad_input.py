@@ -10,12 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from opentelemetry.sdk.metrics import MeterProvider
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import otel_tunix
-from otel_tunix.exporters.prometheus import PrometheusEndpoint
 from otel_tunix.settings import ConfigurationError
 
 ODD = "step\ud800compute"  # a lone surrogate: not encodable as UTF-8
@@ -28,6 +25,8 @@ def _lines(path: Path) -> list[dict]:
 
 def _slice_names(path: Path) -> list[str]:
     """Names of the slices that begin in a Perfetto trace (interned or inline)."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
     trace = pb.Trace()
     trace.ParseFromString(path.read_bytes())
     interned: dict[int, str] = {}
@@ -41,8 +40,19 @@ def _slice_names(path: Path) -> list[str]:
     return names
 
 
+def _torch_int(n: int) -> object:
+    return pytest.importorskip("torch").tensor(n)
+
+
+def _jax_int(n: int) -> object:
+    jnp = pytest.importorskip("jax.numpy")
+    return jnp.asarray(n, dtype=jnp.int32)
+
+
 @pytest.mark.parametrize(
-    "make", [np.int64, np.int32, np.uint16, lambda n: torch.tensor(n)], ids=str
+    "make",
+    [np.int64, np.int32, np.uint16, _torch_int, _jax_int],
+    ids=["np.int64", "np.int32", "np.uint16", "torch", "jax"],
 )
 def test_integer_like_step_numbers_keep_their_value(tmp_path, make):
     otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
@@ -98,6 +108,7 @@ def test_text_values_are_never_echoed_and_a_bad_name_is_said_without_a_traceback
 
 
 def test_a_lone_surrogate_in_a_name_keeps_every_span_in_the_perfetto_traces(tmp_path):
+    pytest.importorskip("perfetto")
     streamed = tmp_path / "streamed"
     otel_tunix.configure(output_dir=tmp_path / "run", system_metrics=False)
     for n in range(20):
@@ -126,6 +137,9 @@ def test_a_lone_surrogate_in_a_name_keeps_every_span_in_the_perfetto_traces(tmp_
 
 
 def test_a_lone_surrogate_in_a_label_value_keeps_the_prometheus_scrape_whole():
+    pytest.importorskip("prometheus_client")
+    from otel_tunix.exporters.prometheus import PrometheusEndpoint
+
     endpoint = PrometheusEndpoint()
     provider = MeterProvider(metric_readers=[endpoint.reader])
     try:

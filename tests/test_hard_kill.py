@@ -15,9 +15,11 @@ import threading
 import time
 from pathlib import Path
 
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+import pytest
 
 import otel_tunix
+
+pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
 
 STEP_SEC = 0.02
 

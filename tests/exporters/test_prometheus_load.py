@@ -14,6 +14,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 
 import otel_tunix
+
+pytest.importorskip("prometheus_client")
 from otel_tunix.exporters.prometheus import WORKERS, PrometheusEndpoint
 
 SCRAPES = 200
