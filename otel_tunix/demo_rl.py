@@ -46,6 +46,7 @@ from typing import Any
 
 import otel_tunix
 from otel_tunix.instrumentation import torch as ott
+from otel_tunix.metrics.generation import GenerationMetrics
 from otel_tunix.metrics.rl import rl_metrics
 from otel_tunix.model import ScopeSession
 from otel_tunix.report import breakdown_table, print_run_files, progress_bar
@@ -169,6 +170,8 @@ class Actor:
         self.reference = reference
         self.pool = ThreadPoolExecutor(cfg.rollout_workers, thread_name_prefix="rollout-worker")
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        # TTFT, TPOT, tokens: gen_ai.* histograms on the run's meter (OTLP, Prometheus...)
+        self.generation = GenerationMetrics(model_name="otel-tunix-tiny-lm")
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -183,7 +186,9 @@ class Actor:
             tokens = torch.full((g, 1), prompt, dtype=torch.long)
             done = torch.zeros(g, dtype=torch.bool)
             logps = []
-            start = stamp = time.perf_counter()
+            stamp = time.perf_counter()
+            # one request per group: its sequences decode together, a token each per step
+            timer = self.generation.request(prompt_tokens=1, start=stamp)
             gaps = []
             for _ in range(length):
                 logits = model(tokens)[:, -1, : EOS + 1]  # digits and the end token
@@ -192,16 +197,18 @@ class Actor:
                 logps.append(dist.gather(-1, nxt).masked_fill(done.unsqueeze(1), 0.0))
                 tokens = torch.cat([tokens, nxt.masked_fill(done.unsqueeze(1), PAD)], 1)
                 now = time.perf_counter()
+                timer.token(1, now=now)
                 gaps.append(now - stamp)
                 stamp = now
                 done |= nxt.squeeze(1) == EOS
                 if bool(done.all()):
                     break
+            timer.finish("stop" if bool(done.all()) else "length", now=stamp)
             pad = torch.full((g, 1 + length - tokens.shape[1]), PAD, dtype=torch.long)
             lp = torch.cat(logps, 1)
             lp = torch.cat([lp, torch.zeros(g, length - lp.shape[1])], 1)
             tpot = sum(gaps[1:]) / (len(gaps) - 1) if len(gaps) > 1 else 0.0
-            return torch.cat([tokens, pad], 1), lp, gaps[0] if gaps else now - start, tpot
+            return torch.cat([tokens, pad], 1), lp, gaps[0], tpot
 
     def step(self, n: int) -> Batch:
         """One actor step: rollout, reference inference, reward, advantages."""

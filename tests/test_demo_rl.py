@@ -96,6 +96,13 @@ def test_sync_mode_and_the_wait_summary(tmp_path: Path) -> None:
     with capture(output_dir=tmp_path) as cap:
         rewards = demo_rl.run(cfg)
         otel_tunix.force_flush()
+        metrics = cap.metrics()
+    # one generation request per prompt's group: 4 steps x 4 prompts, timed from the model
+    (ttft,) = metrics["gen_ai.server.time_to_first_token"]
+    assert ttft.count == 16 and ttft.sum > 0
+    requests = metrics["tunix.generation.requests"]
+    assert sum(p.value for p in requests) == 16
+    assert {p.attributes["finish_reason"] for p in requests} <= {"stop", "length"}
     assert len(rewards) == 4 and all(0 <= r <= 1 for r in rewards)
     waits = demo_rl.rollout_idle_and_learner_blocked(cap.sessions)
     assert set(waits) == {
