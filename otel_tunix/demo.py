@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.peak_flops / 1e12:.3g} TFLOP/s (--peak-tflops)"
         if cfg.peak_flops
         else f"{assumed_cpu_peak_flops(threads) / 1e12:.3g} TFLOP/s assumed: {threads} CPU "
-        f"threads x {CPU_FLOP_PER_CYCLE} fp32 FLOP/cycle x {cpu_ghz():.2f} GHz "
+        f"thread{'s' if threads != 1 else ''} x {CPU_FLOP_PER_CYCLE} fp32 FLOP/cycle x "
+        f"{cpu_ghz():.2f} GHz "
         f"(--peak-tflops to set yours)"
     )
     console.print(

@@ -66,7 +66,7 @@ VOCAB = 12
 class RLDemoConfig:
     """Knobs of the RL demo."""
 
-    steps: int = 60
+    steps: int = 150
     prompts_per_step: int = 4
     group_size: int = 8
     completion_length: int = 6
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``otel-tunix demo --rl``."""
     ap = argparse.ArgumentParser(prog="otel-tunix demo --rl", description=__doc__.splitlines()[0])
     ap.add_argument("--rl", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--steps", type=int, default=60, help="learner steps (default 60)")
+    ap.add_argument("--steps", type=int, default=150, help="learner steps (default 150)")
     ap.add_argument("--sampling-rate", type=int, default=None, help="record every N-th step")
     ap.add_argument("--output-dir", default=None, help="run folder (default ./otel-tunix-runs/ID)")
     ap.add_argument("--rollout-workers", type=int, default=2, help="rollout threads (default 2)")

@@ -28,6 +28,7 @@ from otel_tunix.perf_rows import PerfRows
 __all__ = ["LiveLine", "format_line"]
 
 _PERF = "perf/"
+_PREFERRED = ("train", "rl/learner")
 _TOTALS = ("steps", "step_time_sec", "busy_time_sec", "blocked_time_sec", "idle_time_sec")
 _SHOWN = (  # logged scalar, label, format
     ("loss", "loss", "{:.4f}"),
@@ -127,7 +128,8 @@ class LiveLine(LoggingBackend):
             self._fresh = False
             totals, self._totals = self._totals, {}
             values, step = dict(self._values), self._step
-        scope = "train" if "train" in totals else next(iter(totals), None)
+        # the training loop's scope when there is one (an RL run: its learner's)
+        scope = next((s for s in _PREFERRED if s in totals), next(iter(totals), None))
         return format_line(step, values, scope, totals.get(scope, {}) if scope else {})
 
     def _run(self) -> None:

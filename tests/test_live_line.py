@@ -43,7 +43,14 @@ def test_the_line_shows_the_latest_values_and_the_means_since_the_previous_line(
         )
         assert live.line() is None  # nothing new
         live.log_scalars({"rewards/mean": 0.5}, step=11)  # an RL loop shows its reward
-        live.log_rows(PerfRows([_summary("rl/learner", 11, 0.002, 0.001, 0.001)]))
+        live.log_rows(  # an RL run: the learner's figures, whichever scope came first
+            PerfRows(
+                [
+                    _summary("rl/actor", 11, 0.030, 0.030, 0.0),
+                    _summary("rl/learner", 11, 0.002, 0.001, 0.001),
+                ]
+            )
+        )
         assert live.line() == (
             "otel-tunix step 11 | loss 2.5000 | reward 0.500 | tokens/s 1,234 | mfu 25.0% | "
             "rl/learner step 2.0 ms | busy 50% blocked 50% idle 0%"
