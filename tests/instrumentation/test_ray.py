@@ -4,6 +4,7 @@ collector (rotel)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ def test_a_ray_task_joins_the_learners_trace(
     }.items():
         monkeypatch.setenv(key, value)
     otel_tunix.configure(service_name="learner")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(
         num_cpus=1,
         include_dashboard=False,
@@ -61,6 +63,8 @@ def test_a_ray_task_joins_the_learners_trace(
         rotel_collector.wait_for(lambda text: text.count("ray.remote_worker") >= 2, timeout=30)
     finally:
         ray.shutdown()
+        for sig, handler in handlers.items():  # ray.init installs its own; not put back
+            signal.signal(sig, handler)
         otel_tunix.shutdown()
     rotel_collector.wait_for_spans("rl/rollout_worker_step", "rl/learner_step", timeout=30)
     deadline = time.monotonic() + 15
