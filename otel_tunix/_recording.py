@@ -291,7 +291,8 @@ class step:
     an exception from the body propagates unchanged and marks the step span as an error.
 
     Args:
-        n: The step number (an ``int``; other values are counted as the scope's next step).
+        n: The step number: an ``int``, or an integer of numpy, JAX or torch (kept as its
+            value); anything else is counted as the scope's next step, with one warning.
         scope: ``"train"``, ``"eval"``, ``"rl/actor"``, ``"rl/learner"`` or any string.
         start_ns: When the step started (``time.perf_counter_ns()``), for integrations that
             open the step after the fact; default: now.
