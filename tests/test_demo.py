@@ -30,6 +30,12 @@ def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
         assert name in text
     assert "tokens/s" in text and "MFU" in text and "0.05 TFLOP/s (--peak-tflops)" in text
     assert str(out.resolve()) in text
+    # on stderr: where the data goes, the live line (at least its last one), where it went
+    err = proc.stderr
+    assert f"files -> run folder      {out}" in err
+    assert "otel-tunix step 39 | loss " in err and " | tokens/s " in err and " | mfu " in err
+    assert "finished: eval 8 steps (8 recorded), train 40 steps (40 recorded)" in err
+    assert f"next: otel-tunix summary {out}" in err
     lines = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["type"] == "step" and x["scope"] == "train"]
     assert [x["step"] for x in steps] == list(range(40))
