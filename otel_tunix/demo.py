@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import otel_tunix
-from otel_tunix.metrics.alerts.rules import default_rules
 from otel_tunix.metrics.training import TrainingMetrics, perplexity
 from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
@@ -262,9 +261,6 @@ def main(argv: list[str] | None = None) -> int:
         service_name="otel-tunix-demo",
         perf=perf,
         output_dir=args.output_dir,
-        # A CPU shared with other programs makes step-time spikes every few steps: the
-        # demo keeps the other default rules (loss, grad norm, NaN, ...).
-        alerts=[r for r in default_rules() if r.name != "step_time_spike"],
         console_interval=args.console_interval,
     )
     console = Console(soft_wrap=True)  # long lines (paths) stay whole when piped

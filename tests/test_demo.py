@@ -114,3 +114,19 @@ def test_demo_sampling_rate_flag_and_usage_errors(tmp_path):
         [sys.executable, "-m", "otel_tunix.cli", "nope"], capture_output=True, text=True, timeout=60
     )
     assert unknown.returncode == 2 and "unknown command 'nope'" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_the_default_demo_raises_no_alert(tmp_path):
+    """The first run a user makes: all default alert rules on (step-time spikes included),
+    300 steps on a CPU others may share: no alert fires."""
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "otel_tunix.cli", "demo", "--output-dir", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert not list(out.glob("alerts*.jsonl")), [p.read_text() for p in out.glob("alerts*")]
+    assert "otel-tunix alert" not in proc.stderr
