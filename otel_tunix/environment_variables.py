@@ -100,6 +100,10 @@ OTEL_TUNIX_RAISE_INTERNAL_ERRORS: Final = "OTEL_TUNIX_RAISE_INTERNAL_ERRORS"
 """``true``: an internal error of otel-tunix is re-raised instead of being reported once
 and skipped (the test suite sets it, so a swallowed bug fails a test). Default: ``false``."""
 
+OTEL_TUNIX_PROMETHEUS_RUN_LABELS: Final = "OTEL_TUNIX_PROMETHEUS_RUN_LABELS"
+"""Label every series of the ``/metrics`` endpoint with ``service`` and ``run_id``.
+Default: ``true``."""
+
 OTEL_TUNIX_PROMETHEUS_HOST: Final = "OTEL_TUNIX_PROMETHEUS_HOST"
 """Host of the Prometheus ``/metrics`` endpoint (``OTEL_METRICS_EXPORTER=prometheus``);
 beats the SDK's ``OTEL_EXPORTER_PROMETHEUS_HOST``. Default: ``127.0.0.1``."""

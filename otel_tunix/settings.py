@@ -232,6 +232,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_RAISE_INTERNAL_ERRORS, "raise_internal_errors", parse_bool, False,
             "re-raise otel-tunix's internal errors instead of reporting them once "
             "(the test suite sets it)", _BOOL),
+    Setting(env.OTEL_TUNIX_PROMETHEUS_RUN_LABELS, "prometheus_run_labels", parse_bool, True,
+            "label every series of the `/metrics` endpoint with `service` and `run_id`, so "
+            "one Prometheus scraping several jobs tells them apart without a join on "
+            "`target_info`", _BOOL),
     Setting(env.OTEL_TUNIX_PROMETHEUS_HOST, "prometheus_host", _text, None,
             "host of the `/metrics` endpoint (`OTEL_METRICS_EXPORTER=prometheus`)",
             "a host name or IP address"),
@@ -354,6 +358,7 @@ class Settings:
     alerts: bool = True
     job_traces: bool = True
     straggler_window: int = 50
+    prometheus_run_labels: bool = True
     straggler_scope: str = "train"
     straggler_margin: float = 0.2
     straggler_windows: int = 3

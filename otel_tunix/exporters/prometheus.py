@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -104,6 +104,9 @@ class PrometheusEndpoint:
             uses ``0``.
         registry: The ``prometheus_client`` registry the reader registers in. ``None``
             (the default) creates a private one for this endpoint.
+        labels: Labels put on every series (``configure()`` gives ``service`` and
+            ``run_id``), so one Prometheus scraping several jobs tells their series apart
+            without a join on ``target_info``; a series' own label of the same name wins.
 
     Raises:
         ValueError: The port (argument or environment variable, named in the message) is
@@ -117,6 +120,7 @@ class PrometheusEndpoint:
         port: int | None = None,
         *,
         registry: CollectorRegistry | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self._host = _resolve_host(host)
         requested_port = _resolve_port(port)
@@ -125,7 +129,9 @@ class PrometheusEndpoint:
         self._stopped = False
 
         # Bind before creating the reader, so a bind failure leaves nothing registered.
-        self._server = _bind(self._host, requested_port, _make_app(self._registry))
+        self._server = _bind(
+            self._host, requested_port, _make_app(self._registry, dict(labels or {}))
+        )
         self._port: int = self._server.server_port
         try:
             self._reader = _EndpointMetricReader(self._registry, self._stop_server)
@@ -281,11 +287,11 @@ def _parse_port(value: object, name: str) -> int:
     return number
 
 
-def _make_app(registry: CollectorRegistry) -> _WSGIApp:
+def _make_app(registry: CollectorRegistry, labels: Mapping[str, str]) -> _WSGIApp:
     # prometheus_client's make_wsgi_app serves the metrics on every path and has no health
     # route, so this wrapper routes /metrics to it, answers /healthz itself, and 404s the
     # rest. All the exposition (text format, OpenMetrics, gzip) stays prometheus_client's.
-    metrics_app: _WSGIApp = make_wsgi_app(_Utf8Registry(registry))
+    metrics_app: _WSGIApp = make_wsgi_app(_ExposedRegistry(registry, labels))
 
     def app(environ: _WSGIEnviron, start_response: _StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "") or "/"
@@ -306,27 +312,30 @@ def _make_app(registry: CollectorRegistry) -> _WSGIApp:
     return app
 
 
-class _Utf8Registry:
+class _ExposedRegistry:
     """The registry as the exposition reads it (``collect``, ``restricted_registry``), with
-    label values and help texts made valid UTF-8: a component name holding a lone surrogate
-    would otherwise fail the encoding of the whole scrape (HTTP 500, every metric lost)."""
+    the endpoint's labels on every sample, and label values and help texts made valid
+    UTF-8: a component name holding a lone surrogate would otherwise fail the encoding of
+    the whole scrape (HTTP 500, every metric lost)."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: Any, labels: Mapping[str, str]) -> None:
         self._registry = registry
+        self._labels = {k: utf8_text(v) for k, v in labels.items()}
 
     def collect(self) -> Iterable[Metric]:
+        extra = self._labels
         for metric in self._registry.collect():
             metric.documentation = utf8_text(metric.documentation)
             metric.samples = [
-                s._replace(labels={k: utf8_text(v) for k, v in s.labels.items()})
-                if any(not v.isascii() for v in s.labels.values())
+                s._replace(labels={**extra, **{k: utf8_text(v) for k, v in s.labels.items()}})
+                if extra or any(not v.isascii() for v in s.labels.values())
                 else s
                 for s in metric.samples
             ]
             yield metric
 
-    def restricted_registry(self, names: Iterable[str]) -> _Utf8Registry:
-        return _Utf8Registry(self._registry.restricted_registry(names))
+    def restricted_registry(self, names: Iterable[str]) -> _ExposedRegistry:
+        return _ExposedRegistry(self._registry.restricted_registry(names), self._labels)
 
 
 class _PooledWSGIServer(WSGIServer):

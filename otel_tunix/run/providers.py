@@ -10,6 +10,7 @@ own ``perfetto`` and ``datadog`` all work with ``OTEL_TRACES_EXPORTER`` /
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -67,10 +68,15 @@ def trace_exporters(settings: Settings) -> list[tuple[str, Any]]:
     return out
 
 
-def metric_readers(settings: Settings, urls: dict[str, str] | None = None) -> list[MetricReader]:
+def metric_readers(
+    settings: Settings,
+    urls: dict[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> list[MetricReader]:
     """Metric readers for ``OTEL_METRICS_EXPORTER`` (a reader class is used as is).
 
-    Endpoints that serve metrics (Prometheus) put their URL into ``urls``.
+    Endpoints that serve metrics (Prometheus) put their URL into ``urls`` and put
+    ``labels`` on every series they serve.
     """
     out: list[MetricReader] = []
     var = _exporter_var("metrics")
@@ -85,7 +91,7 @@ def metric_readers(settings: Settings, urls: dict[str, str] | None = None) -> li
                     f"{var}=prometheus needs pip install 'otel-tunix[prometheus]' ({exc})"
                 ) from exc
             try:
-                endpoint = PrometheusEndpoint()
+                endpoint = PrometheusEndpoint(labels=labels)
             except OSError as exc:  # a taken port: said once, the run goes on without it
                 _logger.warning(
                     "otel-tunix: %s; the run goes on without the Prometheus endpoint (set "

@@ -249,11 +249,17 @@ def configure(
         endpoints: dict[str, str] = {}
         readers: list[Any] = []  # those of a MeterProvider otel-tunix builds
 
+        series_labels = (
+            {"service": str(resource.attributes.get("service.name", "")), "run_id": rid}
+            if settings.prometheus_run_labels
+            else None
+        )
+
         def build_meter_provider() -> MeterProvider:
             readers.extend(
                 [
                     *metric_readers,
-                    *providers.metric_readers(settings, endpoints),
+                    *providers.metric_readers(settings, endpoints, series_labels),
                     *_datadog_readers(datadog, settings),
                 ]
             )

@@ -338,3 +338,33 @@ def test_endpoint_reader_is_configured_from_env_and_stops_with_the_provider(
     finally:
         provider.shutdown()
     assert _port_is_free(port)
+
+
+@pytest.mark.parametrize("labels_on", [True, False])
+def test_configure_labels_every_series_with_service_and_run_id(
+    monkeypatch: pytest.MonkeyPatch, labels_on: bool
+) -> None:
+    """One Prometheus scraping several jobs tells their series apart by service and run id
+    (opt-out: OTEL_TUNIX_PROMETHEUS_RUN_LABELS=false)."""
+    import otel_tunix
+
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_TUNIX_PROMETHEUS_RUN_LABELS", str(labels_on).lower())
+    info = otel_tunix.configure(service_name="trainer-a", output_dir="none", run_id="job-7")
+    try:
+        for n in range(3):
+            with otel_tunix.step(n), otel_tunix.component("forward"):
+                pass
+        otel_tunix.force_flush()
+        families = _families(_scrape(info.endpoints["prometheus"]))
+    finally:
+        otel_tunix.shutdown()
+    samples = [s for f in families.values() for s in f.samples]
+    assert any(s.name == "tunix_steps_total" for s in samples)
+    for sample in samples:
+        if labels_on:
+            assert sample.labels["service"] == "trainer-a", sample
+            assert sample.labels["run_id"] == "job-7", sample
+        else:
+            assert "service" not in sample.labels and "run_id" not in sample.labels
