@@ -39,6 +39,11 @@ from opentelemetry import trace
 from opentelemetry.context import Context, attach, get_current
 from opentelemetry.context import detach as _public_detach
 from opentelemetry.metrics import _internal as metrics_internal
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -313,6 +318,32 @@ def remove_span_processors(provider: Any, processors: tuple[Any, ...]) -> None:
 
 
 # --- the OTel API's global providers -------------------------------------------------------
+
+
+class _NoMetricExport(MetricExporter):
+    """Sends nothing: what a forked child's copies of the parent's periodic readers get."""
+
+    def export(
+        self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def silence_periodic_readers(meter_provider: Any) -> None:
+    """In a forked child: the SDK's own fork hook restarts the thread of each periodic
+    reader of the parent's ``MeterProvider``, which would then export the child's copy of
+    the parent's metrics every interval. Each gets an exporter that sends nothing. (Private
+    SDK attributes, ``_metric_readers`` and ``_exporter``; nothing is done where they are
+    missing.)"""
+    for reader in getattr(meter_provider, "_metric_readers", ()):
+        if isinstance(reader, PeriodicExportingMetricReader) and hasattr(reader, "_exporter"):
+            reader._exporter = _NoMetricExport()
 
 
 def reset_global_providers(*, tracer: bool = True, meter: bool = True) -> None:

@@ -162,3 +162,48 @@ def test_a_child_ends_at_once_though_the_parents_collector_hangs(tmp_path):
             conn.close()
     # The child's exit ran none of the parent's providers' exit hooks (it sat 30 s in them).
     assert proc.stdout.split() == ["0"], proc.stderr
+
+
+CHILD_METRICS = textwrap.dedent(
+    """
+    import os, sys, time
+    import otel_tunix
+
+    otel_tunix.configure(output_dir="none")
+    with otel_tunix.step(0):
+        pass
+    pid = os.fork()
+    if pid == 0:  # the child's stdout is a file: what the console exporter would print
+        fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        time.sleep(0.8)  # eight of the parent's export intervals
+        os._exit(0)
+    os.waitpid(pid, 0)
+    otel_tunix.shutdown()
+    """
+)
+
+
+def test_a_forked_child_exports_none_of_the_parents_metrics(tmp_path):
+    """The SDK restarts the parent's periodic metric reader in a child: it exports nothing
+    there (the console exporter, every 100 ms, would print the parent's metrics)."""
+    child_out = tmp_path / "child-stdout.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env |= {
+        "OTEL_METRICS_EXPORTER": "console",
+        "OTEL_METRIC_EXPORT_INTERVAL": "100",
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_TUNIX_QUIET": "true",
+        "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD_METRICS, str(child_out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"tunix.steps"' in proc.stdout  # the parent's reader exports, as it should
+    assert child_out.read_text() == ""  # the child's copy of it exports nothing

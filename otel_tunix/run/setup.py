@@ -27,7 +27,11 @@ from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
 from otel_tunix._current import meter as current_meter
 from otel_tunix._linefile import record_write_error
 from otel_tunix._resource import RankInfo, build_resource, detect_rank, new_run_id
-from otel_tunix._shortcuts import active_span_processor, remove_span_processors
+from otel_tunix._shortcuts import (
+    active_span_processor,
+    remove_span_processors,
+    silence_periodic_readers,
+)
 from otel_tunix._version import __version__
 from otel_tunix.config import PerformanceMetricsConfig, load_callable
 from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, DatadogStepSink
@@ -614,6 +618,8 @@ def _forget_run_in_child() -> None:
         ):
             if owned and provider is not None:
                 atexit.unregister(provider.shutdown)
+        if st.owns_meter_provider and st.meter_provider is not None:
+            silence_periodic_readers(st.meter_provider)
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows
