@@ -309,10 +309,15 @@ class RotelCollector:
 
     def wait_for_spans(self, *names: str, timeout: float = 10.0) -> DebugOutput:
         """Waits until a span of each name was received; returns the parsed output."""
+        return self.wait_for_span_counts(dict.fromkeys(names, 1), timeout=timeout)
+
+    def wait_for_span_counts(self, counts: Mapping[str, int], timeout: float = 10.0) -> DebugOutput:
+        """Waits until at least ``counts[name]`` spans of each name were received; returns
+        the parsed output."""
 
         def seen(text: str) -> bool:
-            got = {s.name for s in parse_debug_output(text).spans}
-            return all(n in got for n in names)
+            got = parse_debug_output(text)
+            return all(len(got.spans_named(n)) >= c for n, c in counts.items())
 
         return parse_debug_output(self.wait_for(seen, timeout))
 

@@ -35,6 +35,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportR
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from processes import child_env
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "collector-config"
 YAML_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -354,7 +355,6 @@ def test_agent_gateway_tier_carries_several_processes_without_loss(
     """Three trainer processes -> a rotel agent (rotel-agent.env) -> a rotel gateway
     (rotel-gateway.env) -> a backend standing in for Tempo: every span arrives."""
     import json
-    import os
     import sys
     import time
 
@@ -374,16 +374,15 @@ def test_agent_gateway_tier_carries_several_processes_without_loss(
     script = tmp_path / "rank.py"
     script.write_text(TIER_RANK)
     steps, components, ranks = 1000, 9, 3
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-        "OTEL_EXPORTER_OTLP_ENDPOINT": agent.grpc_endpoint,
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_TUNIX_QUIET": "true",
+    env = child_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=agent.grpc_endpoint,
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_TUNIX_QUIET="true",
         # a loop with no work makes spans faster than any exporter sends them: room for all
         # of them in each trainer's queue, so what is measured is the tier
-        "OTEL_BSP_MAX_QUEUE_SIZE": str(2 * steps * (components + 1)),
-    }
+        OTEL_BSP_MAX_QUEUE_SIZE=str(2 * steps * (components + 1)),
+    )
     start = time.perf_counter()
     procs = [
         subprocess.Popen(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
+from processes import child_env
 
 
 def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
@@ -16,7 +16,7 @@ def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
     from otel_tunix.tiny_lm import TinyLM, TinyLMConfig
 
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     proc = subprocess.run(
         [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "40", "--d-model", "32",
          "--eval-every", "20", "--peak-tflops", "0.05", "--output-dir", str(out),
@@ -98,7 +98,7 @@ def test_demo_checkpoint_loads_back_into_the_model(tmp_path):
 
 def test_demo_sampling_rate_flag_and_usage_errors(tmp_path):
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     cmd = [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "8", "--d-model", "16",
            "--sampling-rate", "4", "--output-dir", str(out), "--no-progress"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -122,7 +122,7 @@ def test_the_default_demo_raises_no_alert(tmp_path):
     300 steps on a CPU others may share: no alert fires."""
     pytest.importorskip("torch")
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     proc = subprocess.run(
         [sys.executable, "-m", "otel_tunix.cli", "demo", "--output-dir", str(out), "--no-progress"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,

@@ -9,13 +9,14 @@ finalizers run). Half of them configure a run of their own first.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
 from pathlib import Path
+
+from processes import child_env
 
 FORKS = 40
 
@@ -141,7 +142,7 @@ def test_a_child_ends_at_once_though_the_parents_collector_hangs(tmp_path):
                 return
 
     threading.Thread(target=accept, daemon=True).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     env |= {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.getsockname()[1]}",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "600",
@@ -188,7 +189,7 @@ def test_a_forked_child_exports_none_of_the_parents_metrics(tmp_path):
     """The SDK restarts the parent's periodic metric reader in a child: it exports nothing
     there (the console exporter, every 100 ms, would print the parent's metrics)."""
     child_out = tmp_path / "child-stdout.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     env |= {
         "OTEL_METRICS_EXPORTER": "console",
         "OTEL_METRIC_EXPORT_INTERVAL": "100",

@@ -5,7 +5,6 @@ and printed for docs/guarantees.md."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import child_env
 
 import otel_tunix
 
@@ -88,7 +88,7 @@ def _trace_steps(directory: Path) -> list[int]:
 
 
 def _kill_after(out: Path, delay: float) -> tuple[int, dict[str, int | None]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     env["OTEL_TUNIX_QUIET"] = "true"
     proc = subprocess.Popen(
         [sys.executable, "-c", PROGRAM, str(out)],

@@ -4,7 +4,6 @@ starts them) exporting over OTLP to a real collector (rotel)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import child_env
 
 from otel_tunix._ids import JobStepIds
 
@@ -45,18 +45,17 @@ def _ranks(tmp_path: Path, endpoint: str, job: str, world: int = 3) -> None:
     script.write_text(textwrap.dedent(RANK_SCRIPT))
     procs = []
     for rank in range(world):
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "TORCHELASTIC_RUN_ID": job,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_METRICS_EXPORTER": "none",
-            "OTEL_LOGS_EXPORTER": "none",
-            "OTEL_TUNIX_OUTPUT_DIR": "none",
-            "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
-            "OTEL_TUNIX_QUIET": "true",
-        }
+        env = child_env(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            TORCHELASTIC_RUN_ID=job,
+            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_TUNIX_OUTPUT_DIR="none",
+            OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
+            OTEL_TUNIX_QUIET="true",
+        )
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path))
     for p in procs:
         assert p.wait(timeout=60) == 0
@@ -67,16 +66,7 @@ def test_step_n_is_one_trace_on_every_rank_under_one_root(
     rotel_collector: Any, tmp_path: Path
 ) -> None:
     _ranks(tmp_path, rotel_collector.grpc_endpoint, "job-a")
-    rotel_collector.wait_for_spans("train_step", "train_job_step")
-
-    def settled() -> bool:
-        got = rotel_collector.parsed()
-        return (
-            len(got.spans_named("train_step")) == 9 and len(got.spans_named("train_job_step")) == 3
-        )
-
-    rotel_collector.wait_for(lambda _text: settled(), timeout=15)
-    out = rotel_collector.parsed()
+    out = rotel_collector.wait_for_span_counts({"train_step": 9, "train_job_step": 3}, timeout=15)
     steps: dict[int, list[Any]] = defaultdict(list)
     for s in out.spans_named("train_step"):
         steps[int(s.attributes["tunix.step"])].append(s)
@@ -116,19 +106,18 @@ def test_ranks_sharing_a_run_folder_keep_their_rows_apart(tmp_path: Path) -> Non
     run_dir = tmp_path / "run"
     procs = []
     for rank in range(2):
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "TORCHELASTIC_RUN_ID": "job-b",
-            "OTEL_TUNIX_OUTPUT_DIR": str(run_dir),
-            "OTEL_TUNIX_LOG_ALL_RANKS": "true",
-            "OTEL_TRACES_EXPORTER": "none",
-            "OTEL_METRICS_EXPORTER": "none",
-            "OTEL_LOGS_EXPORTER": "none",
-            "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
-            "OTEL_TUNIX_QUIET": "true",
-        }
+        env = child_env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            TORCHELASTIC_RUN_ID="job-b",
+            OTEL_TUNIX_OUTPUT_DIR=str(run_dir),
+            OTEL_TUNIX_LOG_ALL_RANKS="true",
+            OTEL_TRACES_EXPORTER="none",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
+            OTEL_TUNIX_QUIET="true",
+        )
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path))
     for p in procs:
         assert p.wait(timeout=60) == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from processes import child_env
 
 
 def test_a_second_run_ended_by_atexit_keeps_its_steps(tmp_path):
@@ -91,7 +91,7 @@ def closed_port() -> int:
 
 
 def _env(port: int, protocol: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     # Every timeout of the exporters set to ten minutes: only otel-tunix's budget can end
     # the shutdown in time for the test's limit.
     return env | {

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from processes import child_env
 
 from otel_tunix.metrics.stragglers import RankWindow, compare
 
@@ -65,19 +65,18 @@ def test_torchrun_three_ranks_one_slow_named_during_the_run(tmp_path: Path) -> N
     pytest.importorskip("torch.distributed")
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent(RANK_SCRIPT))
-    env = {
-        **os.environ,
-        "OTEL_TUNIX_OUTPUT_DIR": str(tmp_path / "runs"),
-        "OTEL_TUNIX_STRAGGLER_WINDOW": "5",
-        "OTEL_TUNIX_STRAGGLER_WINDOWS": "2",
-        "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
-        "OTEL_TUNIX_QUIET": "true",
-        "OTEL_TRACES_EXPORTER": "none",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "SLOW_FORWARD_MS": "15",
-        "OMP_NUM_THREADS": "1",
-    }
+    env = child_env(
+        OTEL_TUNIX_OUTPUT_DIR=str(tmp_path / "runs"),
+        OTEL_TUNIX_STRAGGLER_WINDOW="5",
+        OTEL_TUNIX_STRAGGLER_WINDOWS="2",
+        OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
+        OTEL_TUNIX_QUIET="true",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        SLOW_FORWARD_MS="15",
+        OMP_NUM_THREADS="1",
+    )
     torchrun = Path(sys.executable).parent / "torchrun"
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "3", str(script), str(tmp_path)],
@@ -161,20 +160,19 @@ def test_jax_multi_host_ranks_name_the_slow_one(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     script = tmp_path / "jax_ranks.py"
     script.write_text(textwrap.dedent(JAX_RANK_SCRIPT))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-        "JAX_PLATFORMS": "cpu",
-        "COORDINATOR": f"127.0.0.1:{port}",
-        "OTEL_TUNIX_RUN_ID": "jax-job",  # no launcher job id: every process is told the run
-        "OTEL_TUNIX_OUTPUT_DIR": str(tmp_path / "run"),
-        "OTEL_TUNIX_STRAGGLER_WINDOW": "5",
-        "OTEL_TUNIX_STRAGGLER_WINDOWS": "2",
-        "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
-        "OTEL_TUNIX_QUIET": "true",
-        "OTEL_TRACES_EXPORTER": "none",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-    }
+    env = child_env(
+        JAX_PLATFORMS="cpu",
+        COORDINATOR=f"127.0.0.1:{port}",
+        OTEL_TUNIX_RUN_ID="jax-job",  # no launcher job id: every process is told the run
+        OTEL_TUNIX_OUTPUT_DIR=str(tmp_path / "run"),
+        OTEL_TUNIX_STRAGGLER_WINDOW="5",
+        OTEL_TUNIX_STRAGGLER_WINDOWS="2",
+        OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
+        OTEL_TUNIX_QUIET="true",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+    )
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(r)], env=env, stderr=subprocess.PIPE, text=True

@@ -8,11 +8,12 @@ disk fails with ``ENOSPC`` (no mount needed).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from processes import child_env
 
 PROGRAM = textwrap.dedent(
     """
@@ -56,7 +57,7 @@ METRICS_RECORDS = 1002
 
 
 def _run(out: Path, limit: int, space: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = child_env()
     env["OTEL_TUNIX_QUIET"] = "true"
     return subprocess.run(
         [sys.executable, "-c", PROGRAM, str(out), str(limit), space],

@@ -10,15 +10,14 @@ child of ``rollout``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import child_env
 
 import otel_tunix
 
@@ -67,15 +66,14 @@ def test_a_worker_behind_http_joins_the_learners_trace(
 ) -> None:
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-        "OTEL_EXPORTER_OTLP_ENDPOINT": rotel_collector.grpc_endpoint,
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_TUNIX_OUTPUT_DIR": "none",
-        "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL": "0",
-        "OTEL_TUNIX_QUIET": "true",
-    }
+    env = child_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=rotel_collector.grpc_endpoint,
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_TUNIX_OUTPUT_DIR="none",
+        OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
+        OTEL_TUNIX_QUIET="true",
+    )
     worker = subprocess.Popen(
         [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path
     )
@@ -99,13 +97,9 @@ def test_a_worker_behind_http_joins_the_learners_trace(
         assert worker.wait(timeout=30) == 0
     finally:
         worker.kill()
-    rotel_collector.wait_for_spans("rl/rollout_worker_step", "rl/learner_step", "POST")
-    deadline = time.monotonic() + 10
-    while True:
-        out = rotel_collector.parsed()
-        if len(out.spans_named("rl/rollout_worker_step")) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    out = rotel_collector.wait_for_span_counts(
+        {"rl/rollout_worker_step": 2, "rl/learner_step": 2, "POST": 2}
+    )
     by_id = {s.span_id: s for s in out.spans}
     workers = out.spans_named("rl/rollout_worker_step")
     assert len(workers) == 2

@@ -44,7 +44,6 @@ def test_a_ray_task_joins_the_learners_trace(
 
     def rollout_worker(n: int) -> int:  # defined here: Ray ships it by value
         """A Ray task: one step of a rollout worker, flushed before it returns."""
-        import time
 
         import otel_tunix as ot
 
@@ -66,14 +65,9 @@ def test_a_ray_task_joins_the_learners_trace(
         for sig, handler in handlers.items():  # ray.init installs its own; not put back
             signal.signal(sig, handler)
         otel_tunix.shutdown()
-    rotel_collector.wait_for_spans("rl/rollout_worker_step", "rl/learner_step", timeout=30)
-    deadline = time.monotonic() + 15
-    while True:
-        out = rotel_collector.parsed()
-        done = len(out.spans_named("rl/rollout_worker_step")) == 2
-        if done or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    out = rotel_collector.wait_for_span_counts(
+        {"rl/rollout_worker_step": 2, "rl/learner_step": 2}, timeout=30
+    )
     by_id = {s.span_id: s for s in out.spans}
     workers = out.spans_named("rl/rollout_worker_step")
     assert len(workers) == 2
