@@ -9,7 +9,7 @@ rank reads back as ``tunix.rank.relative_speed``. A rank slower than the median 
 the margin (``OTEL_TUNIX_STRAGGLER_MARGIN``, 20 %) for ``OTEL_TUNIX_STRAGGLER_WINDOWS``
 windows in a row (3) is a straggler: rank 0 raises the ``straggler`` alert (alerts.jsonl,
 span event, OTel log record, Datadog event) naming the rank and the component that grew
-most against the other ranks; it resolves when the rank is back within half the margin.
+most against the ranks' median; it resolves when the rank is back within half the margin.
 
 All of it off the training thread: the worker adds each sampled step to the window, the
 exchange runs on a thread of its own. Over the store rather than a collective on a process
@@ -89,22 +89,25 @@ class RankVerdict:
     recovered: bool
     """Within half the margin of the median."""
     grew: str | None
-    """The component whose time is furthest above the other ranks' median."""
+    """The component whose time is furthest above the ranks' median for it."""
     grew_by_sec: float
 
 
 def compare(windows: Sequence[RankWindow], margin: float) -> list[RankVerdict]:
-    """Each rank of ``windows`` (one per rank, same steps) against the ranks' median."""
+    """Each rank of ``windows`` (one per rank, same steps) against the ranks' median: its
+    step time, and each component's time (a rank without a component counts 0 for it)."""
     median = statistics.median(w.step_time_sec for w in windows)
+    names = {name for w in windows for name in w.components}
+    typical = {
+        name: statistics.median(w.components.get(name, 0.0) for w in windows) for name in names
+    }
     out = []
     for w in windows:
         ratio = w.step_time_sec / median if median > 0 else 1.0
         grew, grew_by = None, 0.0
         for name, own in w.components.items():
-            others = [o.components.get(name, 0.0) for o in windows if o.rank != w.rank]
-            excess = own - statistics.median(others) if others else 0.0
-            if excess > grew_by:
-                grew, grew_by = name, excess
+            if own - typical[name] > grew_by:
+                grew, grew_by = name, own - typical[name]
         out.append(
             RankVerdict(
                 rank=w.rank,
@@ -308,8 +311,8 @@ class StragglerDetector(StepSink):
             )
         else:
             grew = (
-                f"; {v.grew} grew most (+{v.grew_by_sec * 1e3:.1f} ms a step over the other "
-                f"ranks' median)"
+                f"; {v.grew} grew most (+{v.grew_by_sec * 1e3:.1f} ms a step over the ranks' "
+                f"median)"
                 if v.grew
                 else ""
             )
