@@ -55,7 +55,35 @@ class _Prompts(grain.RandomAccessDataSource):  # type: ignore[misc]
 
 
 def _reward(completions: list[str], **_: Any) -> Any:
-    return jnp.arange(len(completions))
+    return jnp.arange(len(completions)).astype(jnp.float32)
+
+
+def _cluster_config(max_steps: int, *, critic: bool = False) -> Any:
+    """Every role on one CPU device, vanilla rollout; a critic's optimizer when asked."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+    roles = rl_cluster_lib.Role
+    role_to_mesh = {roles.ACTOR: mesh, roles.REFERENCE: mesh, roles.ROLLOUT: mesh}
+    if critic:
+        role_to_mesh[roles.CRITIC] = mesh
+    return rl_cluster_lib.ClusterConfig(
+        role_to_mesh=role_to_mesh,
+        rollout_engine="vanilla",
+        offload_to_cpu=False,
+        training_config=rl_cluster_lib.RLTrainingConfig(
+            actor_optimizer=optax.sgd(1e-3),
+            critic_optimizer=optax.sgd(1e-3) if critic else None,
+            eval_every_n_steps=100,
+            max_steps=max_steps,
+        ),
+        rollout_config=base_rollout.RolloutConfig(
+            max_tokens_to_generate=10, max_prompt_length=256, kv_cache_size=1024
+        ),
+    )
+
+
+def _prompts() -> Any:
+    """MockVocab's prompts, two to a batch, each its own answer."""
+    return grain.MapDataset.source(_Prompts(10)).batch(2).map(lambda x: {"prompts": x, "answer": x})
 
 
 @dataclass
@@ -83,19 +111,7 @@ def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
             config = tc.ModelConfig(vocab_size=vocab.GetPieceSize())
             model = tc.ToyTransformer(config=config, rngs=nnx.Rngs(0))
             reference = tc.ToyTransformer(config=config, rngs=nnx.Rngs(0))
-            mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
-            roles = rl_cluster_lib.Role
-            cluster_config = rl_cluster_lib.ClusterConfig(
-                role_to_mesh={roles.ACTOR: mesh, roles.REFERENCE: mesh, roles.ROLLOUT: mesh},
-                rollout_engine="vanilla",
-                offload_to_cpu=False,
-                training_config=rl_cluster_lib.RLTrainingConfig(
-                    actor_optimizer=optax.sgd(1e-3), eval_every_n_steps=100, max_steps=STEPS
-                ),
-                rollout_config=base_rollout.RolloutConfig(
-                    max_tokens_to_generate=10, max_prompt_length=256, kv_cache_size=1024
-                ),
-            )
+            cluster_config = _cluster_config(STEPS)
             perf_config = None
             if tunix_perf:
                 perf_config = perf_metrics.PerfMetricsConfig()
@@ -128,13 +144,8 @@ def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
                 reward_fns=_reward,
                 algo_config=grpo_lib.GRPOConfig(num_generations=2, num_iterations=1),
             )
-            data = (
-                grain.MapDataset.source(_Prompts(10))
-                .batch(2)
-                .map(lambda x: {"prompts": x, "answer": x})
-            )
             start = time.perf_counter()
-            learner.train(data)
+            learner.train(_prompts())
             wall = time.perf_counter() - start
         finally:
             inst.uninstrument()
@@ -269,47 +280,20 @@ def test_ppo_learner_actor_and_critic_steps_inside_the_learner_step(tmp_path: Pa
             critic = tc.ToyTransformerWithScoreHead(
                 tc.ToyTransformer(config=config, rngs=nnx.Rngs(1)), nnx.Rngs(1)
             )
-            mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
-            roles = rl_cluster_lib.Role
             cluster = rl_cluster_lib.RLCluster(
                 actor=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
                 critic=critic,
                 reference=tc.ToyTransformer(config=config, rngs=nnx.Rngs(0)),
                 tokenizer=vocab,
-                cluster_config=rl_cluster_lib.ClusterConfig(
-                    role_to_mesh={
-                        roles.ACTOR: mesh,
-                        roles.REFERENCE: mesh,
-                        roles.ROLLOUT: mesh,
-                        roles.CRITIC: mesh,
-                    },
-                    rollout_engine="vanilla",
-                    offload_to_cpu=False,
-                    training_config=rl_cluster_lib.RLTrainingConfig(
-                        actor_optimizer=optax.sgd(1e-3),
-                        critic_optimizer=optax.sgd(1e-3),
-                        eval_every_n_steps=100,
-                        max_steps=4,
-                    ),
-                    rollout_config=base_rollout.RolloutConfig(
-                        max_tokens_to_generate=10, max_prompt_length=256, kv_cache_size=1024
-                    ),
-                ),
+                cluster_config=_cluster_config(4, critic=True),
             )
             learner = ppo_lib.PPOLearner(
                 rl_cluster=cluster,
                 ppo_config=ppo_lib.PPOConfig(num_iterations=1),
-                reward_fns=lambda completions, **_: jnp.arange(len(completions)).astype(
-                    jnp.float32
-                ),
-            )
-            data = (
-                grain.MapDataset.source(_Prompts(10))
-                .batch(2)
-                .map(lambda x: {"prompts": x, "answer": x})
+                reward_fns=_reward,
             )
             start = time.perf_counter()
-            learner.train(data)
+            learner.train(_prompts())
             wall = time.perf_counter() - start
         finally:
             inst.uninstrument()
