@@ -119,4 +119,5 @@ def print_run_files(console: Any, info: Any) -> None:
         return
     console.print(f"run folder: [cyan]{info.output_dir.resolve()}[/]")
     for kind, path in info.files.items():
-        console.print(f"  {kind:<8} {path}")
+        if path.exists():  # alerts.jsonl is made only when an alert fires
+            console.print(f"  {kind:<8} {path}")
