@@ -237,6 +237,8 @@ class MetricsLogger:
         if not self.active or self._closed or not rows:
             return
         with self._lock:
+            if self._closed:  # closed while this call waited (a shutdown on another thread)
+                return
             # The last values: of a run of rows with the same names only the run's last row
             # counts (it overwrites every value of the others), so only it is copied.
             last = self.last_values

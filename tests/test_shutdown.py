@@ -152,3 +152,47 @@ def test_sigterm_with_a_hung_collector_ends_the_process_within_the_budget(tmp_pa
     assert proc.wait(timeout=120) == -signal.SIGTERM  # not SIGKILLed by a grace period
     print(f"SIGTERM to exit: {time.monotonic() - sent:.2f} s")  # docs/guarantees.md
     _check_summary(out)
+
+
+# --- a large run folder: the Perfetto translation stays inside the budget -----------------
+
+
+def test_a_large_run_ends_within_its_budget_and_leaves_the_trace_to_convert(
+    tmp_path, monkeypatch, capfd
+):
+    pytest.importorskip("perfetto")
+    import otel_tunix
+    from otel_tunix.exporters.perfetto import ConversionTimeout, convert_jsonl_to_perfetto
+
+    budget = 1.0
+    monkeypatch.setenv("OTEL_TUNIX_SHUTDOWN_TIMEOUT", str(budget))
+    monkeypatch.setenv("OTEL_TUNIX_QUIET", "false")
+    otel_tunix.configure(output_dir=tmp_path, system_metrics=False, alerts=False)
+    for n in range(100):
+        with otel_tunix.step(n):
+            with otel_tunix.component("work"):
+                pass
+    otel_tunix.force_flush()
+    # A long run's spans.jsonl, made cheaply: its step lines again and again (20,000 steps).
+    spans = tmp_path / "spans.jsonl"
+    steps = [x for x in spans.read_text().splitlines(keepends=True) if '"type":"step"' in x]
+    with spans.open("a") as f:
+        f.write("".join(steps) * 200)
+
+    started = time.monotonic()
+    otel_tunix.shutdown()
+    took = time.monotonic() - started
+    print(f"shutdown of a {spans.stat().st_size >> 20} MB run folder: {took:.2f} s")
+    assert took < budget + 0.5
+    err = capfd.readouterr().err
+    assert f"otel-tunix convert {spans} --to perfetto {tmp_path / 'trace.pftrace'}" in err
+    assert not (tmp_path / "trace.pftrace").exists()  # no trace cut short
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["complete"] is True
+    assert summary["shutdown"]["unfinished"] == ["perfetto translation"]
+    # The truth: translating this file takes longer than the shutdown took.
+    check = tmp_path / "check.pftrace"
+    with pytest.raises(ConversionTimeout):
+        convert_jsonl_to_perfetto(spans, check, deadline=time.monotonic() + took)
+    # The translation left behind at the deadline stopped there and removed its file.
+    assert [p.name for p in tmp_path.glob("*.pftrace*")] == [check.name]

@@ -102,14 +102,16 @@ class BatchQueue(Generic[T]):
         self._thread.start()
 
     # --- producers ---------------------------------------------------------------------------
-    def put(self, item: T, now: float | None = None) -> bool:
+    def put(self, item: T, now: float | None = None, *, count_late: bool = True) -> bool:
         """Queue one item (False: dropped). Wakes the thread at most every ``interval_sec``
         (a fast loop hands over its steps in batches), or when a batch is full. ``now``:
-        ``time.monotonic()``, when the caller has it."""
+        ``time.monotonic()``, when the caller has it. ``count_late``: count an item put
+        after :meth:`close` as dropped."""
         n = self._weight(item)
         with self._lock:
             if self.closed or self._queued + n > self._capacity:
-                self.dropped += n
+                if count_late or not self.closed:
+                    self.dropped += n
                 return False
             self._queue.append(item)
             self._queued += n

@@ -92,7 +92,9 @@ class Pipeline:
     def submit(self, record: StepRecord) -> None:
         """Queue a finished step (drops and counts it when the queue is full or closed)."""
         now = record.submitted_at = time.monotonic()
-        self._queue.put(record, now)
+        # A step that ends after the run has (a loop that goes on a moment while SIGTERM
+        # finishes the run) is not one lost for want of room.
+        self._queue.put(record, now, count_late=False)
 
     def wait_for_device(self, step: StepRecord, span_ids: list[int]) -> None:
         """Resolve the device ends of these components of ``step``, in order, on the

@@ -8,6 +8,7 @@ from typing import Any
 
 from otel_tunix._current import get_current
 from otel_tunix._errors import warn_once
+from otel_tunix.run import signals
 
 __all__ = ["log"]
 
@@ -33,6 +34,8 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
         )
     run = get_current()
     if run is None:
+        if signals.terminating():  # the run ended on SIGTERM; the loop goes on a moment
+            return
         warn_once(
             "log-before-configure",
             "otel_tunix.log() was called before otel_tunix.configure(); nothing is logged "

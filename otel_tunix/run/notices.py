@@ -21,6 +21,7 @@ from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.processors import StepSink
+from otel_tunix.run.perfetto_trace import convert_hint
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import Settings
 
@@ -179,8 +180,10 @@ def end_notice(
     failed_steps: int,
     export_stats: Mapping[str, ExportStats],
     slowest: Mapping[str, StepSummary],
+    perfetto_left: str | None = None,
 ) -> str:
-    """The lines printed at ``shutdown()``."""
+    """The lines printed at ``shutdown()``; ``perfetto_left``: the command that makes the
+    Perfetto trace that did not fit in the shutdown's budget."""
     scopes = ", ".join(f"{s.scope} {s.steps} steps ({s.sampled_steps} recorded)" for s in sessions)
     lines = [f"otel-tunix: run {run_id} finished: {scopes or 'no steps'}"]
     problems = []
@@ -197,6 +200,8 @@ def end_notice(
     trace = files.get("perfetto")
     if trace is not None:
         lines.append(f"        open {trace} in https://ui.perfetto.dev")
+    elif perfetto_left is not None:
+        lines.append(f"  the Perfetto trace did not fit in the shutdown's time: {perfetto_left}")
     for scope, s in sorted(slowest.items()):
         lines.append(
             f"  slowest {scope} step: {s.step} ({s.step_time_sec * 1e3:.1f} ms), "
@@ -246,5 +251,8 @@ def at_shutdown(st: RunState, sessions: Sequence[ScopeSession]) -> None:
         failed_steps=rt.pipeline.failed_steps,
         export_stats=st.export_stats,
         slowest=slowest,
+        perfetto_left=None
+        if st.perfetto_left is None
+        else convert_hint(st.perfetto_left, st.info.rank),
     )
     emit(text, st.settings, st.info.rank.rank)

@@ -1,5 +1,6 @@
 """The run folder's Perfetto trace: streamed during the run, or translated from the spans
-JSONL when the run ends."""
+JSONL when the run ends, in the time its shutdown has left (what does not fit is left to
+``otel-tunix convert``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.run.paths import checked_dir
 from otel_tunix.settings import ConfigurationError, Settings
 
-__all__ = ["PERFETTO_AT_SHUTDOWN", "perfetto_dir", "perfetto_from_jsonl"]
+__all__ = [
+    "PERFETTO_AT_SHUTDOWN",
+    "convert_hint",
+    "perfetto_dir",
+    "perfetto_from_jsonl",
+    "trace_name",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -63,30 +70,45 @@ def perfetto_dir(
     return PERFETTO_AT_SHUTDOWN
 
 
-def perfetto_from_jsonl(spans: Path, rank: RankInfo) -> Path | None:
-    """Translate the run folder's spans JSONL into ``trace[-rank<r>].pftrace``."""
+def perfetto_from_jsonl(
+    spans: Path, rank: RankInfo, *, deadline: float | None = None
+) -> Path | None:
+    """Translate the run folder's spans JSONL into ``trace[-rank<r>].pftrace``, stopping at
+    ``deadline`` (``time.monotonic()``): a trace that did not fit is not written (no part
+    of one is left) and ``None`` is returned, as for a file too large to try."""
     try:
         size = spans.stat().st_size
     except OSError:
         return None
     if size > MAX_SHUTDOWN_CONVERT_BYTES:
-        _logger.info(
-            "otel-tunix: %s is %d MB; make its Perfetto trace with: otel-tunix convert %s "
-            "--to perfetto trace.pftrace",
-            spans,
-            size >> 20,
-            spans,
-        )
+        _logger.info("otel-tunix: %s is %d MB: %s", spans, size >> 20, convert_hint(spans, rank))
         return None
-    from otel_tunix.exporters.perfetto import convert_jsonl_to_perfetto
+    from otel_tunix.exporters.perfetto import ConversionTimeout, convert_jsonl_to_perfetto
 
-    out = spans.with_name(f"trace{rank.file_suffix}.pftrace")
+    out = spans.with_name(trace_name(rank))
+    tmp = out.with_name(out.name + ".tmp")
     try:
-        convert_jsonl_to_perfetto(spans, out)
+        convert_jsonl_to_perfetto(spans, tmp, deadline=deadline)
+        tmp.replace(out)
+    except ConversionTimeout:
+        tmp.unlink(missing_ok=True)
+        return None
     except OSError as exc:  # the file system (a full disk): said in words, never raised
+        tmp.unlink(missing_ok=True)
         record_write_error(out, exc, 0)
         return None
     except Exception:  # our converter, reading our own file
+        tmp.unlink(missing_ok=True)
         report_internal_error("writing the Perfetto trace at shutdown")
         return None
     return out
+
+
+def trace_name(rank: RankInfo) -> str:
+    """The name of the run folder's Perfetto trace."""
+    return f"trace{rank.file_suffix}.pftrace"
+
+
+def convert_hint(spans: Path, rank: RankInfo) -> str:
+    """The command that makes the Perfetto trace of ``spans``."""
+    return f"otel-tunix convert {spans} --to perfetto {spans.with_name(trace_name(rank))}"

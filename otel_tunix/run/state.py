@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_tunix import _recording
 from otel_tunix import attributes as attr
@@ -23,7 +22,7 @@ from otel_tunix.metrics.catalog import Instrument
 from otel_tunix.metrics.instruments import observable
 from otel_tunix.metrics_logger import MetricsLogger
 from otel_tunix.model import ScopeSession
-from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
+from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.processors import StepAccountingProcessor
 from otel_tunix.settings import Settings
 
@@ -32,35 +31,31 @@ __all__ = ["RunState", "register_observables", "write_summary"]
 
 @dataclass(slots=True)
 class RunState:
-    """Everything one ``configure()`` started (``shutdown()`` stops it all)."""
+    """One run: what ``configure()`` started, as a list of parts (``shutdown()``, the
+    SIGTERM handler, ``atexit`` and a forked child walk it), and what its summary and end
+    notice report."""
 
     info: RunInfo
     config: PerformanceMetricsConfig
     settings: Settings
     logger: MetricsLogger
-    owns_logger: bool
+    parts: list[Any] = field(default_factory=list)
+    """The run's :class:`~otel_tunix.run.parts.Part` objects, in the order they close."""
     runtime: _recording.Runtime | None = None
     processor: StepAccountingProcessor | None = None
-    tracer_provider: Any = None
-    owns_tracer_provider: bool = False
-    meter_provider: Any = None
-    owns_meter_provider: bool = False
     offset_ns: int = 0
-    datadog: Any = None
-    perfetto: Any = None
-    perfetto_at_shutdown: bool = False
+    meter_provider: Any = None
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
-    export_processors: list[BatchExportProcessor] = field(default_factory=list)
-    alerts: Any = None
-    sampler: Any = None
-    logger_provider: Any = None
-    owns_logger_provider: bool = False
-    meter: Any = None
-    """The meter of the run's observable instruments."""
-    user_processors: tuple[SpanProcessor, ...] = ()
-    """The ``span_processors`` given to ``configure()``."""
+    sessions: list[ScopeSession] = field(default_factory=list)
+    """The per-scope totals, once the steps part has closed."""
     slowest: Any = None
     """The step sink that keeps each scope's slowest step, for the end notice."""
+    destinations: list[Any] = field(default_factory=list)
+    """Where its data goes (the start notice's :class:`~otel_tunix.run.notices.Destination`
+    list)."""
+    perfetto_left: Path | None = None
+    """The spans JSONL whose Perfetto translation did not fit in the shutdown's budget
+    (left to ``otel-tunix convert``)."""
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:

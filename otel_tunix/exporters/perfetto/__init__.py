@@ -26,12 +26,13 @@ Timestamps are the spans' Unix-epoch nanoseconds, written as-is on the ``REALTIM
 which a ``ClockSnapshot`` at the head of the file declares the trace's clock.
 """
 
-from otel_tunix.exporters.perfetto.converter import convert_jsonl_to_perfetto
+from otel_tunix.exporters.perfetto.converter import ConversionTimeout, convert_jsonl_to_perfetto
 from otel_tunix.exporters.perfetto.exporter import PerfettoSpanExporter, default_directory
 from otel_tunix.exporters.perfetto.model import ProcessInfo, SpanEventRecord, TraceSpan
 from otel_tunix.exporters.perfetto.writer import PerfettoTraceWriter
 
 __all__ = [
+    "ConversionTimeout",
     "PerfettoSpanExporter",
     "PerfettoTraceWriter",
     "ProcessInfo",

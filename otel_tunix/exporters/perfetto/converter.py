@@ -6,6 +6,7 @@ import gzip
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
@@ -21,7 +22,7 @@ from otel_tunix.attributes import (
 from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int, _as_str
 from otel_tunix.exporters.perfetto.writer import PerfettoTraceWriter
 
-__all__ = ["convert_jsonl_to_perfetto"]
+__all__ = ["ConversionTimeout", "convert_jsonl_to_perfetto"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,15 @@ logger = logging.getLogger(__name__)
 # --- offline conversion ------------------------------------------------------------------
 
 
+class ConversionTimeout(TimeoutError):
+    """The conversion passed its ``deadline`` (the trace written so far is incomplete)."""
+
+
 def convert_jsonl_to_perfetto(
-    jsonl_path: str | os.PathLike[str], out_path: str | os.PathLike[str]
+    jsonl_path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    deadline: float | None = None,
 ) -> int:
     """Convert a spans JSONL file (plain or ``.gz``) of a finished run to a Perfetto trace.
 
@@ -43,9 +51,13 @@ def convert_jsonl_to_perfetto(
     Args:
         jsonl_path: The spans JSONL file.
         out_path: The ``.pftrace`` file to write (overwritten).
+        deadline: A ``time.monotonic()`` value to stop at (a run's shutdown budget).
 
     Returns:
         The number of slices written.
+
+    Raises:
+        ConversionTimeout: ``deadline`` passed before the end of the file.
     """
     src_path = Path(jsonl_path)
     stem = src_path.name.removesuffix(".gz").removesuffix(".jsonl")
@@ -54,6 +66,8 @@ def convert_jsonl_to_perfetto(
     with opener(src_path, "rt", encoding="utf-8") as src, open(out_path, "wb") as dst:
         writer = PerfettoTraceWriter(dst)
         for line_no, line in enumerate(src, 1):
+            if deadline is not None and not line_no & 15 and time.monotonic() > deadline:
+                raise ConversionTimeout(f"{src_path}: stopped at line {line_no}")
             line = line.strip()
             if not line:
                 continue
