@@ -346,6 +346,22 @@ def silence_periodic_readers(meter_provider: Any) -> None:
             reader._exporter = _NoMetricExport()
 
 
+def sdk_export_locks(provider: Any) -> list[Any]:
+    """The locks the SDK holds while an exporter of ``provider`` exports: each batch
+    processor's (spans, log records) and each periodic metric reader's (private SDK
+    attributes ``_batch_processor``, ``_export_lock``, ``_metric_readers``,
+    ``_multi_log_record_processor``; none where they are missing)."""
+    processors: list[Any] = []
+    if hasattr(provider, "_active_span_processor"):
+        processors += span_processors_of(provider)
+    logs = getattr(provider, "_multi_log_record_processor", None)
+    processors += list(getattr(logs, "_log_record_processors", ()))
+    holders = [getattr(p, "_batch_processor", None) for p in processors]
+    holders += list(getattr(provider, "_metric_readers", ()))
+    locks = [getattr(h, "_export_lock", None) for h in holders]
+    return [lock for lock in locks if hasattr(lock, "acquire")]
+
+
 def reset_global_providers(*, tracer: bool = True, meter: bool = True) -> None:
     """Let the API's global tracer / meter provider be set again (its set-once guard reset,
     as OpenTelemetry's own test utilities do)."""

@@ -151,6 +151,11 @@ class BatchQueue(Generic[T]):
         """Have the thread look at the queue now."""
         self._wake_event.set()
 
+    @property
+    def handling_lock(self) -> threading.Lock:
+        """Held while a batch is handled (an exporter's call): a fork waits for it."""
+        return self._handling
+
     def __len__(self) -> int:
         return len(self._queue)
 

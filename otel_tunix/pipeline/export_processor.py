@@ -194,6 +194,11 @@ class BatchExportProcessor(StepSpanProcessor):
         if hasattr(os, "register_at_fork"):  # a forked child gets an empty queue and a thread
             os.register_at_fork(after_in_child=_restart_weakly(weakref.ref(self._queue)))
 
+    @property
+    def export_lock(self) -> threading.Lock:
+        """Held while the exporter exports (a fork waits for it: see run/fork_guard.py)."""
+        return self._queue.handling_lock
+
     # --- receiving ------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None

@@ -42,6 +42,7 @@ from otel_tunix.processors import StepAccountingProcessor
 from otel_tunix.run import folders, notices, providers
 from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
+from otel_tunix.run.fork_guard import ForkGuardPart, export_locks
 from otel_tunix.run.parts import Part
 from otel_tunix.run.paths import checked_dir, checked_file, path_component
 from otel_tunix.run.perfetto_trace import PERFETTO_AT_SHUTDOWN, perfetto_dir
@@ -269,7 +270,10 @@ def assemble(
     state.runtime = _runtime(args, settings, info, prov, processor, state.offset_ns)
     meter = mp.get_meter(cfg.otel_scope, __version__)
 
-    parts: list[Part] = [SignalPart(shutdown, settings.shutdown_timeout)]
+    parts: list[Part] = [
+        SignalPart(shutdown, settings.shutdown_timeout),
+        ForkGuardPart(export_locks(tp, mp, prov.logger)),
+    ]
     if args.system_interval is not None:
         gpus = rank.local_rank in (None, 0)
         parts.append(
