@@ -182,9 +182,9 @@ def test_a_large_run_ends_within_its_budget_and_leaves_the_trace_to_convert(
     started = time.monotonic()
     otel_tunix.shutdown()
     took = time.monotonic() - started
+    err = capfd.readouterr().err
     print(f"shutdown of a {spans.stat().st_size >> 20} MB run folder: {took:.2f} s")
     assert took < budget + 0.5
-    err = capfd.readouterr().err
     assert f"otel-tunix convert {spans} --to perfetto {tmp_path / 'trace.pftrace'}" in err
     assert not (tmp_path / "trace.pftrace").exists()  # no trace cut short
     summary = json.loads((tmp_path / "summary.json").read_text())

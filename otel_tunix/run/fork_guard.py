@@ -10,10 +10,11 @@ DataLoader worker that configures a run of its own, exporting over OTLP/gRPC) ma
 So while a run's exporters may use gRPC (``grpc`` is imported), a fork first takes the locks
 its exporters hold while they export (otel-tunix's batch processors, the SDK's batch
 processors and periodic metric readers): it happens between two exports, never during one,
-and gRPC's handlers run. It waits at most :data:`FORK_WAIT_SEC` for them (an export to a
-collector that hangs is not waited for); the locks are let go of in the parent and the child
-right after the fork. gRPC's Python-level fork support (``GRPC_ENABLE_FORK_SUPPORT``) is not
-turned on: with it, forks under a busy exporter hung.
+and gRPC's handlers run. It waits at most :data:`FORK_WAIT_SEC` for them, and not again
+for an export it waited for in vain (a collector that hangs costs one wait); the locks are
+let go of in the parent and the child right after the fork. gRPC's Python-level fork
+support (``GRPC_ENABLE_FORK_SUPPORT``) is not turned on: with it, forks under a busy
+exporter hung.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ FORK_WAIT_SEC = 1.0
 
 _guards: list[ForkGuardPart] = []
 _held: list[Any] = []
+_stuck: set[int] = set()  # ids of the locks a fork waited for in vain
 
 
 class ForkGuardPart(Part):
@@ -92,8 +94,14 @@ def _before_fork() -> None:
         except Exception:  # a provider of an unexpected shape: the fork goes on unguarded
             continue
         for lock in locks:
-            if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            # One that made an earlier fork wait in vain (an export to a collector that
+            # hangs) is not waited for again until it has been free.
+            wait = 0.0 if id(lock) in _stuck else max(0.0, deadline - time.monotonic())
+            if lock.acquire(timeout=wait) if wait else lock.acquire(blocking=False):
                 _held.append(lock)
+                _stuck.discard(id(lock))
+            else:
+                _stuck.add(id(lock))
 
 
 def _after_fork() -> None:
