@@ -165,7 +165,8 @@ class SummaryPart(Part):
         self._path = path
 
     def close(self, deadline: float) -> bool:
-        write_summary(self._path, self._state, self._state.sessions, complete=False)
+        if self._state.runtime is not None:  # a run that records nothing writes none
+            write_summary(self._path, self._state, self._state.sessions, complete=False)
         return True
 
 
