@@ -35,7 +35,7 @@ __all__ = ["GRACE_SEC", "after_shutdown", "install", "terminating", "uninstall"]
 
 _logger = logging.getLogger(__name__)
 
-GRACE_SEC = 0.5
+GRACE_SEC = 1.0
 """What the SIGTERM path waits beyond the shutdown's budget before it gives up on it."""
 
 _handler: Callable[[int, FrameType | None], None] | None = None
