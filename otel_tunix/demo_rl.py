@@ -34,10 +34,11 @@ Logged per learner step: ``rewards/{mean,std,max,min}``, ``kl``, ``pg_clipfrac``
 ``generation/time_to_first_token_sec`` and ``generation/time_per_output_token_sec`` (means
 over the step's groups), ``advantages/mean``, ``loss``, ``learning_rate`` and ``staleness``.
 
-Rollouts of step n wait for weights of version n - ``--max-staleness`` at least, so they are
-never more than that many updates old. ``--sync`` runs actor and learner in turn in one
-thread instead. The summary shows both scopes, the actor's idle time and the learner's
-blocked time. Needs the ``demo`` extra (torch, rich).
+Rollouts of step n use the weights of version n - ``--max-staleness`` (waiting for them if
+the learner is behind), so they are always that many updates old, whatever the threads'
+timing: a seed gives one learning curve on a busy machine as on a quiet one. ``--sync``
+runs actor and learner in turn in one thread instead. The summary shows both scopes, the
+actor's idle time and the learner's blocked time. Needs the ``demo`` extra (torch, rich).
 """
 
 from __future__ import annotations
@@ -211,28 +212,32 @@ def completion_mask(tokens: Any) -> Any:
 
 
 class _Shared:
-    """Weights published by the learner, read by the actor (a reference swap: no lock)."""
+    """Weights published by the learner, read by the actor: the last ``max_staleness + 1``
+    versions, so the actor can take the exact one its step is due."""
 
     def __init__(self, cfg: RLDemoConfig, state: dict[str, Any]) -> None:
         self.cfg = cfg
         self.version = -1
-        self.model: Any = None
+        self._models: dict[int, Any] = {}
         self._changed = threading.Condition()
         self.publish(state)
 
     def publish(self, state: dict[str, Any]) -> None:
-        """A fresh inference copy of the weights becomes the actor's model."""
+        """A fresh inference copy of the weights becomes version ``version + 1``."""
         model = _policy(self.cfg).eval().requires_grad_(False)
         model.load_state_dict(state)
         with self._changed:
-            self.model = model
             self.version += 1
+            self._models[self.version] = model
+            # the actor is never more than max_staleness versions behind the newest
+            self._models.pop(self.version - self.cfg.max_staleness - 1, None)
             self._changed.notify_all()
 
-    def wait_for(self, version: int) -> None:
-        """Block until weights of at least ``version`` are published."""
+    def wait_for(self, version: int) -> Any:
+        """Block until weights of ``version`` are published; those weights."""
         with self._changed:
             self._changed.wait_for(lambda: self.version >= version)
+            return self._models[version]
 
 
 class Actor:
@@ -286,12 +291,13 @@ class Actor:
             tpot = sum(gaps[1:]) / (len(gaps) - 1) if len(gaps) > 1 else 0.0
             return torch.cat([tokens, pad], 1), lp, gaps[0], tpot
 
-    def step(self, n: int) -> Batch:
-        """One actor step: rollout, reference inference, reward, advantages."""
+    def step(self, n: int, version: int) -> Batch:
+        """One actor step on the weights of ``version``: rollout, reference inference,
+        reward, advantages."""
         import torch
 
         cfg = self.cfg
-        model, version = self.shared.model, self.shared.version
+        model = self.shared.wait_for(version)
         prompts = torch.randint(0, 10, (cfg.prompts_per_step,), generator=self.gen)
         with otel_tunix.component("rollout"):
             futures = [
@@ -323,9 +329,9 @@ class Actor:
             for n in range(steps):
                 with otel_tunix.step(n, scope=ACTOR):
                     # Idle (no component open) while the learner is behind: rollouts of step
-                    # n use weights at most max_staleness updates old.
-                    self.shared.wait_for(n - self.cfg.max_staleness)
-                    out.put(self.step(n))
+                    # n use the weights of version n - max_staleness, whatever the threads'
+                    # timing, so a run's learning curve does not depend on the machine's load.
+                    out.put(self.step(n, max(0, n - self.cfg.max_staleness)))
         except BaseException:  # tell the learner, then raised on
             out.put(None)
             raise
@@ -417,7 +423,7 @@ def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:
         for n in range(cfg.steps):
             if cfg.sync:
                 with otel_tunix.step(n, scope=ACTOR):
-                    q.put(actor.step(n))
+                    q.put(actor.step(n, shared.version))
             with otel_tunix.step(n, scope=LEARNER):
                 with otel_tunix.component("train_queue_wait", blocked=True):
                     batch = q.get()
