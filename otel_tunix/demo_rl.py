@@ -1,18 +1,27 @@
 """``otel-tunix demo --rl``: GRPO on the demos' tiny transformer LM, on the CPU, instrumented.
 
 The policy is :class:`otel_tunix.tiny_lm.TinyLM` (the causal transformer of ``otel-tunix
-demo``) over a vocabulary of the ten digits and an end token. Its task is verifiable: from a
-prompt digit ``p`` count up to 9 and stop (``p = 6`` → ``7 8 9 <end>``), at most
-``--completion-length`` tokens; the reward is the share of the target's positions the
-completion gets right, so completion lengths vary with the prompt and with what the model
-learnt. Two loops run:
+demo``) over a vocabulary of the ten digits and an end token. Its task is verifiable, in the
+shape of a reasoning trace and an answer: from a prompt digit ``p``, count up ``chain`` (32)
+digits (wrapping after 9), then answer with the digit that comes next, then stop (``p = 7``,
+chain 4: ``8 9 0 1`` answer ``2``, end). The reward is 1 for an exactly right completion,
+else 0. As in real post-training, RL starts from a supervised model: before the RL loop the
+policy is fine-tuned (``sft_steps``, not traced) on completions with the right chain and a
+*random* answer, so it writes the trace but guesses the answer (reward ~0.1); that model is
+also the frozen reference of the KL penalty. GRPO then teaches the answer (reward ~0.1 → over
+0.5 in the default run) while most tokens stay as they were, so the per-token KL stays small,
+as in an LLM whose reasoning tokens barely move, and the default alert rules stay quiet.
+``--fault lr-blowup@N`` multiplies the learning rate by 100 from learner step ``N`` on: the
+KL and clip-fraction alerts fire within a few steps and the reward collapses.
+
+Two loops run:
 
 * **Actor** (scope ``rl/actor``, its own thread): per step it waits until the published
   weights are recent enough, fans ``rollout`` out over a thread pool of rollout workers
   (``generate``, one prompt's group of completions each, decoded token by token: time to
   first token and time per output token are measured there), runs ``reference_inference``
-  with the frozen initial model, scores completions (``reward``), normalises rewards within
-  each group (``advantage_computation``) and puts the batch on a queue. Its waits for
+  with the frozen reference model, scores completions (``reward``), normalises rewards
+  within each group (``advantage_computation``) and puts the batch on a queue. Its waits for
   weights (and for room in the queue) are outside any component: that is the actor's
   **idle** time.
 * **Learner** (scope ``rl/learner``, the main thread): ``train_queue_wait`` (blocked) for the
@@ -23,12 +32,13 @@ learnt. Two loops run:
 Logged per learner step: ``rewards/{mean,std,max,min}``, ``kl``, ``pg_clipfrac``,
 ``completions/{mean,max,min}_length`` and ``completions/clipped_ratio``,
 ``generation/time_to_first_token_sec`` and ``generation/time_per_output_token_sec`` (means
-over the step's groups), ``advantages/mean``, ``loss`` and ``staleness``.
+over the step's groups), ``advantages/mean``, ``loss``, ``learning_rate`` and ``staleness``.
 
-Rollouts of step n wait for weights of version n - ``--max-staleness`` at least, so they are
-never more than that many updates old. ``--sync`` runs actor and learner in turn in one
-thread instead. The summary shows both scopes, the actor's idle time and the learner's
-blocked time. Needs the ``demo`` extra (torch, rich).
+Rollouts of step n use the weights of version n - ``--max-staleness`` (waiting for them if
+the learner is behind), so they are always that many updates old, whatever the threads'
+timing: a seed gives one learning curve on a busy machine as on a quiet one. ``--sync``
+runs actor and learner in turn in one thread instead. The summary shows both scopes, the
+actor's idle time and the learner's blocked time. Needs the ``demo`` extra (torch, rich).
 """
 
 from __future__ import annotations
@@ -62,6 +72,30 @@ PAD = 11
 VOCAB = 12
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected into the run: ``kind`` from learner step ``step`` on."""
+
+    kind: str
+    step: int
+
+    KINDS = ("lr-blowup",)
+    LR_FACTOR = 100.0
+    """``lr-blowup``: the learning rate is multiplied by this."""
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        """``lr-blowup@N``: the learning rate x 100 from learner step N on.
+
+        Raises:
+            ValueError: not ``<kind>@<step>`` with a known kind and a step >= 0.
+        """
+        kind, _, step = text.partition("@")
+        if kind not in cls.KINDS or not step.isdigit():
+            raise ValueError(f"--fault must be <kind>@<step>, kind one of {cls.KINDS}: {text!r}")
+        return cls(kind, int(step))
+
+
 @dataclass(kw_only=True)
 class RLDemoConfig:
     """Knobs of the RL demo."""
@@ -69,15 +103,30 @@ class RLDemoConfig:
     steps: int = 150
     prompts_per_step: int = 4
     group_size: int = 8
-    completion_length: int = 6
+    chain: int = 32
+    """Digits of the counting trace before the answer."""
     d_model: int = 32
     rollout_workers: int = 2
     max_staleness: int = 1
-    lr: float = 1e-2
-    kl_coef: float = 0.02
+    sft_steps: int = 80
+    """Supervised steps that give RL its starting (and reference) model."""
+    sft_lr: float = 1e-2
+    lr: float = 3e-3
+    warmup: int = 20
+    """Learner steps of linear learning-rate warm-up (Adam's first steps are as large as
+    its later ones, whatever the gradient: without it they shake the chain loose)."""
+    kl_coef: float = 0.75
+    """Weight of the KL penalty: it sets where the reward levels off (~0.6 here; with 0.4 the
+    policy learns every answer and the KL nears log(10) per completion, 0.07 per token)."""
     clip: float = 0.2
+    fault: Fault | None = None
     sync: bool = False
     seed: int = 0
+
+    @property
+    def completion_length(self) -> int:
+        """Tokens of a completion at most: the chain, the answer and the end token."""
+        return self.chain + 2
 
 
 @dataclass
@@ -89,7 +138,7 @@ class Batch:
     tokens: Any  # (B, 1 + L): prompt token then completion (PAD after the end token)
     mask: Any  # (B, L): 1 for the completion's tokens up to and with its end token
     old_logps: Any  # (B, L) behaviour-policy log-probs of the completion tokens
-    ref_logps: Any  # (B, L)
+    ref_logps: Any  # (B, L, EOS + 1): the reference's log-probs of every token, per position
     rewards: Any  # (B,)
     advantages: Any  # (B,)
     ttft_sec: float  # mean over the step's groups
@@ -104,27 +153,55 @@ def _policy(cfg: RLDemoConfig) -> Any:
     )
 
 
-def _token_logps(model: Any, tokens: Any) -> Any:
-    """Log-probs of tokens[:, 1:] given the prefix (teacher forcing)."""
-    logps = model(tokens[:, :-1])[..., : EOS + 1].log_softmax(-1)  # as sampled: no PAD
-    return logps.gather(-1, tokens[:, 1:].clamp(max=EOS).unsqueeze(-1)).squeeze(-1)
+def _logp_table(model: Any, tokens: Any) -> Any:
+    """Log-probs of every token at each position of tokens[:, 1:] (teacher forcing)."""
+    return model(tokens[:, :-1])[..., : EOS + 1].log_softmax(-1)  # as sampled: no PAD
 
 
-def target(prompt: int, length: int) -> list[int]:
-    """The right completion of ``prompt``: the digits after it up to 9, then the end token."""
-    return [*range(prompt + 1, 10), EOS][:length]
+def _pick(table: Any, tokens: Any) -> Any:
+    """The log-probs of tokens[:, 1:] from a :func:`_logp_table`."""
+    return table.gather(-1, tokens[:, 1:].clamp(max=EOS).unsqueeze(-1)).squeeze(-1)
 
 
-def reward_fn(tokens: Any, length: int) -> Any:
-    """Share of the target's positions (:func:`target`) the completion holds."""
+def target(prompt: int, chain: int) -> list[int]:
+    """The right completion of ``prompt``: ``chain`` digits counting up from it (9 wraps to
+    0), the answer (the digit that comes next), then the end token."""
+    return [(prompt + i) % 10 for i in range(1, chain + 2)] + [EOS]
+
+
+def reward_fn(tokens: Any, chain: int) -> Any:
+    """1.0 for each completion equal to its :func:`target`, else 0.0."""
     import torch
 
-    out = []
-    for row in tokens.tolist():
-        want = target(row[0], length)
-        got = row[1 : 1 + len(want)]
-        out.append(sum(a == b for a, b in zip(want, got, strict=True)) / len(want))
-    return torch.tensor(out)
+    rows = tokens.tolist()
+    return torch.tensor([float(row[1:] == target(row[0], chain)) for row in rows])
+
+
+def sft_batch(cfg: RLDemoConfig, gen: Any, size: int = 32) -> Any:
+    """Supervised examples: prompt, the right chain, a random answer, the end token."""
+    import torch
+
+    prompts = torch.randint(0, 10, (size, 1), generator=gen)
+    chain = (prompts + torch.arange(1, cfg.chain + 1)) % 10
+    answers = torch.randint(0, 10, (size, 1), generator=gen)
+    return torch.cat([prompts, chain, answers, torch.full((size, 1), EOS)], 1)
+
+
+def warm_start(policy: Any, cfg: RLDemoConfig) -> list[float]:
+    """Supervised fine-tuning of ``policy`` on :func:`sft_batch` (not traced); the losses."""
+    import torch
+
+    gen = torch.Generator().manual_seed(cfg.seed + 2)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.sft_lr)
+    losses = []
+    for _ in range(cfg.sft_steps):
+        tokens = sft_batch(cfg, gen)
+        loss = policy.loss(tokens[:, :-1], tokens[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
 
 
 def completion_mask(tokens: Any) -> Any:
@@ -135,28 +212,32 @@ def completion_mask(tokens: Any) -> Any:
 
 
 class _Shared:
-    """Weights published by the learner, read by the actor (a reference swap: no lock)."""
+    """Weights published by the learner, read by the actor: the last ``max_staleness + 1``
+    versions, so the actor can take the exact one its step is due."""
 
     def __init__(self, cfg: RLDemoConfig, state: dict[str, Any]) -> None:
         self.cfg = cfg
         self.version = -1
-        self.model: Any = None
+        self._models: dict[int, Any] = {}
         self._changed = threading.Condition()
         self.publish(state)
 
     def publish(self, state: dict[str, Any]) -> None:
-        """A fresh inference copy of the weights becomes the actor's model."""
+        """A fresh inference copy of the weights becomes version ``version + 1``."""
         model = _policy(self.cfg).eval().requires_grad_(False)
         model.load_state_dict(state)
         with self._changed:
-            self.model = model
             self.version += 1
+            self._models[self.version] = model
+            # the actor is never more than max_staleness versions behind the newest
+            self._models.pop(self.version - self.cfg.max_staleness - 1, None)
             self._changed.notify_all()
 
-    def wait_for(self, version: int) -> None:
-        """Block until weights of at least ``version`` are published."""
+    def wait_for(self, version: int) -> Any:
+        """Block until weights of ``version`` are published; those weights."""
         with self._changed:
             self._changed.wait_for(lambda: self.version >= version)
+            return self._models[version]
 
 
 class Actor:
@@ -210,12 +291,13 @@ class Actor:
             tpot = sum(gaps[1:]) / (len(gaps) - 1) if len(gaps) > 1 else 0.0
             return torch.cat([tokens, pad], 1), lp, gaps[0], tpot
 
-    def step(self, n: int) -> Batch:
-        """One actor step: rollout, reference inference, reward, advantages."""
+    def step(self, n: int, version: int) -> Batch:
+        """One actor step on the weights of ``version``: rollout, reference inference,
+        reward, advantages."""
         import torch
 
         cfg = self.cfg
-        model, version = self.shared.model, self.shared.version
+        model = self.shared.wait_for(version)
         prompts = torch.randint(0, 10, (cfg.prompts_per_step,), generator=self.gen)
         with otel_tunix.component("rollout"):
             futures = [
@@ -229,9 +311,9 @@ class Actor:
         mask = completion_mask(tokens)
         old_logps = torch.cat([grp[1] for grp in groups])
         with otel_tunix.component("reference_inference"), torch.no_grad():
-            ref_logps = _token_logps(self.reference, tokens) * mask
+            ref_logps = _logp_table(self.reference, tokens)
         with otel_tunix.component("reward"):
-            rewards = reward_fn(tokens, cfg.completion_length)
+            rewards = reward_fn(tokens, cfg.chain)
         with otel_tunix.component("advantage_computation"):
             grouped = rewards.view(cfg.prompts_per_step, cfg.group_size)
             adv = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
@@ -247,9 +329,9 @@ class Actor:
             for n in range(steps):
                 with otel_tunix.step(n, scope=ACTOR):
                     # Idle (no component open) while the learner is behind: rollouts of step
-                    # n use weights at most max_staleness updates old.
-                    self.shared.wait_for(n - self.cfg.max_staleness)
-                    out.put(self.step(n))
+                    # n use the weights of version n - max_staleness, whatever the threads'
+                    # timing, so a run's learning curve does not depend on the machine's load.
+                    out.put(self.step(n, max(0, n - self.cfg.max_staleness)))
         except BaseException:  # tell the learner, then raised on
             out.put(None)
             raise
@@ -278,14 +360,23 @@ class Learner:
         cfg = self.cfg
         mask = batch.mask
         tokens = mask.sum()
+        lr = cfg.lr * min(1.0, (n + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+        if cfg.fault is not None and cfg.fault.kind == "lr-blowup" and n >= cfg.fault.step:
+            lr *= Fault.LR_FACTOR
+        for group in self.opt.param_groups:
+            group["lr"] = lr
         with otel_tunix.component("actor_train_step"):
-            logps = _token_logps(self.policy, batch.tokens) * mask
+            table = _logp_table(self.policy, batch.tokens)
+            logps = _pick(table, batch.tokens) * mask
             ratio = (logps - batch.old_logps).exp()
             adv = batch.advantages.unsqueeze(1)
             clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip)
             pg = -(torch.min(ratio * adv, clipped * adv) * mask).sum() / tokens
-            delta = batch.ref_logps - logps
-            kl = ((delta.exp() - delta - 1) * mask).sum() / tokens  # k3 estimator, >= 0
+            # The exact KL over the 11 tokens at each position, not an estimate from the
+            # sampled token (the k3 estimator of LLM trainers, whose vocabularies make the sum
+            # dear): the quantity k3 estimates, without its heavy tail on single steps.
+            per_token = (table.exp() * (table - batch.ref_logps)).sum(-1)
+            kl = (per_token * mask).sum() / tokens
             loss = pg + cfg.kl_coef * kl
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -301,6 +392,7 @@ class Learner:
             pg_clipfrac=(((ratio - 1).abs() > cfg.clip).float() * mask).sum() / tokens,
         )
         out["loss"] = loss.item()
+        out["learning_rate"] = lr
         out["generation/time_to_first_token_sec"] = batch.ttft_sec
         out["generation/time_per_output_token_sec"] = batch.tpot_sec
         out["staleness"] = float(self.shared.version - 1 - batch.version)  # updates behind
@@ -313,7 +405,8 @@ def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:
 
     torch.manual_seed(cfg.seed)
     policy = _policy(cfg)
-    reference = copy.deepcopy(policy).eval()
+    warm_start(policy, cfg)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
     shared = _Shared(cfg, policy.state_dict())
     actor = Actor(cfg, shared, reference)
     learner = Learner(cfg, policy, shared)
@@ -330,7 +423,7 @@ def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:
         for n in range(cfg.steps):
             if cfg.sync:
                 with otel_tunix.step(n, scope=ACTOR):
-                    q.put(actor.step(n))
+                    q.put(actor.step(n, shared.version))
             with otel_tunix.step(n, scope=LEARNER):
                 with otel_tunix.component("train_queue_wait", blocked=True):
                     batch = q.get()
@@ -377,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sync", action="store_true", help="actor and learner in turn, one thread")
     ap.add_argument(
+        "--fault", default=None, metavar="KIND@STEP",
+        help="inject a fault: lr-blowup@N (learning rate x 100 from learner step N on)",
+    )  # fmt: skip
+    ap.add_argument(
         "--console-interval", type=float, default=2.0,
         help="seconds between live lines on stderr (default 2; 0: none)",
     )  # fmt: skip
@@ -388,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--console-interval must be 0 or more")
     if args.rollout_workers < 1 or args.group_size < 2 or args.max_staleness < 1:
         ap.error("--rollout-workers and --max-staleness must be >= 1, --group-size >= 2")
+    try:
+        fault = Fault.parse(args.fault) if args.fault is not None else None
+    except ValueError as exc:
+        ap.error(str(exc))
     try:
         import torch
         from rich.console import Console
@@ -402,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout_workers=args.rollout_workers,
         group_size=args.group_size,
         max_staleness=args.max_staleness,
+        fault=fault,
         sync=args.sync,
     )
     info = otel_tunix.configure(
@@ -413,8 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     mode = "synchronous" if cfg.sync else f"asynchronous, staleness <= {cfg.max_staleness}"
     console.print(
-        f"[bold]otel-tunix RL demo[/]: run [cyan]{info.run_id}[/], {cfg.steps} learner steps, "
-        f"{cfg.rollout_workers} rollout workers, {mode}"
+        f"[bold]otel-tunix RL demo[/]: run [cyan]{info.run_id}[/], {cfg.sft_steps} supervised "
+        f"warm-up steps, then {cfg.steps} learner steps, {cfg.rollout_workers} rollout workers, "
+        f"{mode}" + (f", fault: {fault.kind} at step {fault.step}" if fault else "")
     )
     with progress_bar(console, "GRPO", cfg.steps, "reward", enabled=not args.no_progress) as up:
         rewards = run(cfg, progress=up)

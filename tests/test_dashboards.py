@@ -71,6 +71,7 @@ def emitted() -> dict[str, set[str]]:
             if line and not line.startswith("#")
         }
         dd: set[str] = set()
+        dd_tags: set[str] = set()  # "metric|tag key"
         while True:
             try:
                 packet = sock.recv(65535).decode()
@@ -79,11 +80,14 @@ def emitted() -> dict[str, set[str]]:
             for line in packet.splitlines():
                 if line and not line.startswith("_"):
                     name, _, rest = line.partition(":")
-                    dd.add(f"{name}|{rest.split('|')[1]}")
+                    fields = rest.split("|")
+                    dd.add(f"{name}|{fields[1]}")
+                    for tags in (f[1:] for f in fields if f.startswith("#")):
+                        dd_tags.update(f"{name}|{t.split(':')[0]}" for t in tags.split(","))
     finally:
         sock.close()
         mp.undo()
-    return {"prometheus": prom, "datadog": dd}
+    return {"prometheus": prom, "datadog": dd, "datadog_tags": dd_tags}
 
 
 def _gpu_catalog_names() -> set[str]:
@@ -135,8 +139,11 @@ def test_datadog_queries_name_emitted_dogstatsd_metrics(emitted):
                 assert name in emitted_names, name
                 if agg.startswith("p"):  # percentiles exist only for distributions
                     assert name in distributions, name
-                # template variables are tags the run really sends
+                # template variables are tags the run really sends, and so are group-bys
                 assert "$service" in q["query"] and "$run_id" in q["query"]
+                for by in re.findall(r"\bby \{([^}]*)\}", q["query"]):
+                    for key in by.split(","):
+                        assert f"{name}|{key.strip()}" in emitted["datadog_tags"], (name, key)
     assert count >= 10
     prefixes = {v["prefix"] for v in board["template_variables"]}
     assert prefixes == {"service", "run_id"}

@@ -150,11 +150,12 @@ def test_otel_backend_publishes_user_scalars_on_catalog_instruments_but_not_perf
             pass
         metrics = cap.metrics()
         units = cap.metric_units()
-    assert metrics["tunix.train.loss"][0].value == 2.5
+    (loss,) = metrics["tunix.training.loss"]
+    assert loss.value == 2.5 and dict(loss.attributes) == {"tunix.training.mode": "train"}
     assert metrics["tunix.rl.reward.mean"][0].value == 0.75
     assert metrics["eval.accuracy"][0].value == 0.5  # not in the catalog: a dotted gauge
     assert not any(name.startswith("perf") for name in metrics)
-    assert units["tunix.train.loss"] == "1"
+    assert units["tunix.training.loss"] == "1"
 
 
 def test_local_run_folder_spans_jsonl_format_session_line_and_summary(tmp_path):

@@ -15,7 +15,7 @@ import otel_tunix
 from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation.jax import run_meter
 from otel_tunix.logging_backend import PERF_SOURCE, LoggingBackend, to_scalar
-from otel_tunix.metrics.catalog import SECONDS_BUCKETS
+from otel_tunix.metrics.catalog import MODE_ATTRIBUTE, SECONDS_BUCKETS, lookup
 
 _logger = logging.getLogger("otel_tunix.instrumentation.tunix")  # the public module's logger
 
@@ -35,6 +35,18 @@ metric name (``rewards/mean`` is logged as ``rewards/train/mean``). Other prefix
 trainer roles (``actor``, ``critic``, a ``metrics_prefix``)."""
 
 
+PREFIX_ATTRIBUTE = "tunix.metrics.prefix"
+"""Tunix's attribute for a MetricsLogger's ``metrics_prefix`` (a trainer role: ``actor``)."""
+
+TUNIX_NAMED = {
+    name: spec.spec.otel_name
+    for name in ("loss", "perplexity", "learning_rate", "grad_norm")
+    if (spec := lookup(name)) is not None
+}
+"""The metrics to which Tunix's own MetricsLogger gives fixed OTel names (its
+``_OTEL_KNOWN_METRICS``): the catalog's rows, so both writers name one series alike."""
+
+
 class TunixMetric:
     """A Tunix scalar event, parsed: ``<prefix>/<mode>/<name>``."""
 
@@ -47,7 +59,11 @@ class TunixMetric:
 
     @property
     def instrument_name(self) -> str:
-        """``tunix.`` + the name with ``/`` as ``.`` (``tunix.rewards.mean``)."""
+        """Tunix's own name for the four it names (``tunix.training.loss``), else
+        ``tunix.`` + the name with ``/`` as ``.`` (``tunix.rewards.mean``)."""
+        named = TUNIX_NAMED.get(self.name)
+        if named is not None:
+            return named
         return ("tunix." + _NOT_NAME.sub("_", self.name).replace("/", "."))[:255]
 
     @property
@@ -79,9 +95,11 @@ class TunixMetric:
 
     @property
     def attributes(self) -> dict[str, str]:
-        attrs = {"scope": self.mode or "train"}
+        """Tunix's attributes: ``tunix.training.mode`` and, for a role,
+        ``tunix.metrics.prefix``."""
+        attrs = {MODE_ATTRIBUTE: self.mode or "train"}
         if self.role:
-            attrs["role"] = self.role
+            attrs[PREFIX_ATTRIBUTE] = self.role
         return attrs
 
     def __repr__(self) -> str:
@@ -121,11 +139,12 @@ class OTelLoggingBackend(LoggingBackend):
     ``/jax/...`` scalars, which are ignored). When several are alive, only the oldest
     publishes, so nothing is counted twice.
 
-    Times (unit ``s``) become histograms, everything else gauges (last value per ``scope`` /
-    ``role``). Each scalar is also logged to otel-tunix's MetricsLogger under its
-    slash-style name (``loss``, ``eval/loss``, ``actor/kl``) at the step of the work it
-    describes: Tunix's own step, except for its RL ``perf/...`` metrics, which Tunix logs one
-    global step late (see :attr:`TunixMetric.logged_late`). Never raises.
+    Times (unit ``s``) become histograms, everything else gauges (last value per
+    ``tunix.training.mode`` / ``tunix.metrics.prefix``). Each scalar is also logged to
+    otel-tunix's MetricsLogger under its slash-style name (``loss``, ``eval/loss``,
+    ``actor/kl``) at the step of the work it describes: Tunix's own step, except for its RL
+    ``perf/...`` metrics, which Tunix logs one global step late (see
+    :attr:`TunixMetric.logged_late`). Never raises.
 
     Args:
         forward: Also log to otel-tunix's MetricsLogger (``metrics.jsonl``, console).

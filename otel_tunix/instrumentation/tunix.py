@@ -10,8 +10,10 @@
 * :class:`OTelLoggingBackend` is a metrax ``LoggingBackend`` (``log_scalar`` / ``close``)
   for ``MetricsLoggerOptions(backend_kwargs={"custom_backend": [OTelLoggingBackend]})``. It
   turns Tunix's scalars (``loss``, ``perplexity``, ``learning_rate``, ``grad_norm``, RL
-  metrics) into OTel instruments named ``tunix.<name>`` with real units, ``scope`` (train /
-  eval) and ``role`` (actor / critic) as attributes, and forwards them to otel-tunix's
+  metrics) into OTel instruments with real units, named as Tunix's own OTel double-write
+  names them (``tunix.training.loss``, ``tunix.training.gradient.norm``; any other metric
+  ``tunix.<name>``), with Tunix's attributes ``tunix.training.mode`` (train / eval) and
+  ``tunix.metrics.prefix`` (actor / critic), and forwards them to otel-tunix's
   MetricsLogger (``metrics.jsonl``).
 * :class:`TunixInstrumentor` (entry point ``otel_tunix_tunix``) applies both to an unmodified Tunix
   program and adds the step structure: one ``train`` step per trainer iteration (``rl/actor``

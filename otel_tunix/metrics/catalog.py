@@ -9,9 +9,12 @@ Each :class:`MetricSpec` row ties together
 
 Rows whose instrument is defined by the OpenTelemetry semantic conventions (``hw.gpu.*``,
 ``gen_ai.*``, ``process.*``, ``system.*``) say so (``semconv=True``) and use the
-convention's name, kind and unit. Everything else lives under ``tunix.*``. Variable parts of
-a logger name (``rewards/<reward_fn>``) become attributes, never part of an instrument name,
-so no two metrics collapse into one and cardinality stays in attributes.
+convention's name, kind and unit. Everything else lives under ``tunix.*``: the training
+metrics that upstream Tunix's MetricsLogger emits to OTel itself keep Tunix's names and its
+attribute ``tunix.training.mode`` (``loss`` and ``eval/loss`` are one instrument,
+``tunix.training.loss``, in two modes), and the other training rows share that namespace.
+Variable parts of a logger name (``rewards/<reward_fn>``) become attributes, never part of
+an instrument name, so no two metrics collapse into one and cardinality stays in attributes.
 
 ``docs/metrics.md`` renders this table; :func:`lookup` finds the row of a logged name.
 """
@@ -37,6 +40,7 @@ __all__ = [
     "CATALOG",
     "E2E_LATENCY_BUCKETS",
     "INTER_TOKEN_LATENCY_BUCKETS",
+    "MODE_ATTRIBUTE",
     "SECONDS_BUCKETS",
     "TIME_TO_FIRST_TOKEN_BUCKETS",
     "TOKEN_COUNT_BUCKETS",
@@ -147,36 +151,56 @@ def _stats(
     ]
 
 
+MODE_ATTRIBUTE: Final = "tunix.training.mode"
+"""Tunix's attribute for its MetricsLogger mode (``train`` or ``eval``)."""
+_TRAIN: Final = MappingProxyType({MODE_ATTRIBUTE: "train"})
+_EVAL: Final = MappingProxyType({MODE_ATTRIBUTE: "eval"})
+_LOSS = "Loss of the training step (mode train) or of an evaluation (mode eval)"
+
 _ROWS: list[MetricSpec] = [
-    # --- training -----------------------------------------------------------------------
-    MetricSpec("tunix.train.loss", G, "1", "Training loss of the step", "training", "loss"),
-    MetricSpec("tunix.eval.loss", G, "1", "Evaluation loss", "training", "eval/loss"),
+    # --- training: the four names Tunix's own MetricsLogger gives its OTel gauges, with its
+    # attribute tunix.training.mode (train / eval) ---------------------------------------
+    MetricSpec("tunix.training.loss", G, "1", _LOSS, "training", "loss", attributes=_TRAIN),
+    MetricSpec("tunix.training.loss", G, "1", _LOSS, "training", "eval/loss", attributes=_EVAL),
     MetricSpec(
-        "tunix.train.perplexity",
+        "tunix.training.perplexity",
         G,
         "1",
         "exp(loss), overflow-safe (inf when loss > ~709)",
         "training",
         "perplexity",
+        attributes=_TRAIN,
     ),
     MetricSpec(
-        "tunix.train.learning_rate",
+        "tunix.training.perplexity",
+        G,
+        "1",
+        "exp(loss), overflow-safe (inf when loss > ~709)",
+        "training",
+        "eval/perplexity",
+        attributes=_EVAL,
+    ),
+    MetricSpec(
+        "tunix.training.learning_rate",
         G,
         "1",
         "Learning rate of the step",
         "training",
         "learning_rate",
+        attributes=_TRAIN,
     ),
     MetricSpec(
-        "tunix.train.grad_norm",
+        "tunix.training.gradient.norm",
         G,
         "1",
         "Global L2 norm of the gradients",
         "training",
         "grad_norm",
+        attributes=_TRAIN,
     ),
+    # --- training: the rest, in the same namespace -------------------------------------
     MetricSpec(
-        "tunix.train.step_time",
+        "tunix.training.step_time",
         G,
         "s",
         "Step wall time as the trainer measured it (the span-derived histogram is "
@@ -185,7 +209,7 @@ _ROWS: list[MetricSpec] = [
         "step_time_sec",
     ),
     MetricSpec(
-        "tunix.train.steps_per_second",
+        "tunix.training.steps_per_second",
         G,
         "{step}/s",
         "Training steps per second",
@@ -193,7 +217,7 @@ _ROWS: list[MetricSpec] = [
         "steps_per_sec",
     ),
     MetricSpec(
-        "tunix.train.samples_per_second",
+        "tunix.training.samples_per_second",
         G,
         "{sample}/s",
         "Training samples (sequences) per second, all devices",
@@ -201,7 +225,7 @@ _ROWS: list[MetricSpec] = [
         "samples_per_sec",
     ),
     MetricSpec(
-        "tunix.train.tokens_per_second",
+        "tunix.training.tokens_per_second",
         G,
         "{token}/s",
         "Training tokens per second, all devices",
@@ -209,7 +233,7 @@ _ROWS: list[MetricSpec] = [
         "tokens_per_sec",
     ),
     MetricSpec(
-        "tunix.train.flops_per_step",
+        "tunix.training.flops_per_step",
         G,
         "{flop}",
         "Model FLOPs of one step, all devices (logged in TFLOP)",
@@ -218,7 +242,7 @@ _ROWS: list[MetricSpec] = [
         scale=1e12,
     ),
     MetricSpec(
-        "tunix.train.flops_per_second",
+        "tunix.training.flops_per_second",
         G,
         "{flop}/s",
         "Achieved model FLOP/s per device (logged in TFLOP/s)",
@@ -227,7 +251,7 @@ _ROWS: list[MetricSpec] = [
         scale=1e12,
     ),
     MetricSpec(
-        "tunix.train.mfu",
+        "tunix.training.mfu",
         G,
         "1",
         "Model FLOPs utilization: achieved FLOP/s per device / the device's dense peak for "
@@ -568,7 +592,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = tuple(_ROWS)
 _BY_LOGGER: Final = MappingProxyType(
     {s.logger_name: s for s in CATALOG if s.logger_name and "{" not in s.logger_name}
 )
-_BY_OTEL: Final = MappingProxyType({s.otel_name: s for s in CATALOG})
+_BY_OTEL: Final = MappingProxyType({s.otel_name: s for s in reversed(CATALOG)})  # first row wins
 _PATTERNS: Final = tuple(
     (re.compile("^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(s.logger_name)) + "$"),
      s)
@@ -602,7 +626,8 @@ def lookup(logger_name: str) -> Match | None:
 
 
 def by_otel_name(otel_name: str) -> MetricSpec:
-    """The catalog row of an OTel instrument name.
+    """The (first) catalog row of an OTel instrument name: rows that share an instrument
+    (``loss`` and ``eval/loss`` are ``tunix.training.loss``) differ in their attributes.
 
     Raises:
         KeyError: the name is not in the catalog.

@@ -136,8 +136,8 @@ def test_trainer_steps_components_and_metrics(tmp_path: Path) -> None:
         math.exp(logged["loss"])
     )
     assert {"grad_norm", "learning_rate", "eval/loss", "train/runtime_sec"} <= set(logged)
-    assert metrics["tunix.train.loss"][0].value == pytest.approx(logged["loss"])
-    assert metrics["tunix.eval.loss"][0].value == pytest.approx(logged["eval/loss"])
+    loss = {p.attributes["tunix.training.mode"]: p.value for p in metrics["tunix.training.loss"]}
+    assert loss == pytest.approx({"train": logged["loss"], "eval": logged["eval/loss"]})
     assert {"tunix.step.duration", "tunix.component.busy_time"} <= set(metrics)
 
 

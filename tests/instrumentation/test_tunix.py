@@ -32,6 +32,7 @@ from otel_tunix.instrumentation.tunix import (  # noqa: E402
     TunixInstrumentor,
     parse_event,
 )
+from otel_tunix.metrics.catalog import MODE_ATTRIBUTE as MODE  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing tunix alone takes a few seconds
@@ -217,15 +218,20 @@ def test_step_accounting_and_counters(instrumented_run: Run) -> None:
 
 def test_tunix_metrics_become_instruments_with_units(instrumented_run: Run) -> None:
     run = instrumented_run
-    loss = _values(run, "tunix.loss")
+    loss = _values(run, "tunix.training.loss")
     # gauges keep the last value; Tunix logs each step one step late and flushes at close()
-    assert loss[(("scope", "train"),)] == pytest.approx(run.losses[-1])
-    assert loss[(("scope", "eval"),)] == pytest.approx(run.eval_losses[-1])
-    perplexity = _values(run, "tunix.perplexity")[(("scope", "train"),)]
+    assert loss[((MODE, "train"),)] == pytest.approx(run.losses[-1])
+    assert loss[((MODE, "eval"),)] == pytest.approx(run.eval_losses[-1])
+    perplexity = _values(run, "tunix.training.perplexity")[((MODE, "train"),)]
     assert perplexity == pytest.approx(np.exp(run.losses[-1]), rel=1e-5)
-    assert _values(run, "tunix.learning_rate")[(("scope", "train"),)] == pytest.approx(1e-2)
-    assert _values(run, "tunix.grad_norm")[(("scope", "train"),)] > 0
-    for name in ("tunix.loss", "tunix.perplexity", "tunix.learning_rate", "tunix.grad_norm"):
+    lr = _values(run, "tunix.training.learning_rate")[((MODE, "train"),)]
+    assert lr == pytest.approx(1e-2)
+    assert _values(run, "tunix.training.gradient.norm")[((MODE, "train"),)] > 0
+    # Tunix's own OTel double-write names (tunix/sft/metrics_logger.py, _OTEL_KNOWN_METRICS)
+    for name in (
+        "tunix.training.loss", "tunix.training.perplexity", "tunix.training.learning_rate",
+        "tunix.training.gradient.norm",
+    ):  # fmt: skip
         assert run.units[name] == "1"
     assert not any(name.startswith(("/", "jax", "tunix./")) for name in run.metrics)
     assert "loss" not in run.metrics  # not published a second time by the logger's backend
@@ -277,8 +283,10 @@ def test_drop_in_tracer_and_backend_without_instrumentor(tmp_path: Path) -> None
     assert len(steps) == 5
     train = [s for s in spans if s.name == "peft_train_step"]
     assert len(train) == 5 and all(s.attributes[attr.DEVICE_END] for s in train)
-    assert {dict(p.attributes)["scope"] for p in metrics["tunix.loss"]} == {"train"}
-    assert "tunix.learning_rate" not in metrics  # plain optax.sgd: Tunix logs no learning rate
+    assert {dict(p.attributes)[MODE] for p in metrics["tunix.training.loss"]} == {"train"}
+    assert (
+        "tunix.training.learning_rate" not in metrics
+    )  # plain optax.sgd: Tunix logs no learning rate
 
 
 def test_tracer_protocol_groups_tags_and_v1_v2_merge() -> None:
@@ -347,8 +355,9 @@ def test_tracer_records_exceptions_and_reraises() -> None:
 @pytest.mark.parametrize(
     ("event", "name", "mode", "role", "unit", "instrument"),
     [
-        ("/train/loss", "loss", "train", None, "1", "tunix.loss"),
-        ("/eval/perplexity", "perplexity", "eval", None, "1", "tunix.perplexity"),
+        ("/train/loss", "loss", "train", None, "1", "tunix.training.loss"),
+        ("/eval/perplexity", "perplexity", "eval", None, "1", "tunix.training.perplexity"),
+        ("/train/grad_norm", "grad_norm", "train", None, "1", "tunix.training.gradient.norm"),
         ("actor/train/kl", "kl", "train", "actor", "1", "tunix.kl"),
         ("global/train/kl", "kl", "train", None, "1", "tunix.kl"),
         ("rewards/train/mean", "rewards/mean", "train", None, "1", "tunix.rewards.mean"),
@@ -397,9 +406,9 @@ def test_backend_publishes_once_and_ignores_jax_events() -> None:
     assert units["tunix.perf.global_step_time"] == "s"
     assert [(p.count, p.sum) for p in step_time] == [(2, 0.5)]  # counted once, not twice
     (kl,) = metrics["tunix.kl"]
-    assert dict(kl.attributes) == {"scope": "train", "role": "actor"}
+    assert dict(kl.attributes) == {MODE: "train", "tunix.metrics.prefix": "actor"}
     assert kl.value == pytest.approx(0.1)
-    assert "tunix.kl_array" not in metrics and "tunix.loss" not in metrics
+    assert "tunix.kl_array" not in metrics and "tunix.training.loss" not in metrics
     assert not any("jax" in name for name in metrics)
 
 

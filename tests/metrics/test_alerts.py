@@ -80,15 +80,15 @@ def test_kl_hovering_at_the_line_does_not_flap():
     assert got == [(0, "OK", "WARNING")]
 
 
-def test_clip_fraction_band_needs_three_in_a_row():
+def test_clip_fraction_too_high_three_in_a_row():
     e = engine()
-    assert feed(e, "pg_clipfrac", [0.2, 0.15, 0.05, 0.05, 0.2, 0.05, 0.05, 0.25]) == []
-    got = feed(e, "pg_clipfrac", [0.05, 0.05, 0.05], start=10)
-    assert got == [(12, "OK", "WARNING")]  # too low: outside [0.1, 0.3]
-    got = feed(e, "pg_clipfrac", [0.6, 0.6, 0.6, 0.2], start=13)
-    assert got == [(15, "WARNING", "CRITICAL"), (16, "CRITICAL", "OK")]
+    assert feed(e, "pg_clipfrac", [0.2, 0.35, 0.4, 0.05, 0.2, 0.6, 0.6, 0.25]) == []
+    # an on-policy run (one update per batch) clips nothing: no alert
+    assert feed(e, "pg_clipfrac", [0.0] * 10, start=8) == []
+    got = feed(e, "pg_clipfrac", [0.6, 0.6, 0.6, 0.2], start=18)
+    assert got == [(20, "OK", "CRITICAL"), (21, "CRITICAL", "OK")]
     e2 = engine()
-    assert feed(e2, "pg_clipfrac", [0.35, 0.4, 0.45]) == [(2, "OK", "WARNING")]  # too high
+    assert feed(e2, "pg_clipfrac", [0.35, 0.4, 0.45]) == [(2, "OK", "WARNING")]
 
 
 def test_explained_variance_below_half():

@@ -38,7 +38,12 @@ def _points(reader: InMemoryMetricReader) -> dict[str, tuple[str, list]]:
 def test_no_two_metrics_collapse_into_one():
     otel = [(s.otel_name, tuple(sorted(s.attributes.items()))) for s in CATALOG]
     assert len(otel) == len(set(otel))
-    assert len({s.otel_name for s in CATALOG}) == len(CATALOG)
+    # rows that share an instrument (Tunix's loss in modes train and eval) differ only in
+    # their constant attributes, never in kind, unit or description
+    for name in {s.otel_name for s in CATALOG}:
+        shared = [s for s in CATALOG if s.otel_name == name]
+        assert len({(s.instrument, s.unit, s.description, s.scale) for s in shared}) == 1, name
+        assert len(shared) == 1 or all(s.attributes for s in shared), name
     logger_names = [s.logger_name for s in CATALOG if s.logger_name]
     assert len(logger_names) == len(set(logger_names))
     # the collision Tunix has: rewards/mean and advantages/mean both became "tunix.mean"
@@ -126,13 +131,35 @@ def test_catalog_backend_records_on_the_catalogued_instruments():
     assert got["tunix.rl.advantage.mean"][1][0].value == -0.25
     fn = got["tunix.rl.reward.function"][1][0]
     assert fn.value == 1.0 and dict(fn.attributes) == {"reward_fn": "format"}
-    assert got["tunix.train.flops_per_step"] == ("{flop}", got["tunix.train.flops_per_step"][1])
-    assert got["tunix.train.flops_per_step"][1][0].value == pytest.approx(2.5e12)
+    assert got["tunix.training.flops_per_step"][0] == "{flop}"
+    assert got["tunix.training.flops_per_step"][1][0].value == pytest.approx(2.5e12)
     hist = got["tunix.rl.actor.dequeue_time"]
     assert hist[0] == "s" and hist[1][0].count == 1 and hist[1][0].sum == pytest.approx(0.02)
     assert got["eval.accuracy"][1][0].value == 0.9
     assert got["tunix.logged.tunix.rl.policy.kl"][1][0].value == 3.0
     assert not any(name.startswith("perf") for name in got)
+
+
+def test_docs_list_the_renames_to_tunix_names():
+    text = DOCS.read_text()
+    section = text.split("## Names shared with Tunix")[1].split("\n## ")[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+    assert len(rows) == 13
+    for logger_name, before, now in rows:
+        m = lookup(logger_name.strip("| `"))
+        assert m is not None, logger_name
+        new_name, *attrs = now.rstrip(" |").split(", ")
+        assert new_name == f"`{m.spec.otel_name}`"
+        assert [a.strip("`") for a in attrs] == [f"{k}={v}" for k, v in m.attributes.items()]
+        old = before.split(" ")[0].strip("`")
+        assert old.startswith(("tunix.train.", "tunix.eval.", "eval."))
+        assert all(s.otel_name != old for s in CATALOG)
+    # the four Tunix names (tunix/sft/metrics_logger.py, _OTEL_KNOWN_METRICS)
+    tunix_named = ("loss", "perplexity", "learning_rate", "grad_norm")
+    assert [lookup(n).spec.otel_name for n in tunix_named] == [
+        "tunix.training.loss", "tunix.training.perplexity", "tunix.training.learning_rate",
+        "tunix.training.gradient.norm",
+    ]  # fmt: skip
 
 
 def test_docs_table_lists_every_row():
