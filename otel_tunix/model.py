@@ -119,6 +119,7 @@ class StepSummary:
             ns; 0: none ended on the device). It never stretches the step's window.
         device_times: Per component that ended on the device, the time from its start to
             its device end, in seconds (``None``: none did).
+        span_id: The step span's id (0: unknown, a summary not made from a recorded step).
     """
 
     __slots__ = (
@@ -135,6 +136,7 @@ class StepSummary:
         "end_ns",
         "idle_time_sec",
         "scope",
+        "span_id",
         "start_ns",
         "step",
         "step_time_sec",
@@ -156,6 +158,7 @@ class StepSummary:
         attributes: Mapping[str, object] | None = None,
         device_end_ns: int = 0,
         device_times: Mapping[str, float] | None = None,
+        span_id: int = 0,
     ) -> None:
         self.scope = scope
         self.step = step
@@ -171,6 +174,7 @@ class StepSummary:
         self.attributes = dict(attributes or {})
         self.device_end_ns = device_end_ns
         self.device_times = device_times
+        self.span_id = span_id
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -202,6 +206,14 @@ class StepSummary:
         if type(tid) is int:
             tid = self._trace_id = f"{tid:032x}"
         return tid  # type: ignore[return-value]
+
+    @property
+    def trace_id_int(self) -> int:
+        """The step's trace id as a number (0: none)."""
+        tid = self._trace_id
+        if type(tid) is int:
+            return tid
+        return int(tid, 16) if tid else 0
 
     @property
     def spans(self) -> tuple[SpanInfo, ...]:

@@ -192,6 +192,7 @@ class FinishedStep:
             # step, a cycle only the collector frees (and two objects less a step to walk)
             trace_id=rec.trace_id,
             attributes=self.attributes,
+            span_id=rec.span_id,
         )
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
