@@ -211,7 +211,7 @@ class StepSummary:
     def trace_id_int(self) -> int:
         """The step's trace id as a number (0: none)."""
         tid = self._trace_id
-        if type(tid) is int:
+        if isinstance(tid, int):
             return tid
         return int(tid, 16) if tid else 0
 
