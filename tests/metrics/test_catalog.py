@@ -137,7 +137,7 @@ def test_catalog_backend_records_on_the_catalogued_instruments():
 
 def test_docs_table_lists_every_row():
     text = DOCS.read_text()
-    for group in ("training", "rl", "generation", "gpu", "system", "alerts"):
+    for group in ("training", "rl", "generation", "gpu", "system", "alerts", "compilation"):
         assert markdown_table(group) in text, f"docs/metrics.md is stale for {group}"
     for s in CATALOG:
         assert f"`{s.otel_name}`" in text, s.otel_name
