@@ -318,3 +318,4 @@ def test_torchrun_synchronised_ranks_one_computing_4x_longer_named_with_defaults
     assert sorted(named, key=own.__getitem__, reverse=True) == named
     assert min(own[n] for n in named) >= sorted(own.values())[-3]
     assert first_alert["tunix.straggler.trace_ids"] == [lines[2][n]["trace_id"] for n in named]
+    print(first_alert["message"])
