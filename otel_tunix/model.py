@@ -120,6 +120,10 @@ class StepSummary:
         device_times: Per component that ended on the device, the time from its start to
             its device end, in seconds (``None``: none did).
         span_id: The step span's id (0: unknown, a summary not made from a recorded step).
+        device_blocked_time_sec: The device time of the step's blocked components that ended
+            on the device (between each one's two CUDA events: what the GPU waited there,
+            such as a NCCL collective waiting for the other ranks while the host ran ahead);
+            0 without any.
     """
 
     __slots__ = (
@@ -131,6 +135,7 @@ class StepSummary:
         "blocked_time_sec",
         "busy_time_sec",
         "component_times",
+        "device_blocked_time_sec",
         "device_end_ns",
         "device_times",
         "end_ns",
@@ -175,6 +180,7 @@ class StepSummary:
         self.device_end_ns = device_end_ns
         self.device_times = device_times
         self.span_id = span_id
+        self.device_blocked_time_sec = 0.0
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans

@@ -319,3 +319,50 @@ def test_torchrun_synchronised_ranks_one_computing_4x_longer_named_with_defaults
     assert min(own[n] for n in named) >= sorted(own.values())[-3]
     assert first_alert["tunix.straggler.trace_ids"] == [lines[2][n]["trace_id"] for n in named]
     print(first_alert["message"])
+
+
+def test_on_cuda_the_gpu_wait_of_a_blocked_component_is_the_time_subtracted() -> None:
+    """A NCCL collective returns to the host at once and the GPU waits for the other ranks:
+    here the GPU's wait is a ``torch.cuda._sleep`` inside a blocked device component. The
+    host runs ahead, so the step's blocked time on the host stays small; the time the
+    comparison subtracts is the GPU's wait, against the test's own CUDA events around it
+    (on an H200: within 10 %)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import otel_tunix
+    from otel_tunix.instrumentation import torch as ott
+    from otel_tunix.metrics.stragglers import _blocked_sec
+    from otel_tunix.testing import capture
+
+    x = torch.randn(4096, 4096, device="cuda")
+    cycles = 20_000_000  # about 10-20 ms of spinning, depending on the clock
+    waits = []
+    with capture() as cap:
+        for n in range(4):
+            with otel_tunix.step(n):
+                with ott.device_component("forward"):
+                    y = x @ x
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                with ott.device_component("all_reduce", blocked=True):
+                    start.record()
+                    torch.cuda._sleep(cycles)  # the GPU waits; the host goes on at once
+                    end.record()
+                with ott.device_component("optimizer_step"):
+                    x = x + 1e-6 * y
+                waits.append((start, end))
+                # a loop that reads its loss each step waits for the GPU there, outside any
+                # component: the step's time is then the GPU's
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        cap.flush()
+        summaries = list(cap.summaries)
+    assert len(summaries) == 4
+    for s, (start, end) in zip(summaries, waits, strict=True):
+        gpu_wait = start.elapsed_time(end) / 1e3
+        assert s.device_end_ns  # its components ended on the device
+        assert s.blocked_time_sec < 0.5 * gpu_wait  # the host hardly saw the wait
+        assert _blocked_sec(s) == pytest.approx(gpu_wait, rel=0.1, abs=5e-4)

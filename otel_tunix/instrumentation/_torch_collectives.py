@@ -7,6 +7,9 @@ there: the wait is time the rank does not spend on its own work, so it is record
 
 * A blocking call of one of :data:`COLLECTIVES` (``torch.distributed.all_reduce``, ...) is the
   blocked component of its name (``all_reduce``), from the call to its return.
+* With CUDA in use each of them ends when the GPU finished the work queued inside it (as
+  every span of the torch integration: ``device_component``): a NCCL collective returns to
+  the host at once, and its span then shows the time the GPU waited for the other ranks.
 * With ``async_op=True`` the call returns at once; the ``wait()`` of the work it returned is
   the blocked component ``<name>_wait`` (``all_reduce_wait``); the ``wait()`` of any other
   work (``isend`` / ``irecv``) is ``dist_wait``.
@@ -31,8 +34,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import otel_tunix
 from otel_tunix._recording import may_record
+from otel_tunix.instrumentation._torch_device import device_component
 
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce",
@@ -121,7 +124,6 @@ class _CollectivePatch:
             params = []
         at = params.index("async_op") if "async_op" in params else -1
         names = self.names
-        component = otel_tunix.component
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -139,7 +141,7 @@ class _CollectivePatch:
                 return work
             _inside.depth += 1
             try:
-                with component(name, True):
+                with device_component(name, True):
                     return original(*args, **kwargs)
             finally:
                 _inside.depth -= 1
@@ -149,7 +151,6 @@ class _CollectivePatch:
 
     def _wrap_wait(self, original: Any, compiling: Callable[[], bool]) -> Any:
         names = self.names
-        component = otel_tunix.component
 
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
@@ -161,7 +162,7 @@ class _CollectivePatch:
                 name = None
             _inside.depth += 1
             try:
-                with component(f"{name}_wait" if name else UNKNOWN_WAIT, True):
+                with device_component(f"{name}_wait" if name else UNKNOWN_WAIT, True):
                     return original(work, *args, **kwargs)
             finally:
                 _inside.depth -= 1

@@ -4,7 +4,9 @@ Every ``window`` sampled steps of one scope (``OTEL_TUNIX_STRAGGLER_WINDOW``, de
 ``OTEL_TUNIX_STRAGGLER_SCOPE``, default ``train``) each rank puts its window (its mean step
 time, its mean *own* time and mean time per component, and its slowest steps' trace ids) in
 the job's ``torch.distributed`` store. A rank's own time is its step time minus the time it
-was blocked (components marked ``blocked``: a collective waiting for the other ranks): in a
+was blocked (components marked ``blocked``: a collective waiting for the other ranks; for a
+step whose components ended on the GPU, the device time of its blocked ones when that is
+more, since the GPU does a NCCL collective's waiting while the host runs ahead): in a
 synchronised job, where a collective in every step makes every rank's step as long as the
 slowest one's, the step times are all alike and only the own time tells the ranks apart.
 Rank 0 reads the ranks' windows, compares each rank's mean own time with the ranks' median
@@ -228,7 +230,7 @@ class StragglerDetector(StepSink):
             for name, (busy, blocked, _) in s.component_times.items():
                 components[name] = components.get(name, 0.0) + busy + blocked
         n = len(steps)
-        own = [s.step_time_sec - s.blocked_time_sec for s in steps]
+        own = [s.step_time_sec - _blocked_sec(s) for s in steps]
         slowest = heapq.nlargest(SLOWEST_STEPS, range(n), key=own.__getitem__)
         mine = RankWindow(
             self.rank,
@@ -375,6 +377,21 @@ class StragglerDetector(StepSink):
             message,
             attributes,
         )
+
+
+def _blocked_sec(summary: StepSummary) -> float:
+    """The time a step waited: its blocked time on the host, or for a step whose components
+    ended on the device, the device time of its blocked components when that is more.
+
+    A NCCL collective returns to the host at once and the GPU does the waiting: the host
+    runs ahead, the collective's span (ended on the device) lies under the next busy
+    components' and the step's blocked time stays near 0 on every rank. The time between
+    the collective's two CUDA events (``StepSummary.device_blocked_time_sec``) is the GPU's
+    wait, the same figure in device time.
+    """
+    blocked = summary.blocked_time_sec
+    on_device = min(summary.device_blocked_time_sec, summary.step_time_sec)
+    return on_device if on_device > blocked else blocked
 
 
 def _job_store() -> Any:
