@@ -32,6 +32,20 @@ def test_compare_names_the_slow_rank_and_the_component_that_grew() -> None:
     assert not any(x.slow for x in calm) and all(x.recovered for x in calm)
 
 
+def test_compare_uses_own_time_when_step_times_are_synchronised() -> None:
+    # every step 40 ms on every rank (a collective at the end); rank 1 computed 32 ms of it
+    windows = [
+        RankWindow(r, 0, 49, 0.040, {"forward": own}, own, ((7, f"{r:032x}"),))
+        for r, own in enumerate([0.009, 0.032, 0.008])
+    ]
+    v = {x.rank: x for x in compare(windows, margin=0.2)}
+    assert v[1].slow and not v[0].slow and not v[2].slow
+    assert v[1].relative_speed == pytest.approx(0.009 / 0.032)
+    # what goes through the store comes back the same
+    assert RankWindow.from_json(windows[1].to_json()) == windows[1]
+    assert RankWindow.from_json(windows[1].to_json()).slowest == ((7, f"{1:032x}"),)
+
+
 RANK_SCRIPT = """
 import json, os, sys, time
 import torch.distributed as dist
