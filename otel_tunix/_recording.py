@@ -779,6 +779,19 @@ def _take_pending(rt: Runtime) -> list[StepEvent]:
     return out
 
 
+def may_record() -> bool:
+    """False when a component opened now in the calling context would surely record nothing
+    (in a step that is not sampled; outside any step with no sampled step open anywhere): a
+    cheap check (~60 ns) for integrations that wrap frequent calls."""
+    cur = _current.get()
+    if cur is None:
+        return False
+    if cur is _NOT_SET:
+        rt = _runtime
+        return rt is not None and bool(rt.open_steps)
+    return True
+
+
 def in_step() -> bool:
     """True when a step (sampled or not) is open in the calling context (in a thread that
     outlived the step its context holds: when any sampled step is open, as its components

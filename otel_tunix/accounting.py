@@ -127,6 +127,7 @@ def account_components(
     spans: Sequence[SpanInfo] | Callable[[], Sequence[SpanInfo]] = (),
     trace_id: str | int = "",
     attributes: Mapping[str, object] | None = None,
+    span_id: int = 0,
 ) -> StepSummary:
     """The accounting itself, on components in start order (the worker's path: what the hot
     path recorded, read in one pass).
@@ -240,6 +241,7 @@ def account_components(
         attributes,
         device_end + offset if device_end else 0,
         device_times,
+        span_id,
     )
 
 

@@ -119,6 +119,11 @@ class StepSummary:
             ns; 0: none ended on the device). It never stretches the step's window.
         device_times: Per component that ended on the device, the time from its start to
             its device end, in seconds (``None``: none did).
+        span_id: The step span's id (0: unknown, a summary not made from a recorded step).
+        device_blocked_time_sec: The device time of the step's blocked components that ended
+            on the device (between each one's two CUDA events: what the GPU waited there,
+            such as a NCCL collective waiting for the other ranks while the host ran ahead);
+            0 without any.
     """
 
     __slots__ = (
@@ -130,11 +135,13 @@ class StepSummary:
         "blocked_time_sec",
         "busy_time_sec",
         "component_times",
+        "device_blocked_time_sec",
         "device_end_ns",
         "device_times",
         "end_ns",
         "idle_time_sec",
         "scope",
+        "span_id",
         "start_ns",
         "step",
         "step_time_sec",
@@ -156,6 +163,7 @@ class StepSummary:
         attributes: Mapping[str, object] | None = None,
         device_end_ns: int = 0,
         device_times: Mapping[str, float] | None = None,
+        span_id: int = 0,
     ) -> None:
         self.scope = scope
         self.step = step
@@ -171,6 +179,8 @@ class StepSummary:
         self.attributes = dict(attributes or {})
         self.device_end_ns = device_end_ns
         self.device_times = device_times
+        self.span_id = span_id
+        self.device_blocked_time_sec = 0.0
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -202,6 +212,14 @@ class StepSummary:
         if type(tid) is int:
             tid = self._trace_id = f"{tid:032x}"
         return tid  # type: ignore[return-value]
+
+    @property
+    def trace_id_int(self) -> int:
+        """The step's trace id as a number (0: none)."""
+        tid = self._trace_id
+        if isinstance(tid, int):
+            return tid
+        return int(tid, 16) if tid else 0
 
     @property
     def spans(self) -> tuple[SpanInfo, ...]:

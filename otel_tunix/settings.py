@@ -215,12 +215,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_STRAGGLER_WINDOW, "straggler_window", _non_negative_int, 50,
             "with several ranks under `torch.distributed` or `jax.distributed`: every this "
             "many sampled steps of "
-            "the straggler scope the ranks compare their mean step times (off the training "
-            "thread, over the job's store); `0` turns it off", "a whole number >= 0"),
+            "the straggler scope the ranks compare their mean own times (step time minus "
+            "blocked time; off the training thread, over the job's store); `0` turns it off",
+            "a whole number >= 0"),
     Setting(env.OTEL_TUNIX_STRAGGLER_SCOPE, "straggler_scope", _text, "train",
             "the scope whose steps the ranks compare", "a scope name"),
     Setting(env.OTEL_TUNIX_STRAGGLER_MARGIN, "straggler_margin", _positive_float, 0.2,
-            "how much slower than the ranks' median step time a rank is slow in a window "
+            "how much slower than the ranks' median own time a rank is slow in a window "
             "(`0.2`: 20 %)", "a number > 0"),
     Setting(env.OTEL_TUNIX_STRAGGLER_WINDOWS, "straggler_windows", _positive_int, 3,
             "windows in a row a rank is slow before the `straggler` alert fires",

@@ -10,10 +10,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.metrics import Histogram, Meter
+from opentelemetry.trace import NonRecordingSpan, set_span_in_context
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce
+from otel_tunix._shortcuts import new_span_context
 from otel_tunix.logging_backend import PERF_SOURCE, otel_metric_name, to_scalar
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 from otel_tunix.metrics_logger import MetricsLogger
@@ -34,6 +37,11 @@ class InstrumentSink(StepSink):
     and ``tunix.component.device_time`` (dispatch to device completion, ``scope``,
     ``component``). Values returned by a custom export function become histograms named as
     returned (see :meth:`record_custom`).
+
+    ``tunix.step.duration`` is recorded in the context of the step's span, so the SDK's
+    exemplar reservoir (one exemplar per bucket; ``OTEL_METRICS_EXEMPLAR_FILTER``, default
+    ``trace_based``, which takes it: every recorded step span is sampled) keeps the trace id
+    and span id of a step in each bucket, and a click from a percentile lands on its trace.
     """
 
     def __init__(self, meter: Meter) -> None:
@@ -67,7 +75,7 @@ class InstrumentSink(StepSink):
 
     def on_step(self, summary: StepSummary) -> None:
         a = {attr.METRIC_SCOPE: summary.scope}
-        self._step.record(summary.step_time_sec, a)
+        self._step.record(summary.step_time_sec, a, context=_step_context(summary))
         self._busy.record(summary.busy_time_sec, a)
         self._blocked.record(summary.blocked_time_sec, a)
         self._idle.record(summary.idle_time_sec, a)
@@ -101,6 +109,17 @@ class InstrumentSink(StepSink):
 
     def close(self) -> None:
         return None
+
+
+_NO_CONTEXT = Context()
+
+
+def _step_context(summary: StepSummary) -> Context | None:
+    """A context whose current span is the step's (for exemplars); ``None`` without ids."""
+    tid, sid = summary.trace_id_int, summary.span_id
+    if not (tid and sid):
+        return None
+    return set_span_in_context(NonRecordingSpan(new_span_context(tid, sid)), _NO_CONTEXT)
 
 
 class MetricsLoggerSink(StepSink):

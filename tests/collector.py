@@ -383,6 +383,16 @@ class DebugSpan:
 
 
 @dataclass
+class DebugExemplar:
+    """An exemplar of a data point: the measurement and the span it was recorded in."""
+
+    trace_id: str = ""
+    span_id: str = ""
+    time_ns: int = 0
+    value: float | None = None
+
+
+@dataclass
 class DebugDataPoint:
     """A number or histogram data point. Bucket counts are per bucket (not cumulative)."""
 
@@ -396,6 +406,7 @@ class DebugDataPoint:
     max: float | None = None
     explicit_bounds: list[float] = field(default_factory=list)
     bucket_counts: list[int] = field(default_factory=list)
+    exemplars: list[DebugExemplar] = field(default_factory=list)
 
 
 @dataclass
@@ -466,7 +477,7 @@ _STRUCTURAL = re.compile(
           |Value|Scale|ZeroCount|Flags):
       | Metric\ \#
       | \w*DataPoints\ \#
-      | ExplicitBounds\ \# | Buckets\ \#
+      | ExplicitBounds\ \# | Buckets\ \# | Exemplars: | Exemplar\ \#
       | \s+(?:Trace\ ID|Parent\ ID|ID|Name|Kind|Status\ code|Status\ message)\s+:
       | \s+->[ ]
       | Error:|error:|thread\ '
@@ -598,6 +609,9 @@ def parse_debug_output(text: str) -> DebugOutput:
             continue
 
         arrow = _ARROW.match(line)
+        if arrow and section == "exemplar" and point is not None and point.exemplars:
+            _set_exemplar_field(point.exemplars[-1], arrow.group(2))
+            continue
         if arrow:
             indent, body = len(arrow.group(1)), arrow.group(2)
             _apply_arrow(section, indent, body, resource, span, event, link, metric, point)
@@ -632,6 +646,11 @@ def parse_debug_output(text: str) -> DebugOutput:
             elif re.match(r"^\w*DataPoints #", line):
                 point, section = DebugDataPoint(), "point"
                 metric.points.append(point)
+            elif line.startswith("Exemplar #") and point is not None:
+                point.exemplars.append(DebugExemplar())
+                section = "exemplar"
+            elif line.startswith("Exemplars:"):
+                continue
             elif point is not None:
                 _set_point_field(point, line)
                 if line.startswith("Data point attributes:"):
@@ -654,6 +673,19 @@ def _set_span_field(span: DebugSpan, name: str, value: str) -> None:
         span.status_code = value
     elif name == "Status message":
         span.status_message = value
+
+
+def _set_exemplar_field(exemplar: DebugExemplar, body: str) -> None:
+    key, _, value = body.partition(":")
+    value = value.strip()
+    if key == "Trace ID":
+        exemplar.trace_id = value.lower()
+    elif key == "Span ID":
+        exemplar.span_id = value.lower()
+    elif key == "Timestamp":
+        exemplar.time_ns = int(value)
+    elif key == "Value":
+        exemplar.value = _number(value)
 
 
 def _set_point_field(point: DebugDataPoint, line: str) -> None:

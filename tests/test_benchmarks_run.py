@@ -100,3 +100,19 @@ def test_bench_instructions_counts_grow_with_the_spans_recorded():
         none, some = pool.map(lambda n: bench_instructions.count("hot", n, 10, False), (0, 3000))
     # A recorded component costs thousands of instructions (about 15k here), never nothing.
     assert 3000 * 5_000 < some - none < 3000 * 100_000
+
+
+def test_bench_collectives_prints_the_wrapper_cost_against_a_collective():
+    pytest.importorskip("torch.distributed")
+    import json
+
+    out = json.loads(_run("bench_collectives.py"))
+    for key in (
+        "plain_call_ns",
+        "wrapped_outside_a_step_ns",
+        "wrapped_in_an_unsampled_step_ns",
+        "wrapped_in_a_sampled_step_ns",
+        "gloo_all_reduce_one_process_ns",
+        "unsampled_overhead_vs_all_reduce",
+    ):
+        assert out[key] > 0, key

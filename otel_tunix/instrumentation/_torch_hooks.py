@@ -12,6 +12,8 @@ import weakref
 from typing import Any
 
 from otel_tunix.instrumentation import _base
+from otel_tunix.instrumentation._torch_collectives import _collectives
+from otel_tunix.instrumentation._torch_compile import _compile_hooks
 from otel_tunix.instrumentation._torch_device import device_component, record_memory_stats
 from otel_tunix.instrumentation._torch_steps import _auto
 
@@ -139,6 +141,9 @@ def instrument_model(model: Any, *, forward: str = "forward", backward: str = "b
     inside it). Works on ``torch.compile``'d modules (the hooks run eagerly).
     ``backward``: ``torch.autograd.backward`` (what ``loss.backward()`` calls) runs inside a
     span while any model is instrumented. Both get CUDA device time when CUDA is in use.
+    While any model is instrumented, ``torch.distributed`` collectives are blocked
+    components too (see :func:`instrument_collectives`), and torch.compile's compilations
+    are recorded and counted (see :func:`instrument_compile`).
     Idempotent; returns ``model``. Undo with :func:`uninstrument_model`.
     """
     torch = _torch()
@@ -147,6 +152,8 @@ def instrument_model(model: Any, *, forward: str = "forward", backward: str = "b
     _models[model] = _ModelHooks(torch, model, forward)
     _backward.name = backward
     _backward.acquire(torch)
+    _collectives.acquire(torch)
+    _compile_hooks.acquire()
     return model
 
 
@@ -156,6 +163,8 @@ def uninstrument_model(model: Any) -> None:
     if hooks is not None:
         hooks.remove()
         _backward.release(_torch())
+        _collectives.release(_torch())
+        _compile_hooks.release()
 
 
 # --- optimizer --------------------------------------------------------------------------

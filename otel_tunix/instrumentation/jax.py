@@ -12,7 +12,9 @@ Three pieces, each usable alone:
   the first call of a jitted function and every cache miss (a new shape or dtype) — nested
   under the component that triggered them. They come from JAX's own
   ``jax.monitoring`` time-span events, so the times are JAX's. Every compilation, sampled or
-  not, also counts in ``tunix.jax.compilations`` and ``tunix.jax.compile.duration``.
+  not, also counts in ``tunix.jax.compilations`` and ``tunix.jax.compile.duration``, and in
+  ``tunix.compilations`` (``framework="jax"``) with its ``cause`` (``first_call``,
+  ``new_shapes``, ``new_dtypes``, ...; see ``_jax_causes``).
 * Device memory: once per sampled step, after the step's outputs are ready, the waiter
   thread reads ``device.memory_stats()`` (backends that report it: GPU, TPU; not CPU) and
   publishes it like the other integrations (``tunix.memory.allocated`` / ``.reserved`` /
@@ -51,8 +53,10 @@ from typing import Any
 import otel_tunix
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.instrumentation import _base
+from otel_tunix.instrumentation._jax_causes import CompileCauses
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
+from otel_tunix.metrics.compilations import count_compilation
 
 __all__ = [
     "COMPILE_PHASES",
@@ -293,13 +297,15 @@ class _CompileTracker:
             hist.record(max(0.0, end - start), attrs)
             if phase_attr == "backend_compile":
                 fun = kwargs.get("fun_name")
-                c_attrs = {**_process.get(), "function": str(fun) if fun else "unknown"}
-                counter.add(1, c_attrs)
+                function = str(fun) if fun else "unknown"
+                counter.add(1, {**_process.get(), "function": function})
+                count_compilation("jax", _causes.cause(function), _process.get())
         except Exception:  # our handler (record_interval and _process guard JAX's parts)
             report_internal_error("handling a JAX compile event")
 
 
 _compile_tracker = _CompileTracker()
+_causes = CompileCauses()
 
 
 def ensure_compile_tracking() -> None:
@@ -345,11 +351,16 @@ class InstrumentedFunction:
             self._started = True
             _base.ensure_configured()
         _compile_tracker.ensure()
-        with otel_tunix.component(self._component, self._blocked) as c:
-            out = self.__wrapped__(*args, **kwargs)
-            if c.recording:
-                _tag_step()
-                c.end_on_device(device_end(out, step_memory=True))
+        calls = _causes.calls
+        outer, calls.call = calls.call, (self, args, kwargs)  # read only if JAX compiles
+        try:
+            with otel_tunix.component(self._component, self._blocked) as c:
+                out = self.__wrapped__(*args, **kwargs)
+                if c.recording:
+                    _tag_step()
+                    c.end_on_device(device_end(out, step_memory=True))
+        finally:
+            calls.call = outer
         return out
 
     def __getattr__(self, name: str) -> Any:

@@ -22,6 +22,11 @@ resolvers run on otel-tunix's device-waiter thread, which waits (blocking-sync, 
 on the newest boundary of the stream when it must wait at all, and places every boundary on
 the host clock from ``Event.elapsed_time`` against an anchor event.
 
+**Collectives and compilations.** While a model is instrumented (or the instrumentor is
+on), ``torch.distributed`` collectives are blocked components (``all_reduce``, ...; the
+wait of async work: ``all_reduce_wait``), and each torch.compile compilation is the
+component ``torch_compile`` and counts in ``tunix.compilations`` with its cause.
+
 No CUDA: the same spans, host time only. Needs the ``torch`` extra.
 """
 
@@ -34,6 +39,17 @@ from typing import Any
 
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
+from otel_tunix.instrumentation._torch_collectives import (
+    COLLECTIVES,
+    _collectives,
+    instrument_collectives,
+    uninstrument_collectives,
+)
+from otel_tunix.instrumentation._torch_compile import (
+    _compile_hooks,
+    instrument_compile,
+    uninstrument_compile,
+)
 from otel_tunix.instrumentation._torch_device import (
     ANCHOR_SLACK_NS as ANCHOR_SLACK_NS,
 )
@@ -67,17 +83,22 @@ from otel_tunix.instrumentation._torch_steps import _auto, distributed_rank_attr
 from otel_tunix.instrumentation._torch_steps import ensure_configured as ensure_configured
 
 __all__ = [
+    "COLLECTIVES",
     "DEVICE_DURATION",
     "InstrumentedLoader",
     "TorchInstrumentor",
     "device_component",
     "distributed_rank_attributes",
+    "instrument_collectives",
+    "instrument_compile",
     "instrument_dataloader",
     "instrument_model",
     "instrument_optimizer",
     "memory_stats",
     "quiet_forward",
     "record_memory_stats",
+    "uninstrument_collectives",
+    "uninstrument_compile",
     "uninstrument_model",
     "uninstrument_optimizer",
 ]
@@ -88,7 +109,10 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
 
     When ``torch`` gets imported: every ``optimizer.step()`` is an ``optimizer_step`` span
     and ends a step, every ``backward`` is a ``backward`` span, every DataLoader batch is a
-    ``train_data_load`` span (blocked with worker processes), and a loop that opens no
+    ``train_data_load`` span (blocked with worker processes), every ``torch.distributed``
+    collective a blocked span (see :func:`instrument_collectives`), every torch.compile
+    compilation a ``torch_compile`` span and a count (see :func:`instrument_compile`), and a
+    loop that opens no
     otel-tunix step of its own gets one per optimizer step (scope ``train``). Inside steps
     opened by the program or the Transformers integration, only ``backward`` is added (the
     others are theirs). Forward spans need the model: :func:`instrument_model`.
@@ -116,6 +140,8 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
 
         _auto.enabled = True
         _backward.acquire(torch)
+        _collectives.acquire(torch)
+        _compile_hooks.acquire()
         self._optimizer_hooks = _OptimizerHooks(None, "optimizer_step", memory=True, auto=True)
         original = self._original_iter = data.DataLoader.__iter__
 
@@ -143,6 +169,8 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         self._optimizer_hooks.remove()
         self._optimizer_hooks = None
         _backward.release(torch)
+        _collectives.release(torch)
+        _compile_hooks.release()
         torch.utils.data.DataLoader.__iter__ = self._original_iter
         if _auto.current is not None and _auto.thread == threading.get_ident():
             _auto.step_done()

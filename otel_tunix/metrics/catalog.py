@@ -97,7 +97,8 @@ class MetricSpec:
         instrument: Instrument kind.
         unit: UCUM-style unit (``s``, ``By``, ``W``, ``Cel``, ``Hz``, ``1``, ``{token}``).
         description: What the number is.
-        group: ``training``, ``rl``, ``generation``, ``gpu``, ``system`` or ``alerts``.
+        group: ``training``, ``rl``, ``generation``, ``gpu``, ``system``, ``alerts`` or
+            ``compilation``.
         logger_name: The MetricsLogger (slash-style) name, or ``None`` for instruments that
             are only recorded directly. ``{name}`` placeholders match one path segment and
             become the attribute ``name``.
@@ -583,6 +584,16 @@ _ROWS: list[MetricSpec] = [
         "{alert}",
         "Alert episodes started or escalated, by rule and severity",
         "alerts",
+    ),
+    # --- compilation (issue 29) ------------------------------------------------------------
+    MetricSpec(
+        "tunix.compilations",
+        C,
+        "{compilation}",
+        "Compilations: XLA compilations of JAX (jit cache misses) and frames compiled by "
+        "torch.compile (dynamo), by framework and cause (first_call, new_shapes, "
+        "new_dtypes, other, unknown)",
+        "compilation",
     ),
 ]
 

@@ -2,14 +2,21 @@
 
 Every ``window`` sampled steps of one scope (``OTEL_TUNIX_STRAGGLER_WINDOW``, default 50;
 ``OTEL_TUNIX_STRAGGLER_SCOPE``, default ``train``) each rank puts its window (its mean step
-time and mean time per component) in the job's ``torch.distributed`` store. Rank 0 reads the
-ranks' windows, compares each rank's mean step time with the ranks' median and publishes
-the ranks' relative speeds (median / own: 1 is typical, 0.5 twice as slow), which every
-rank reads back as ``tunix.rank.relative_speed``. A rank slower than the median by more than
-the margin (``OTEL_TUNIX_STRAGGLER_MARGIN``, 20 %) for ``OTEL_TUNIX_STRAGGLER_WINDOWS``
-windows in a row (3) is a straggler: rank 0 raises the ``straggler`` alert (alerts.jsonl,
-span event, OTel log record, Datadog event) naming the rank and the component that grew
-most against the ranks' median; it resolves when the rank is back within half the margin.
+time, its mean *own* time and mean time per component, and its slowest steps' trace ids) in
+the job's ``torch.distributed`` store. A rank's own time is its step time minus the time it
+was blocked (components marked ``blocked``: a collective waiting for the other ranks; for a
+step whose components ended on the GPU, the device time of its blocked ones when that is
+more, since the GPU does a NCCL collective's waiting while the host runs ahead): in a
+synchronised job, where a collective in every step makes every rank's step as long as the
+slowest one's, the step times are all alike and only the own time tells the ranks apart.
+Rank 0 reads the ranks' windows, compares each rank's mean own time with the ranks' median
+and publishes the ranks' relative speeds (median / own: 1 is typical, 0.5 twice as slow),
+which every rank reads back as ``tunix.rank.relative_speed``. A rank slower than the median
+by more than the margin (``OTEL_TUNIX_STRAGGLER_MARGIN``, 20 %) for
+``OTEL_TUNIX_STRAGGLER_WINDOWS`` windows in a row (3) is a straggler: rank 0 raises the
+``straggler`` alert (alerts.jsonl, span event, OTel log record, Datadog event) naming the
+rank, the component that grew most against the ranks' median and the trace ids of the
+rank's slowest steps of the window; it resolves when the rank is back within half the margin.
 
 All of it off the training thread: the worker adds each sampled step to the window, the
 exchange runs on a thread of its own. Over the store rather than a collective on a process
@@ -23,6 +30,7 @@ window is full); JAX jobs exchange through its coordination service's key-value 
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import queue
@@ -48,17 +56,33 @@ EXCHANGE_TIMEOUT_SEC = 300.0
 """How long the exchange waits for the other ranks' window before giving up."""
 CLOSE_WAIT_SEC = 1.0
 """How long ``close()`` lets the windows still queued be compared."""
+SLOWEST_STEPS = 3
+"""How many of a rank's slowest steps (by own time) a window names, with their trace ids."""
+TRACE_IDS = "tunix.straggler.trace_ids"
+"""Alert attribute: trace ids of the straggler's slowest steps in the window, slowest first."""
+STEPS = "tunix.straggler.steps"
+"""Alert attribute: those steps' numbers, in the same order."""
 
 
 @dataclass(frozen=True, slots=True)
 class RankWindow:
-    """One rank's window: its mean step time and mean time per component (busy + blocked)."""
+    """One rank's window: its mean step time, mean own time (step time minus blocked time),
+    mean time per component (busy + blocked) and slowest steps."""
 
     rank: int
     first_step: int
     last_step: int
     step_time_sec: float
     components: Mapping[str, float]
+    own_time_sec: float | None = None
+    """Mean step time minus blocked time (``None``: the step time)."""
+    slowest: Sequence[tuple[int, str]] = ()
+    """``(step, trace id)`` of the rank's slowest steps by own time, slowest first."""
+
+    @property
+    def own_sec(self) -> float:
+        """What the ranks compare: the own time, else the step time."""
+        return self.step_time_sec if self.own_time_sec is None else self.own_time_sec
 
     def to_json(self) -> str:
         return json.dumps(
@@ -67,14 +91,20 @@ class RankWindow:
                 "first": self.first_step,
                 "last": self.last_step,
                 "step_time": self.step_time_sec,
+                "own_time": self.own_time_sec,
                 "components": dict(self.components),
+                "slowest": [list(x) for x in self.slowest],
             }
         )
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> RankWindow:
         d = json.loads(raw)
-        return cls(d["rank"], d["first"], d["last"], d["step_time"], d["components"])
+        slowest = tuple((int(n), str(t)) for n, t in d.get("slowest", ()))
+        return cls(
+            d["rank"], d["first"], d["last"], d["step_time"], d["components"],
+            d.get("own_time"), slowest,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +113,7 @@ class RankVerdict:
 
     rank: int
     relative_speed: float
-    """The ranks' median step time / this rank's (1: typical, 0.5: twice as slow)."""
+    """The ranks' median own time / this rank's (1: typical, 0.5: twice as slow)."""
     slow: bool
     """Slower than the median by more than the margin."""
     recovered: bool
@@ -95,15 +125,16 @@ class RankVerdict:
 
 def compare(windows: Sequence[RankWindow], margin: float) -> list[RankVerdict]:
     """Each rank of ``windows`` (one per rank, same steps) against the ranks' median: its
-    step time, and each component's time (a rank without a component counts 0 for it)."""
-    median = statistics.median(w.step_time_sec for w in windows)
+    own time (step time minus blocked), and each component's time (a rank without a
+    component counts 0 for it)."""
+    median = statistics.median(w.own_sec for w in windows)
     names = {name for w in windows for name in w.components}
     typical = {
         name: statistics.median(w.components.get(name, 0.0) for w in windows) for name in names
     }
     out = []
     for w in windows:
-        ratio = w.step_time_sec / median if median > 0 else 1.0
+        ratio = w.own_sec / median if median > 0 else 1.0
         grew, grew_by = None, 0.0
         for name, own in w.components.items():
             if own - typical[name] > grew_by:
@@ -199,12 +230,16 @@ class StragglerDetector(StepSink):
             for name, (busy, blocked, _) in s.component_times.items():
                 components[name] = components.get(name, 0.0) + busy + blocked
         n = len(steps)
+        own = [s.step_time_sec - _blocked_sec(s) for s in steps]
+        slowest = heapq.nlargest(SLOWEST_STEPS, range(n), key=own.__getitem__)
         mine = RankWindow(
             self.rank,
             steps[0].step,
             steps[-1].step,
             sum(s.step_time_sec for s in steps) / n,
             {name: t / n for name, t in components.items()},
+            sum(own) / n,
+            tuple((steps[i].step, steps[i].trace_id) for i in slowest),
         )
         if self._thread is None:
             self._thread = threading.Thread(
@@ -268,7 +303,7 @@ class StragglerDetector(StepSink):
             verdicts = compare(windows, self.margin)
             speeds = [v.relative_speed for v in verdicts]
             store.set(self._key(w, "speeds"), json.dumps(speeds))
-            self._judge(verdicts, mine)
+            self._judge(verdicts, windows, mine)
             if w >= 2:  # every rank has read window w - 2's speeds by now
                 for r in range(self.world_size):
                     store.delete_key(self._key(w - 2, f"r{r}"))
@@ -279,35 +314,39 @@ class StragglerDetector(StepSink):
         speed = self.relative_speed = float(speeds[self.rank])
         self._gauge.set(speed, {"scope": self.scope})
 
-    def _judge(self, verdicts: Sequence[RankVerdict], mine: RankWindow) -> None:
+    def _judge(
+        self, verdicts: Sequence[RankVerdict], windows: Sequence[RankWindow], mine: RankWindow
+    ) -> None:
         """Rank 0: streaks per rank, the alert's transitions, the window's scalars."""
-        for v in verdicts:
+        for v, theirs in zip(verdicts, windows, strict=True):
             r = v.rank
             if v.slow:
                 self._streak[r] += 1
                 if self._streak[r] >= self.windows and not self._firing[r]:
                     self._firing[r] = True
-                    self._alert(v, mine, Severity.WARNING)
+                    self._alert(v, theirs, Severity.WARNING)
             else:
                 self._streak[r] = 0
                 if v.recovered and self._firing[r]:
                     self._firing[r] = False
-                    self._alert(v, mine, Severity.OK)
+                    self._alert(v, theirs, Severity.OK)
         if self._logger is not None:
             values = {"ranks/slowest_relative_speed": min(v.relative_speed for v in verdicts)}
             if self.exchange_cpu_sec:  # the previous window's: this one is not done yet
                 values["ranks/exchange_cpu_sec"] = self.exchange_cpu_sec[-1]
             self._logger.log_dict(values, step=mine.last_step)
 
-    def _alert(self, v: RankVerdict, mine: RankWindow, severity: Severity) -> None:
+    def _alert(self, v: RankVerdict, theirs: RankWindow, severity: Severity) -> None:
+        """The transition of rank ``v.rank``, whose window is ``theirs``."""
         if self._engine is None:
             return
         slower = 1.0 / v.relative_speed if v.relative_speed > 0 else float("inf")
-        steps = f"steps {mine.first_step}-{mine.last_step}"
+        steps = f"steps {theirs.first_step}-{theirs.last_step}"
+        attributes: dict[str, Any] = {}
         if severity is Severity.OK:
             message = (
                 f"otel-tunix alert resolved: {RULE}: rank {v.rank} is back at "
-                f"{slower:.2f}x the ranks' median step time ({self.scope}, {steps})"
+                f"{slower:.2f}x the ranks' median own time ({self.scope}, {steps})"
             )
         else:
             grew = (
@@ -316,21 +355,43 @@ class StragglerDetector(StepSink):
                 if v.grew
                 else ""
             )
+            traces = ""
+            if theirs.slowest:
+                attributes[STEPS] = [n for n, _ in theirs.slowest]
+                attributes[TRACE_IDS] = [t for _, t in theirs.slowest]
+                n, trace = theirs.slowest[0]
+                traces = f"; slowest: step {n}, trace {trace}"
             message = (
                 f"otel-tunix alert [WARNING] {RULE}: rank {v.rank} took {slower:.2f}x the "
-                f"ranks' median step time in {self.windows} windows of {self.window} "
-                f"{self.scope} steps in a row, up to {steps}{grew}"
+                f"ranks' median own time (step time minus blocked) in {self.windows} windows "
+                f"of {self.window} {self.scope} steps in a row, up to {steps}{grew}{traces}"
             )
         self._engine.report(
             RULE,
             f"rank {v.rank}",
             severity,
             slower,
-            mine.last_step,
-            f"> median step time x {1 + self.margin:g} for {self.windows} windows"
+            theirs.last_step,
+            f"> median own time x {1 + self.margin:g} for {self.windows} windows"
             + (f" ({v.grew})" if v.grew else ""),
             message,
+            attributes,
         )
+
+
+def _blocked_sec(summary: StepSummary) -> float:
+    """The time a step waited: its blocked time on the host, or for a step whose components
+    ended on the device, the device time of its blocked components when that is more.
+
+    A NCCL collective returns to the host at once and the GPU does the waiting: the host
+    runs ahead, the collective's span (ended on the device) lies under the next busy
+    components' and the step's blocked time stays near 0 on every rank. The time between
+    the collective's two CUDA events (``StepSummary.device_blocked_time_sec``) is the GPU's
+    wait, the same figure in device time.
+    """
+    blocked = summary.blocked_time_sec
+    on_device = min(summary.device_blocked_time_sec, summary.step_time_sec)
+    return on_device if on_device > blocked else blocked
 
 
 def _job_store() -> Any:

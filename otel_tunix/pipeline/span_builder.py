@@ -192,7 +192,10 @@ class FinishedStep:
             # step, a cycle only the collector frees (and two objects less a step to walk)
             trace_id=rec.trace_id,
             attributes=self.attributes,
+            span_id=rec.span_id,
         )
+        if ex is not None and ex.device_ends and ex.attributes:
+            self.summary.device_blocked_time_sec = _device_blocked_sec(comps, ex)
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
         self.span_count = len(comps) + 1
@@ -518,6 +521,17 @@ def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) ->
     attrs[attr.COMPONENT_BLOCKED_TIME] = blocked
     if count > 1:
         attrs[attr.COMPONENT_COUNT] = count
+
+
+def _device_blocked_sec(comps: list[ComponentStart], ex: ComponentExtras) -> float:
+    """The device time (``tunix.device_duration_s``) of the blocked components."""
+    total = 0.0
+    for _, blocked, sid, _, _, _ in comps:
+        if blocked:
+            seconds = ex.attributes.get(sid, {}).get(attr.DEVICE_DURATION)
+            if isinstance(seconds, float | int):
+                total += seconds
+    return total
 
 
 def _extra_attributes(

@@ -55,6 +55,8 @@ class Alert:
     condition: str
     message: str
     time_ns: int = field(default_factory=time.time_ns)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Attributes of a detector's own (the straggler's slowest steps' trace ids)."""
 
     @property
     def fired(self) -> bool:
@@ -78,6 +80,8 @@ class Alert:
         }
         if self.step is not None:
             a["tunix.alert.step"] = self.step
+        if self.extra:
+            a.update(self.extra)
         return a
 
 
@@ -300,11 +304,12 @@ class AlertEngine(LoggingBackend):
         step: int | None,
         condition: str,
         message: str,
+        attributes: Mapping[str, Any] | None = None,
     ) -> Alert | None:
         """Act on a transition decided elsewhere: a detector with logic of its own (the
         straggler detector). Kept like a rule's (``history``, :meth:`active_alerts`), then
         every action runs. ``None`` (nothing done) when the series is already at
-        ``severity``."""
+        ``severity``. ``attributes`` go on the alert besides the ``tunix.alert.*`` ones."""
         if self._closed:
             return None
         with self._lock:
@@ -315,7 +320,10 @@ class AlertEngine(LoggingBackend):
             if previous is severity:
                 return None
             s.level = severity
-            alert = Alert(rule, metric, severity, previous, value, step, condition, message)
+            alert = Alert(
+                rule, metric, severity, previous, value, step, condition, message,
+                extra=dict(attributes or {}),
+            )  # fmt: skip
             self.history.append(alert)
         self._act(alert)
         return alert
