@@ -168,7 +168,7 @@ class _OptimizerHooks:
     (:func:`instrument_optimizer`) at once; for every optimizer (the instrumentor, ``auto``)
     as each is made (``Optimizer.__init__``), with PyTorch's global step pre/post hooks for
     the optimizers made before. In ``auto`` mode a call opens no span inside a step of the
-    program's own, and ends the automatic step otherwise.
+    program's own, and ends the automatic step otherwise; ``zero_grad()`` opens it.
     """
 
     def __init__(self, optimizer: Any, name: str, memory: bool, auto: bool = False) -> None:
@@ -181,6 +181,7 @@ class _OptimizerHooks:
         self.wrapped: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
         """Per optimizer, our wrapper and the instance's own ``step`` it replaced."""
         self.original_init: Any = None
+        self.original_zero_grad: Any = None
         if auto:
             mod = sys.modules["torch.optim.optimizer"]
             self.handles = [
@@ -209,6 +210,18 @@ class _OptimizerHooks:
                 hooks.wrap(optimizer)
 
         optimizer_cls.__init__ = __init__
+
+        # zero_grad() opens the automatic step too: in the usual loop it comes first, and
+        # freeing the gradients is the iteration's own work (not a span: idle in the step).
+        original_zero_grad = self.original_zero_grad = optimizer_cls.zero_grad
+
+        @functools.wraps(original_zero_grad)
+        def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if hooks.active:
+                _auto.activity()
+            return original_zero_grad(optimizer, *args, **kwargs)
+
+        optimizer_cls.zero_grad = zero_grad
 
     def _wrap(self, step: Any) -> Any:
         hooks = self
@@ -252,7 +265,9 @@ class _OptimizerHooks:
         for handle in self.handles:
             handle.remove()
         if self.original_init is not None:
-            sys.modules["torch.optim.optimizer"].Optimizer.__init__ = self.original_init
+            optimizer_cls = sys.modules["torch.optim.optimizer"].Optimizer
+            optimizer_cls.__init__ = self.original_init
+            optimizer_cls.zero_grad = self.original_zero_grad
         self.active = False  # a wrapper of ours that another wrapped stays, inactive
         for optimizer, (wrapper, own_step) in list(self.wrapped.items()):
             if optimizer.__dict__.get("step") is wrapper:

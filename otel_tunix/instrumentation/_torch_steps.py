@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
@@ -47,10 +48,10 @@ def ensure_configured() -> bool:
 class _AutoSteps:
     """Steps for loops that never call :func:`otel_tunix.step` (zero-code mode).
 
-    A step opens at the loop's first activity (a batch fetch, a backward, an optimizer step)
-    and closes when ``optimizer.step()`` returns, so it covers data wait, forward, backward
-    and the optimizer. Nothing happens while a step of the program's own (or of the
-    Transformers integration) is open.
+    A step opens at the loop's first activity (a batch fetch, the model's forward, a
+    backward, an optimizer step) and closes when ``optimizer.step()`` returns, so it covers
+    data wait, forward, backward and the optimizer. Nothing happens while a step of the
+    program's own (or of the Transformers integration) is open.
     """
 
     def __init__(self) -> None:
@@ -58,6 +59,8 @@ class _AutoSteps:
         self.number = 0
         self.current: Any = None
         self.thread: int | None = None
+        self.on_step_done: Callable[[], None] | None = None
+        """Called after each automatic step closes (the forward hooks narrow themselves)."""
 
     def activity(self) -> bool:
         """Called before a recorded activity. True when auto steps own the current loop."""
@@ -81,6 +84,8 @@ class _AutoSteps:
         self.current = None
         self.number += 1
         st.__exit__(None, None, None)
+        if self.on_step_done is not None:
+            self.on_step_done()
 
 
 _auto = _AutoSteps()

@@ -277,9 +277,10 @@ def test_instrumentor_auto_steps_for_a_plain_loop(monkeypatch: pytest.MonkeyPatc
         spans = cap.spans()
     steps = [s for s in spans if s.name == "train_step"]
     assert [s.attributes[attr.STEP] for s in steps] == [*range(8), 100]
-    for n in range(8):
+    for n in range(8):  # the step opens at the fetch; the model's call is its forward
         assert [s.name for s in spans if s.attributes[attr.STEP] == n] == [
             "train_data_load",
+            "forward",
             "backward",
             "optimizer_step",
             "train_step",
@@ -287,6 +288,65 @@ def test_instrumentor_auto_steps_for_a_plain_loop(monkeypatch: pytest.MonkeyPatc
     assert [s.name for s in spans if s.attributes[attr.STEP] == 100] == ["backward", "train_step"]
     assert torch.utils.data.DataLoader.__iter__.__name__ == "__iter__"
     assert not hasattr(torch.autograd.backward, "__otel_tunix_original__")
+
+
+def _module_hooks() -> int:
+    from torch.nn.modules import module
+
+    return len(module._global_forward_pre_hooks) + len(module._global_forward_hooks)
+
+
+def test_instrumentor_opens_the_step_at_the_models_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches from a plain iterator: the step opens at the model's (outermost) forward, so
+    forward is inside it; after the first step only the root modules keep hooks."""
+    pytest.importorskip("opentelemetry.instrumentation")
+    from otel_tunix.instrumentation import _base
+
+    monkeypatch.setattr(_base, "_auto_configure", False)
+    model = _model()
+    loss_fn = torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    before = _module_hooks()
+    instrumentor = ott.TorchInstrumentor()
+    calls: list[tuple[int, int]] = []  # the model's own forward, on the test's clock
+    forward = model.forward
+
+    def timed_forward(x: Any) -> Any:
+        t0 = time.time_ns()
+        out = forward(x)
+        calls.append((t0, time.time_ns()))
+        return out
+
+    model.forward = timed_forward
+    with capture() as cap:
+        instrumentor.instrument()
+        try:
+            with torch.no_grad():
+                model(torch.zeros(1, 8))  # inference outside any step: opens none
+            hooks_in_first_step = _module_hooks()
+            for x, y in iter(_batches(4)):
+                loss = loss_fn(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            hooks_after = _module_hooks()
+        finally:
+            instrumentor.uninstrument()
+        spans = cap.spans()
+    assert hooks_in_first_step == before + 2 and hooks_after == before  # narrowed to roots
+    assert _module_hooks() == before and not model._forward_pre_hooks  # all removed
+    steps = [s for s in spans if s.name == "train_step"]
+    numbers = [s.attributes[attr.STEP] for s in steps]
+    assert numbers == list(range(numbers[0], numbers[0] + 4))  # (counted on from other tests)
+    for i, (n, step) in enumerate(zip(numbers, steps, strict=True)):
+        names = [s.name for s in spans if s.attributes[attr.STEP] == n]
+        # the model and the loss module are both root calls: two forward spans
+        assert names == ["forward", "forward", "backward", "optimizer_step", "train_step"]
+        fwd = next(s for s in spans if s.attributes[attr.STEP] == n and s.name == "forward")
+        start, end = calls[i + 1]  # after the no_grad call
+        assert step.start_time <= fwd.start_time <= start and end <= fwd.end_time
 
 
 def test_backward_in_another_thread_records_into_the_open_step(
