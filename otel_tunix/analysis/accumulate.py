@@ -138,6 +138,7 @@ class _FileAcc:
     scopes: dict[str, _ScopeAcc] = field(default_factory=dict)
     start_ns: int | None = None
     start_source: str = ""
+    run_id: str | None = None
     stats: ReadStats = field(default_factory=ReadStats)
 
     def read(self) -> None:
@@ -164,9 +165,12 @@ class _FileAcc:
         elif isinstance(obj.get("time"), int | float):
             self.start_ns, self.start_source = int(obj["time"] * 1e9), "spans file header"
         resource = obj.get("resource")
-        if self.rank is None and isinstance(resource, Mapping):
-            r = resource.get("tunix.rank")
-            self.rank = r if isinstance(r, int) else None
+        if isinstance(resource, Mapping):
+            rid = resource.get("tunix.run.id")
+            self.run_id = rid if isinstance(rid, str) and rid else self.run_id
+            if self.rank is None:
+                r = resource.get("tunix.rank")
+                self.rank = r if isinstance(r, int) else None
 
     @property
     def n(self) -> int:

@@ -27,7 +27,13 @@ import numpy as np
 
 from otel_tunix.analysis import goodput as gp
 from otel_tunix.analysis.accumulate import _NS, _FileAcc, _i, _metrics_start, _ScopeAcc
-from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files, spans_rank
+from otel_tunix.analysis.readers import (
+    AnalysisError,
+    resolve_spans_files,
+    run_folders,
+    runs_note,
+    spans_rank,
+)
 
 __all__ = [
     "Anomaly",
@@ -190,11 +196,18 @@ class RunSummary:
     slowest_ranks: list[int | None]
     notes: list[str]
     bad_lines: int = 0
+    run_ids: list[str] = field(default_factory=list)
+    """The ``tunix.run.id`` of the files read (one run: one id, shared by its ranks)."""
+    runs: list[str] = field(default_factory=list)
+    """Every run folder under ``source``, oldest first, when it is a folder holding more than
+    one run (the one read is the folder of ``files``); else empty."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "files": self.files,
+            "run_ids": self.run_ids,
+            "runs": self.runs,
             "scopes": [asdict(s) for s in self.scopes],
             "goodput": self.goodput.to_json(),
             "anomalies": {
@@ -437,7 +450,8 @@ def _rank_table(files: Sequence[_FileAcc], goodputs: Sequence[Goodput]) -> list[
 
 
 def summarize(path: str | os.PathLike[str]) -> RunSummary:
-    """Summarise a run folder, a folder of runs (the newest run) or one spans JSONL file.
+    """Summarise a run folder, a folder of runs (the newest run, the others named in
+    :attr:`RunSummary.runs` and a note) or one spans JSONL file.
 
     With several ``spans-rank<N>.jsonl`` files, the breakdown and the goodput pool every
     rank, anomalies are found per rank, and :attr:`RunSummary.ranks` compares the ranks.
@@ -447,7 +461,9 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
     """
     paths = resolve_spans_files(path)
     files: list[_FileAcc] = []
-    notes: list[str] = []
+    runs = run_folders(path)
+    several = runs_note(path, paths[0])
+    notes: list[str] = [several] if several else []
     for p in paths:
         f = _FileAcc(p, spans_rank(p))
         f.read()
@@ -501,4 +517,6 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         slowest_ranks=slowest,
         notes=notes,
         bad_lines=bad,
+        run_ids=sorted({f.run_id for f in files if f.run_id}),
+        runs=[str(r) for r in runs] if len(runs) > 1 else [],
     )
