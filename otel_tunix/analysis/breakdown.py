@@ -107,12 +107,14 @@ class Goodput:
     """Productive step time over wall time, and the badput by category (seconds).
 
     ``wall_time_sec`` runs from the run's start (the ``time`` of ``metrics.jsonl``'s header,
-    else the first step) to the end of its last step. When scopes ran concurrently their
-    categories add up to more than the wall time; the fractions are then taken of that sum
-    (see ``notes``).
+    else the first step) to the end of its last step, or to the device completion of the
+    work its steps dispatched when that is later (``device_run_on_sec`` after the last host
+    step: an asynchronous loop). When scopes ran concurrently their categories add up to
+    more than the wall time; the fractions are then taken of that sum (see ``notes``).
     """
 
     wall_time_sec: float = 0.0
+    device_run_on_sec: float = 0.0
     productive_sec: float = 0.0
     badput_sec: dict[str, float] = field(default_factory=lambda: dict.fromkeys(gp.BADPUT, 0.0))
     denominator_sec: float = 0.0
@@ -131,6 +133,7 @@ class Goodput:
     def add(self, other: Goodput) -> None:
         """Pool another rank's figures into these."""
         self.wall_time_sec += other.wall_time_sec
+        self.device_run_on_sec += other.device_run_on_sec
         self.productive_sec += other.productive_sec
         self.denominator_sec += other.denominator_sec
         for k, v in other.badput_sec.items():
@@ -140,6 +143,7 @@ class Goodput:
     def to_json(self) -> dict[str, Any]:
         return {
             "wall_time_sec": self.wall_time_sec,
+            "device_run_on_sec": self.device_run_on_sec,
             "productive_sec": self.productive_sec,
             "goodput": self.goodput,
             "badput_sec": dict(self.badput_sec),
@@ -314,7 +318,8 @@ def _file_goodput(f: _FileAcc) -> Goodput:
     if not accs:
         return g
     first = min((a.first_start_ns for a in accs if a.first_start_ns), default=0)
-    end = max(a.last_end_ns for a in accs)
+    host_end = max(a.last_end_ns for a in accs)
+    end = max(host_end, max(a.device_end for a in accs))  # the device's run-on included
     start = first
     if f.start_ns is not None and 0 < f.start_ns <= first:
         start = f.start_ns
@@ -353,6 +358,11 @@ def _file_goodput(f: _FileAcc) -> Goodput:
             cats[gp.COMPILATION] = cats.get(gp.COMPILATION, 0.0) + moved
         for k, v in cats.items():
             totals[k] = totals.get(k, 0.0) + v
+    if end > host_end:  # dispatched work the device still ran after the last host step
+        tail = [iv for a in accs for iv in a.device_tail]
+        for k, v in gp.categorize_intervals(host_end, end, tail).items():
+            totals[k] = totals.get(k, 0.0) + v
+        g.device_run_on_sec = (end - host_end) * _NS
     measured = sum(totals.values()) + g.badput_sec[gp.STARTUP]
     gap = g.wall_time_sec - measured
     if gap >= 0:

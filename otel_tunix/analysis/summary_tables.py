@@ -84,8 +84,9 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
         con.print(t)
 
     g = summary.goodput
+    run_on = f" ({g.device_run_on_sec:.2f} s of it device run-on)" if g.device_run_on_sec else ""
     gt = table(
-        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time",
+        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time{run_on}",
         "where the time went", "seconds", "% of wall",
     )  # fmt: skip
     denom = g.denominator_sec
