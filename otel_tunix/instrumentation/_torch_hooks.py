@@ -168,7 +168,7 @@ class _OptimizerHooks:
     (:func:`instrument_optimizer`) at once; for every optimizer (the instrumentor, ``auto``)
     as each is made (``Optimizer.__init__``), with PyTorch's global step pre/post hooks for
     the optimizers made before. In ``auto`` mode a call opens no span inside a step of the
-    program's own, and ends the automatic step otherwise; ``zero_grad()`` opens it.
+    program's own, and ends the automatic step otherwise; ``zero_grad()`` may start it.
     """
 
     def __init__(self, optimizer: Any, name: str, memory: bool, auto: bool = False) -> None:
@@ -211,14 +211,14 @@ class _OptimizerHooks:
 
         optimizer_cls.__init__ = __init__
 
-        # zero_grad() opens the automatic step too: in the usual loop it comes first, and
+        # zero_grad() may start the automatic step: in the usual loop it comes first, and
         # freeing the gradients is the iteration's own work (not a span: idle in the step).
         original_zero_grad = self.original_zero_grad = optimizer_cls.zero_grad
 
         @functools.wraps(original_zero_grad)
         def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             if hooks.active:
-                _auto.activity()
+                _auto.may_start()
             return original_zero_grad(optimizer, *args, **kwargs)
 
         optimizer_cls.zero_grad = zero_grad

@@ -349,6 +349,45 @@ def test_instrumentor_opens_the_step_at_the_models_forward(
         assert step.start_time <= fwd.start_time <= start and end <= fwd.end_time
 
 
+def test_zero_grad_starts_the_automatic_step_unless_the_program_opens_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``zero_grad()`` first, as most loops do: the automatic step starts there (the next
+    activity opens it, backdated); before a step of the program's own it opens nothing."""
+    pytest.importorskip("opentelemetry.instrumentation")
+    from otel_tunix.instrumentation import _base
+
+    monkeypatch.setattr(_base, "_auto_configure", False)
+    model = _model()
+    instrumentor = ott.TorchInstrumentor()
+    zeroed: list[tuple[int, int]] = []  # before and after each zero_grad(), test's clock
+    with capture() as cap:
+        instrumentor.instrument()
+        try:
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+            for x, y in iter(_batches(3)):
+                t0 = time.time_ns()
+                opt.zero_grad()
+                zeroed.append((t0, time.time_ns()))
+                time.sleep(0.002)  # the iteration's own work before the forward
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            for n, (x, _y) in enumerate(_batches(2)):
+                opt.zero_grad()  # outside the program's own step: starts nothing
+                with otel_tunix.step(100 + n):
+                    model(x).sum().backward()
+                    opt.step()
+        finally:
+            instrumentor.uninstrument()
+        spans = cap.spans()
+    steps = [s for s in spans if s.name == "train_step"]
+    assert [s.attributes[attr.STEP] for s in steps][-2:] == [100, 101]
+    auto = steps[:-2]
+    assert len(auto) == 3
+    for step, (t0, t1) in zip(auto, zeroed, strict=True):
+        assert t0 <= step.start_time <= t1  # from zero_grad(), the 2 ms before forward in it
+
+
 def test_backward_in_another_thread_records_into_the_open_step(
     instrumented: tuple[Any, Any],
 ) -> None:
