@@ -7,20 +7,25 @@ module hooks (``register_module_forward_pre_hook`` / ``register_module_forward_h
 module called while no other module call is open on the training thread is a *root* (the
 model, a loss module, ``DistributedDataParallel`` around the model). Global hooks put every
 module call of the process on ``Module._call_impl``'s slow path (about 2.3 µs a call on the
-project's 2-core machine), so at the end of the first automatic step that saw a root, the
-global hooks are replaced by hooks on the roots found: from then on a forward costs two hook
+project's 2-core machine), so at the end of the first automatic step the global hooks are
+replaced by hooks on the roots found: from then on a forward costs two hook
 calls per root, and a module first called at the top level later is not seen (its forward
 counts as the step's idle time, and the step opens at the next activity instead).
+
+``torch.compile(model)`` works (its wrapper is the root; inside the compiled code the hooks
+do nothing, with no graph break). A model compiled in place (``model.compile()``) runs the
+global hooks only inside compiled code, so it is not seen: use :func:`instrument_model` on it.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from typing import Any
 
 from otel_tunix.instrumentation._torch_device import device_component
-from otel_tunix.instrumentation._torch_hooks import _models, _quiet
+from otel_tunix.instrumentation._torch_hooks import _models, _open_models, _quiet
 from otel_tunix.instrumentation._torch_steps import _auto
 
 __all__ = ["RootForward"]
@@ -45,6 +50,14 @@ class RootForward:
         compiler = getattr(torch, "compiler", None)
         self._compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
         self._disable = getattr(compiler, "disable", None)
+        # torch.compile(module) warns on each call while global hooks exist that they fire
+        # once more for its wrapper: harmless here (the wrapper is the root; the module
+        # inside runs compiled, where the hooks do nothing).
+        warnings.filterwarnings(
+            "ignore",
+            message=r"Using `torch\.compile\(module\)` when there are global hooks",
+            category=UserWarning,
+        )
         hooks = torch.nn.modules.module
         self.global_handles = [
             hooks.register_module_forward_pre_hook(self._pre),
@@ -59,8 +72,8 @@ class RootForward:
             return
         local = self.local
         local.depth += 1
-        if local.depth > 1 or _quiet.depth:
-            return
+        if local.depth > 1 or _quiet.depth or _open_models.count:
+            return  # nested, quiet, or inside a model of instrument_model's (its own span)
         if _auto.current is None and not self.torch.is_grad_enabled():
             return  # inference outside a step (a sanity check, generation) starts none
         if not _auto.activity():
@@ -88,7 +101,7 @@ class RootForward:
     def narrow(self) -> None:
         """Replace the global hooks by hooks on the roots found (at the end of an automatic
         step, outside any forward on this thread)."""
-        if self.narrowed or not self.roots or self.local.depth:
+        if self.narrowed or self.local.depth:
             return
         pre, post = self._pre, self._post
         if self._disable is not None:  # eager at the edge of a torch.compile'd root

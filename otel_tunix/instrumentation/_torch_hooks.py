@@ -36,6 +36,14 @@ class _Quiet(threading.local):
 _quiet = _Quiet()
 
 
+class _OpenModels(threading.local):
+    count = 0
+    """Forward spans of :func:`instrument_model` open in this thread."""
+
+
+_open_models = _OpenModels()
+
+
 class quiet_forward:
     """Inside this block (in this thread) forward hooks record nothing: generation loops
     call ``forward`` once per token, and the enclosing span (``rollout``) says enough."""
@@ -52,6 +60,7 @@ class _ModelHooks:
 
     def __init__(self, torch: Any, model: Any, name: str) -> None:
         self.name = name
+        self.torch = torch
         self.local = _PerThread()
         disable = getattr(getattr(torch, "compiler", None), "disable", None)
         pre, post = self._pre, self._post
@@ -68,8 +77,11 @@ class _ModelHooks:
         key = id(module)
         depth, comp = self.local.open.get(key, (0, None))
         if depth == 0:
+            if _auto.current is not None or self.torch.is_grad_enabled():
+                _auto.activity()  # under the instrumentor, a training forward opens a step
             comp = device_component(self.name)
             comp.__enter__()
+            _open_models.count += 1
         self.local.open[key] = (depth + 1, comp)
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
@@ -79,6 +91,7 @@ class _ModelHooks:
             return
         if depth == 1:
             self.local.open.pop(key, None)
+            _open_models.count -= 1
             if comp is not None:
                 comp.__exit__(None, None, None)
         else:

@@ -388,6 +388,40 @@ def test_zero_grad_starts_the_automatic_step_unless_the_program_opens_its_own(
         assert t0 <= step.start_time <= t1  # from zero_grad(), the 2 ms before forward in it
 
 
+def test_instrumentor_with_compiled_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile(model)``: its wrapper is the root, one forward per step. A model
+    compiled in place is not seen by the module hooks; with ``instrument_model`` its forward
+    is one span per step and opens the step."""
+    pytest.importorskip("opentelemetry.instrumentation")
+    from otel_tunix.instrumentation import _base
+
+    monkeypatch.setattr(_base, "_auto_configure", False)
+    wrapped, in_place = _model(), _model()
+    instrumentor = ott.TorchInstrumentor()
+    with capture() as cap:
+        instrumentor.instrument()
+        try:
+            compiled = torch.compile(wrapped, backend="aot_eager")
+            in_place.compile(backend="aot_eager")
+            ott.instrument_model(in_place)
+            for model in (compiled, in_place):
+                opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+                for x, _y in iter(_batches(3)):
+                    opt.zero_grad()
+                    model(x).sum().backward()
+                    opt.step()
+        finally:
+            ott.uninstrument_model(in_place)
+            instrumentor.uninstrument()
+        spans = cap.spans()
+    steps = [s for s in spans if s.name == "train_step"]
+    assert len(steps) == 6
+    for step in steps:
+        n = step.attributes[attr.STEP]
+        names = [s.name for s in spans if s.attributes[attr.STEP] == n]
+        assert names == ["forward", "backward", "optimizer_step", "train_step"]
+
+
 def test_backward_in_another_thread_records_into_the_open_step(
     instrumented: tuple[Any, Any],
 ) -> None:
