@@ -75,6 +75,8 @@ def _output_dir(
         return None
     if raw is None or not raw.strip():  # one folder per run, also for a reused job id
         return folders.fresh_folder(Path("otel-tunix-runs") / path_component(run_id), rank_suffix)
+    if _forked_from_a_run:  # the parent's folder: configure() puts the child in forked-<pid>
+        return Path(raw)
     return folders.given_folder(Path(raw), rank_suffix)  # never a folder a run wrote already
 
 
