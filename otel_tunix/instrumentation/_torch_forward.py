@@ -6,11 +6,12 @@ The instrumentor cannot know which module is the model, so it starts with PyTorc
 module hooks (``register_module_forward_pre_hook`` / ``register_module_forward_hook``): a
 module called while no other module call is open on the training thread is a *root* (the
 model, a loss module, ``DistributedDataParallel`` around the model). Global hooks put every
-module call of the process on ``Module._call_impl``'s slow path (about 2.3 µs a call on the
-project's 2-core machine), so at the end of the first automatic step the global hooks are
-replaced by hooks on the roots found: from then on a forward costs two hook
-calls per root, and a module first called at the top level later is not seen (its forward
-counts as the step's idle time, and the step opens at the next activity instead).
+module call of the process on ``Module._call_impl``'s slow path (4 to 9 us a call on the
+project's loaded 2-core VM: ``bench/bench_torch_zero_code.py``), so at the end of the first
+automatic step the global hooks are replaced by hooks on the roots found: from then on a
+forward costs two hook calls per root, and a module first called at the top level later is
+not seen (its forward counts as the step's idle time, and the step opens at the next
+activity instead).
 
 ``torch.compile(model)`` works (its wrapper is the root; inside the compiled code the hooks
 do nothing, with no graph break). A model compiled in place (``model.compile()``) runs the
