@@ -27,7 +27,7 @@ from otel_tunix.analysis.plotting import (
     save_plot,
     watch,
 )
-from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files
+from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files, runs_note
 from otel_tunix.analysis.summary_tables import render_summary
 from otel_tunix.demo import main as demo_main
 from otel_tunix.demo_rl import main as rl_main
@@ -150,6 +150,8 @@ def _plot_run(prog: str, args: argparse.Namespace, inputs: list[str]) -> int:
                 prog, f"--out {out}: unknown image type; use one of: {', '.join(sorted(kinds))}"
             )
     tables = load_runs(inputs, spec)
+    for given, table in zip(inputs, tables, strict=True):
+        _say_which_run(prog, given, table.path)
     if out is None and not args.show:
         out = tables[0].path.parent / "metrics.png"
     fig: Any = None
@@ -209,6 +211,13 @@ def _plot_run(prog: str, args: argparse.Namespace, inputs: list[str]) -> int:
     return 0
 
 
+def _say_which_run(prog: str, given: str, chosen: Path) -> None:
+    """A folder that holds several runs (``output_dir=`` given to each): say which is read."""
+    note = runs_note(given, chosen)
+    if note is not None:
+        print(f"{prog}: {note}", file=sys.stderr)
+
+
 # --- summary -----------------------------------------------------------------------------------
 
 
@@ -220,7 +229,8 @@ def _summary(argv: Sequence[str]) -> int:
         "busy / blocked / idle, steps/s, goodput with its badput, anomalous steps (slower than "
         "median + 3·MAD) and, for several ranks, a per-rank table.",
         epilog="RUN is a run folder (spans.jsonl, or spans-rank<N>.jsonl for every rank), a "
-        "folder of runs (the newest is used) or a spans JSONL file (plain or .gz).",
+        "folder of runs (the newest is used, and the others named) or a spans JSONL file "
+        "(plain or .gz).",
     )
     ap.add_argument("run", metavar="RUN", help="run folder or spans JSONL file")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -261,6 +271,7 @@ def _convert(argv: Sequence[str]) -> int:
 
     def run() -> int:
         files = resolve_spans_files(args.input)
+        _say_which_run(prog, args.input, files[0])
         if len(files) > 1:
             return _fail(
                 prog,

@@ -26,7 +26,8 @@ Default: ``tunix``."""
 
 OTEL_TUNIX_OUTPUT_DIR: Final = "OTEL_TUNIX_OUTPUT_DIR"
 """Local run folder (spans JSONL, metrics JSONL, summary). ``none`` turns the local folder
-off. Default: ``./otel-tunix-runs/<run id>``."""
+off; a later run given a folder that an earlier run wrote goes to ``<folder>/run-2``,
+``run-3``, ... Default: ``./otel-tunix-runs/<run id>``."""
 
 OTEL_TUNIX_EXPORT_JSONL_PATH: Final = "OTEL_TUNIX_EXPORT_JSONL_PATH"
 """An extra spans JSONL file (one line per sampled step); ``.gz`` writes gzip. Default: unset."""

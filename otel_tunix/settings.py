@@ -173,7 +173,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_SCOPE, "scope", _text, "tunix",
             "instrumentation scope (tracer and meter name)", "a non-empty name"),
     Setting(env.OTEL_TUNIX_OUTPUT_DIR, "output_dir", _text, None,
-            "local run folder; `none` turns it off (unset: `./otel-tunix-runs/<run id>`)",
+            "local run folder; `none` turns it off (unset: `./otel-tunix-runs/<run id>`); "
+            "a later run given a folder an earlier run wrote goes to `<folder>/run-2`, ...",
             "a directory path or none"),
     Setting(env.OTEL_TUNIX_EXPORT_JSONL_PATH, "export_jsonl_path", _text, None,
             "extra spans JSONL file (`.gz` writes gzip)", "a file path"),

@@ -69,6 +69,14 @@ def test_bench_demo_prints_the_direct_and_wall_clock_measurements():
     assert re.search(r"wall clock, interleaved blocks of 2 steps.*median of \d+ pairs", text)
 
 
+def test_bench_torch_zero_code_prints_the_hook_cost_and_the_loop_ratio():
+    pytest.importorskip("torch")
+    pytest.importorskip("opentelemetry.instrumentation")
+    text = _run("bench_torch_zero_code.py", "--layers", "2", "--iterations", "5", "--rounds", "1")
+    assert re.search(r"added per module call\s+-?\d+\.\d{3} us", text)
+    assert re.search(r"ratio instrumented / uninstrumented\s+\d+\.\d{3}", text)
+
+
 def test_bench_instructions_child_runs_every_stage_without_valgrind():
     for stage, names in (("hot", []), ("process", []), ("export", ["--distinct"])):
         out = subprocess.run(

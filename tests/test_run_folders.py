@@ -65,3 +65,68 @@ def test_a_run_that_recorded_nothing_leaves_no_folder(tmp_path: Path) -> None:
     otel_tunix.shutdown()
     assert logged.output_dir is not None
     assert (logged.output_dir / "metrics.jsonl").exists()
+
+
+def _run_in(folder: Path, steps: int, monkeypatch: pytest.MonkeyPatch) -> otel_tunix.RunInfo:
+    monkeypatch.setenv("OTEL_TUNIX_OUTPUT_DIR", str(folder))
+    info = otel_tunix.configure()
+    for n in range(steps):
+        with otel_tunix.step(n), otel_tunix.component("work"):
+            otel_tunix.log({"loss": float(n)}, step=n)
+    otel_tunix.shutdown()
+    return info
+
+
+def test_two_runs_given_one_folder_share_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resumed job given the same OTEL_TUNIX_OUTPUT_DIR: the second run writes beside the
+    first (in <folder>/run-2), and summary / convert / plot say which run they read."""
+    from otel_tunix import cli
+
+    folder = tmp_path / "job"
+    first = _run_in(folder, 3, monkeypatch)
+    first_summary = (folder / "summary.json").read_bytes()
+    second = _run_in(folder, 5, monkeypatch)
+    assert first.output_dir == folder and second.output_dir == folder / "run-2"
+    assert _steps(folder) == [0, 1, 2]  # nothing appended to the first run's files
+    assert _steps(folder / "run-2") == [0, 1, 2, 3, 4]
+    assert (folder / "summary.json").read_bytes() == first_summary  # not overwritten
+    summaries = [json.loads((f / "summary.json").read_text()) for f in (folder, folder / "run-2")]
+    assert [s["resource"]["tunix.run.id"] for s in summaries] == [first.run_id, second.run_id]
+    metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "metrics" in m and "loss" in m["metrics"]] == [0, 1, 2]
+
+    capsys.readouterr()
+    assert cli.main(["summary", str(folder), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["files"] == [str(folder / "run-2" / "spans.jsonl")]
+    assert out["run_ids"] == [second.run_id]
+    assert out["runs"] == [str(folder), str(folder / "run-2")]
+    assert out["scopes"][0]["steps"] == 5  # the second run only, never 3 + 5
+    assert any(str(folder / "run-2") in n and str(folder) in n for n in out["notes"])
+    assert cli.main(["summary", str(folder)]) == 0
+    text = capsys.readouterr().out
+    assert "2 runs here" in text and second.run_id in text
+    # a run's own folder reads that run, with no note about the others
+    assert cli.main(["summary", str(folder / "spans.jsonl"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["run_ids"] == [first.run_id] and out["runs"] == [] and not out["notes"]
+    assert out["scopes"][0]["steps"] == 3
+    cli.main(["convert", str(folder), "--to", "perfetto", str(tmp_path / "t.pftrace")])
+    err = capsys.readouterr().err  # said before converting (or failing for want of an extra)
+    assert "holds 2 runs" in err and f"reading the newest, {folder / 'run-2'}" in err
+    # a third run moves on to run-3
+    assert _run_in(folder, 1, monkeypatch).output_dir == folder / "run-3"
+
+
+def test_the_ranks_of_one_run_share_a_given_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    folder = tmp_path / "job"
+    for run in (folder, folder / "run-2"):  # two runs of a two-rank job, one folder given
+        for rank in ("0", "1"):
+            monkeypatch.setenv("RANK", rank)
+            assert _run_in(folder, 2, monkeypatch).output_dir == run
+        assert _steps(run, "spans-rank0.jsonl") == _steps(run, "spans-rank1.jsonl") == [0, 1]

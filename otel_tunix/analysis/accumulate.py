@@ -20,6 +20,7 @@ import numpy as np
 
 from otel_tunix.analysis import goodput as gp
 from otel_tunix.analysis.readers import AnalysisError, ReadStats, iter_records
+from otel_tunix.attributes import DEVICE_END
 
 _NS = 1e-9
 
@@ -51,6 +52,11 @@ class _ScopeAcc:
         self.min_start: int | None = None
         self.max_end: int | None = None
         self.session: Mapping[str, Any] | None = None
+        self.device_end = 0
+        """The latest device completion of any step (0: no device-ended component)."""
+        self.device_tail: list[tuple[str, int, int]] = []
+        """Device-ended components' time past the host end of their step, classified
+        (category, start, end): only those that may outlast the last host step are kept."""
 
     @property
     def n(self) -> int:
@@ -90,6 +96,25 @@ class _ScopeAcc:
             self.first = (start, idx, cats)
         self.min_start = start if self.min_start is None else min(self.min_start, start)
         self.max_end = end if self.max_end is None else max(self.max_end, end)
+        device_end = _i(obj.get("device_end_ns"))
+        if device_end > end and isinstance(spans, list):
+            self._device_run_on(end, spans)
+        self.device_end = max(self.device_end, device_end)
+
+    def _device_run_on(self, end: int, spans: list[Any]) -> None:
+        eval_scope = gp.is_eval_scope(self.scope)
+        for s in spans:
+            if not isinstance(s, Mapping) or not isinstance(s.get("attributes"), Mapping):
+                continue
+            s1 = _i(s.get("end_ns"))
+            if s["attributes"].get(DEVICE_END) is not True or s1 <= end:
+                continue
+            name, kind = str(s.get("name", "")), str(s.get("kind", ""))
+            cat = gp.EVALUATION if eval_scope else gp.classify_component(name, kind)
+            self.device_tail.append((cat, max(_i(s.get("start_ns")), end), s1))
+        if len(self.device_tail) > 256:  # what ends before the host's latest end cannot
+            last = self.max_end or 0  # outlast the last host step: memory stays bounded
+            self.device_tail = [iv for iv in self.device_tail if iv[2] > last]
 
     def _comp(self, name: str, kind: str, idx: int) -> array[float]:
         col = self.comp.get((name, kind))
@@ -138,6 +163,7 @@ class _FileAcc:
     scopes: dict[str, _ScopeAcc] = field(default_factory=dict)
     start_ns: int | None = None
     start_source: str = ""
+    run_id: str | None = None
     stats: ReadStats = field(default_factory=ReadStats)
 
     def read(self) -> None:
@@ -164,9 +190,12 @@ class _FileAcc:
         elif isinstance(obj.get("time"), int | float):
             self.start_ns, self.start_source = int(obj["time"] * 1e9), "spans file header"
         resource = obj.get("resource")
-        if self.rank is None and isinstance(resource, Mapping):
-            r = resource.get("tunix.rank")
-            self.rank = r if isinstance(r, int) else None
+        if isinstance(resource, Mapping):
+            rid = resource.get("tunix.run.id")
+            self.run_id = rid if isinstance(rid, str) and rid else self.run_id
+            if self.rank is None:
+                r = resource.get("tunix.rank")
+                self.rank = r if isinstance(r, int) else None
 
     @property
     def n(self) -> int:

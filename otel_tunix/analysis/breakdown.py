@@ -27,7 +27,13 @@ import numpy as np
 
 from otel_tunix.analysis import goodput as gp
 from otel_tunix.analysis.accumulate import _NS, _FileAcc, _i, _metrics_start, _ScopeAcc
-from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files, spans_rank
+from otel_tunix.analysis.readers import (
+    AnalysisError,
+    resolve_spans_files,
+    run_folders,
+    runs_note,
+    spans_rank,
+)
 
 __all__ = [
     "Anomaly",
@@ -101,12 +107,14 @@ class Goodput:
     """Productive step time over wall time, and the badput by category (seconds).
 
     ``wall_time_sec`` runs from the run's start (the ``time`` of ``metrics.jsonl``'s header,
-    else the first step) to the end of its last step. When scopes ran concurrently their
-    categories add up to more than the wall time; the fractions are then taken of that sum
-    (see ``notes``).
+    else the first step) to the end of its last step, or to the device completion of the
+    work its steps dispatched when that is later (``device_run_on_sec`` after the last host
+    step: an asynchronous loop). When scopes ran concurrently their categories add up to
+    more than the wall time; the fractions are then taken of that sum (see ``notes``).
     """
 
     wall_time_sec: float = 0.0
+    device_run_on_sec: float = 0.0
     productive_sec: float = 0.0
     badput_sec: dict[str, float] = field(default_factory=lambda: dict.fromkeys(gp.BADPUT, 0.0))
     denominator_sec: float = 0.0
@@ -125,6 +133,7 @@ class Goodput:
     def add(self, other: Goodput) -> None:
         """Pool another rank's figures into these."""
         self.wall_time_sec += other.wall_time_sec
+        self.device_run_on_sec += other.device_run_on_sec
         self.productive_sec += other.productive_sec
         self.denominator_sec += other.denominator_sec
         for k, v in other.badput_sec.items():
@@ -134,6 +143,7 @@ class Goodput:
     def to_json(self) -> dict[str, Any]:
         return {
             "wall_time_sec": self.wall_time_sec,
+            "device_run_on_sec": self.device_run_on_sec,
             "productive_sec": self.productive_sec,
             "goodput": self.goodput,
             "badput_sec": dict(self.badput_sec),
@@ -190,11 +200,18 @@ class RunSummary:
     slowest_ranks: list[int | None]
     notes: list[str]
     bad_lines: int = 0
+    run_ids: list[str] = field(default_factory=list)
+    """The ``tunix.run.id`` of the files read (one run: one id, shared by its ranks)."""
+    runs: list[str] = field(default_factory=list)
+    """Every run folder under ``source``, oldest first, when it is a folder holding more than
+    one run (the one read is the folder of ``files``); else empty."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "files": self.files,
+            "run_ids": self.run_ids,
+            "runs": self.runs,
             "scopes": [asdict(s) for s in self.scopes],
             "goodput": self.goodput.to_json(),
             "anomalies": {
@@ -301,7 +318,8 @@ def _file_goodput(f: _FileAcc) -> Goodput:
     if not accs:
         return g
     first = min((a.first_start_ns for a in accs if a.first_start_ns), default=0)
-    end = max(a.last_end_ns for a in accs)
+    host_end = max(a.last_end_ns for a in accs)
+    end = max(host_end, max(a.device_end for a in accs))  # the device's run-on included
     start = first
     if f.start_ns is not None and 0 < f.start_ns <= first:
         start = f.start_ns
@@ -340,6 +358,11 @@ def _file_goodput(f: _FileAcc) -> Goodput:
             cats[gp.COMPILATION] = cats.get(gp.COMPILATION, 0.0) + moved
         for k, v in cats.items():
             totals[k] = totals.get(k, 0.0) + v
+    if end > host_end:  # dispatched work the device still ran after the last host step
+        tail = [iv for a in accs for iv in a.device_tail]
+        for k, v in gp.categorize_intervals(host_end, end, tail).items():
+            totals[k] = totals.get(k, 0.0) + v
+        g.device_run_on_sec = (end - host_end) * _NS
     measured = sum(totals.values()) + g.badput_sec[gp.STARTUP]
     gap = g.wall_time_sec - measured
     if gap >= 0:
@@ -437,7 +460,8 @@ def _rank_table(files: Sequence[_FileAcc], goodputs: Sequence[Goodput]) -> list[
 
 
 def summarize(path: str | os.PathLike[str]) -> RunSummary:
-    """Summarise a run folder, a folder of runs (the newest run) or one spans JSONL file.
+    """Summarise a run folder, a folder of runs (the newest run, the others named in
+    :attr:`RunSummary.runs` and a note) or one spans JSONL file.
 
     With several ``spans-rank<N>.jsonl`` files, the breakdown and the goodput pool every
     rank, anomalies are found per rank, and :attr:`RunSummary.ranks` compares the ranks.
@@ -447,7 +471,9 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
     """
     paths = resolve_spans_files(path)
     files: list[_FileAcc] = []
-    notes: list[str] = []
+    runs = run_folders(path)
+    several = runs_note(path, paths[0])
+    notes: list[str] = [several] if several else []
     for p in paths:
         f = _FileAcc(p, spans_rank(p))
         f.read()
@@ -501,4 +527,6 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         slowest_ranks=slowest,
         notes=notes,
         bad_lines=bad,
+        run_ids=sorted({f.run_id for f in files if f.run_id}),
+        runs=[str(r) for r in runs] if len(runs) > 1 else [],
     )

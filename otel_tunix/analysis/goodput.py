@@ -18,7 +18,10 @@ checkpoint written inside a step is never productive. The run-level figures
 (:class:`~otel_tunix.analysis.breakdown.Goodput`) add ``startup`` (from the run's start to its
 first step) and, for the first step of each non-evaluation scope, its time beyond the
 scope's median step time as ``compilation`` (JIT compilation, warm-up); time between steps,
-in no step at all, is ``idle``. The exact rules are in ``docs/local-analysis.md``.
+in no step at all, is ``idle``. The device's run-on after the last host step (an
+asynchronous loop's dispatched work still running when its host loop ends) is part of the
+wall time, each instant by the components still running on the device then
+(:func:`categorize_intervals`). The exact rules are in ``docs/local-analysis.md``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ __all__ = [
     "OTHER_BLOCKED",
     "PRODUCTIVE",
     "STARTUP",
+    "categorize_intervals",
     "categorize_step",
     "classify_component",
     "is_eval_scope",
@@ -123,17 +127,29 @@ def categorize_step(
     window = max(0, end_ns - start_ns)
     if is_eval_scope(scope):
         return {EVALUATION: window * 1e-9} if window else {}
-    by_cat: dict[str, list[tuple[int, int]]] = {}
+    intervals: list[tuple[str, int, int]] = []
     for s in spans:
         try:
-            s0 = max(int(s["start_ns"]), start_ns)  # type: ignore[call-overload]
-            s1 = min(int(s["end_ns"]), end_ns)  # type: ignore[call-overload]
+            s0, s1 = int(s["start_ns"]), int(s["end_ns"])  # type: ignore[call-overload]
         except (KeyError, TypeError, ValueError):
             continue
-        if s1 <= s0:
-            continue
         cat = classify_component(str(s.get("name", "")), str(s.get("kind", "")))
-        by_cat.setdefault(cat, []).append((s0, s1))
+        intervals.append((cat, s0, s1))
+    return categorize_intervals(start_ns, end_ns, intervals)
+
+
+def categorize_intervals(
+    start_ns: int, end_ns: int, intervals: Iterable[tuple[str, int, int]]
+) -> dict[str, float]:
+    """Seconds of the window in each category, from intervals already classified
+    (``(category, start_ns, end_ns)``, clipped to the window), by the precedence of
+    :func:`categorize_step`; ``idle`` where none is open. They add up to the window."""
+    window = max(0, end_ns - start_ns)
+    by_cat: dict[str, list[tuple[int, int]]] = {}
+    for cat, s0, s1 in intervals:
+        s0, s1 = max(s0, start_ns), min(s1, end_ns)
+        if s1 > s0:
+            by_cat.setdefault(cat, []).append((s0, s1))
     out: dict[str, float] = {}
     covered: list[tuple[int, int]] = []
     before = 0

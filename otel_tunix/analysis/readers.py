@@ -38,7 +38,9 @@ __all__ = [
     "read_jsonl",
     "resolve_metrics_file",
     "resolve_spans_files",
+    "run_folders",
     "run_label",
+    "runs_note",
 ]
 
 X_KEYS: tuple[str, ...] = ("step", "time", "epoch")
@@ -508,3 +510,39 @@ def resolve_spans_files(path: str | os.PathLike[str]) -> list[Path]:
     for f in sorted(mine, key=lambda f: f.name.endswith(".gz")):
         by_rank.setdefault(spans_rank(f), f)
     return sorted(by_rank.values(), key=lambda f: (spans_rank(f) or -1, f.name))
+
+
+_RUN_FILE_RE = re.compile(r"^(?:spans|metrics)(?:-rank\d+)?\.jsonl(?:\.gz)?$")
+
+
+def run_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """The run folders that ``path`` holds: itself and its folders up to two levels below
+    that hold a spans or metrics file, oldest first (by their newest such file); ``[]`` for
+    a file. A folder given to several runs (``output_dir=`` reused) holds the first run's
+    files and ``run-2``, ``run-3``... for the later ones."""
+    p = Path(path)
+    if not p.is_dir():
+        return []
+    newest: dict[Path, float] = {}
+    for f in _jsonl_files(p, _SEARCH_DEPTH):
+        if not _RUN_FILE_RE.match(f.name):
+            continue
+        try:
+            t = f.stat().st_mtime
+        except OSError:
+            continue
+        newest[f.parent] = max(t, newest.get(f.parent, t))
+    return sorted(newest, key=lambda d: (newest[d], str(d)))
+
+
+def runs_note(path: str | os.PathLike[str], chosen: Path) -> str | None:
+    """What to tell the user when ``path`` holds several runs and ``chosen`` (a file of one
+    of them) is read: which one, and the others; ``None`` when it holds one run."""
+    runs = run_folders(path)
+    if len(runs) < 2:
+        return None
+    others = ", ".join(str(r) for r in runs if r != chosen.parent)
+    return (
+        f"{path} holds {len(runs)} runs; reading the newest, {chosen.parent} (give a run's "
+        f"folder to read another: {others})"
+    )

@@ -44,7 +44,14 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             t.add_column(col, justify="left" if i == 0 or col in left else "right", no_wrap=i == 0)
         return t
 
-    con.print(f"[bold]run[/]: {summary.source}")
+    ids = f" (run id {', '.join(summary.run_ids)})" if summary.run_ids else ""
+    con.print(f"[bold]run[/]: {summary.source}{ids}")
+    if summary.runs:
+        con.print(
+            f"  [yellow]{len(summary.runs)} runs here[/] (oldest first): "
+            + ", ".join(summary.runs)
+            + "; this summary reads only the newest:"
+        )
     if len(summary.files) > 1 or summary.files[0] != summary.source:
         for f in summary.files:
             con.print(f"  {f}")
@@ -77,8 +84,9 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
         con.print(t)
 
     g = summary.goodput
+    run_on = f" ({g.device_run_on_sec:.2f} s of it device run-on)" if g.device_run_on_sec else ""
     gt = table(
-        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time",
+        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time{run_on}",
         "where the time went", "seconds", "% of wall",
     )  # fmt: skip
     denom = g.denominator_sec

@@ -38,6 +38,14 @@ class _Quiet(threading.local):
 _quiet = _Quiet()
 
 
+class _OpenModels(threading.local):
+    count = 0
+    """Forward spans of :func:`instrument_model` open in this thread."""
+
+
+_open_models = _OpenModels()
+
+
 class quiet_forward:
     """Inside this block (in this thread) forward hooks record nothing: generation loops
     call ``forward`` once per token, and the enclosing span (``rollout``) says enough."""
@@ -54,6 +62,7 @@ class _ModelHooks:
 
     def __init__(self, torch: Any, model: Any, name: str) -> None:
         self.name = name
+        self.torch = torch
         self.local = _PerThread()
         disable = getattr(getattr(torch, "compiler", None), "disable", None)
         pre, post = self._pre, self._post
@@ -70,8 +79,11 @@ class _ModelHooks:
         key = id(module)
         depth, comp = self.local.open.get(key, (0, None))
         if depth == 0:
+            if _auto.current is not None or self.torch.is_grad_enabled():
+                _auto.activity()  # under the instrumentor, a training forward opens a step
             comp = device_component(self.name)
             comp.__enter__()
+            _open_models.count += 1
         self.local.open[key] = (depth + 1, comp)
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
@@ -81,6 +93,7 @@ class _ModelHooks:
             return
         if depth == 1:
             self.local.open.pop(key, None)
+            _open_models.count -= 1
             if comp is not None:
                 comp.__exit__(None, None, None)
         else:
@@ -177,7 +190,7 @@ class _OptimizerHooks:
     (:func:`instrument_optimizer`) at once; for every optimizer (the instrumentor, ``auto``)
     as each is made (``Optimizer.__init__``), with PyTorch's global step pre/post hooks for
     the optimizers made before. In ``auto`` mode a call opens no span inside a step of the
-    program's own, and ends the automatic step otherwise.
+    program's own, and ends the automatic step otherwise; ``zero_grad()`` may start it.
     """
 
     def __init__(self, optimizer: Any, name: str, memory: bool, auto: bool = False) -> None:
@@ -190,6 +203,7 @@ class _OptimizerHooks:
         self.wrapped: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
         """Per optimizer, our wrapper and the instance's own ``step`` it replaced."""
         self.original_init: Any = None
+        self.original_zero_grad: Any = None
         if auto:
             mod = sys.modules["torch.optim.optimizer"]
             self.handles = [
@@ -218,6 +232,18 @@ class _OptimizerHooks:
                 hooks.wrap(optimizer)
 
         optimizer_cls.__init__ = __init__
+
+        # zero_grad() may start the automatic step: in the usual loop it comes first, and
+        # freeing the gradients is the iteration's own work (not a span: idle in the step).
+        original_zero_grad = self.original_zero_grad = optimizer_cls.zero_grad
+
+        @functools.wraps(original_zero_grad)
+        def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if hooks.active:
+                _auto.may_start()
+            return original_zero_grad(optimizer, *args, **kwargs)
+
+        optimizer_cls.zero_grad = zero_grad
 
     def _wrap(self, step: Any) -> Any:
         hooks = self
@@ -261,7 +287,9 @@ class _OptimizerHooks:
         for handle in self.handles:
             handle.remove()
         if self.original_init is not None:
-            sys.modules["torch.optim.optimizer"].Optimizer.__init__ = self.original_init
+            optimizer_cls = sys.modules["torch.optim.optimizer"].Optimizer
+            optimizer_cls.__init__ = self.original_init
+            optimizer_cls.zero_grad = self.original_zero_grad
         self.active = False  # a wrapper of ours that another wrapped stays, inactive
         for optimizer, (wrapper, own_step) in list(self.wrapped.items()):
             if optimizer.__dict__.get("step") is wrapper:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
 from otel_tunix import attributes as attr
+from otel_tunix._recording import now_ns
 from otel_tunix.instrumentation import _base
 from otel_tunix.settings import load_settings
 
@@ -47,7 +49,8 @@ def ensure_configured() -> bool:
 class _AutoSteps:
     """Steps for loops that never call :func:`otel_tunix.step` (zero-code mode).
 
-    A step opens at the loop's first activity (a batch fetch, a backward, an optimizer step)
+    A step opens at the loop's first activity (a batch fetch, the model's forward, a
+    backward, an optimizer step), from a ``zero_grad()`` just before it when there was one,
     and closes when ``optimizer.step()`` returns, so it covers data wait, forward, backward
     and the optimizer. Nothing happens while a step of the program's own (or of the
     Transformers integration) is open.
@@ -58,6 +61,23 @@ class _AutoSteps:
         self.number = 0
         self.current: Any = None
         self.thread: int | None = None
+        self.pending: tuple[int, int] | None = None
+        """When and on which thread the next step may have started (``may_start``)."""
+        self.on_step_done: Callable[[], None] | None = None
+        """Called after each automatic step closes (the forward hooks narrow themselves)."""
+
+    def may_start(self) -> None:
+        """``zero_grad()``: the iteration may start here. The step is not opened yet (the
+        program may open its own next, around the rest of the iteration); the next activity
+        that opens one backdates it to this moment. Only once configured: a step never
+        starts before its run."""
+        if (
+            self.enabled
+            and self.current is None
+            and self.pending is None
+            and otel_tunix.current_run() is not None
+        ):
+            self.pending = (now_ns(), threading.get_ident())
 
     def activity(self) -> bool:
         """Called before a recorded activity. True when auto steps own the current loop."""
@@ -65,13 +85,16 @@ class _AutoSteps:
             return True
         if self.current is not None:
             return self.thread == threading.get_ident()
+        pending, self.pending = self.pending, None
         if _base.step_is_open():
             return False
         if not ensure_configured():
             return False
-        st = otel_tunix.step(self.number, scope="train")
+        me = threading.get_ident()
+        start = pending[0] if pending is not None and pending[1] == me else None
+        st = otel_tunix.step(self.number, scope="train", start_ns=start)
         st.__enter__()
-        self.current, self.thread = st, threading.get_ident()
+        self.current, self.thread = st, me
         return True
 
     def step_done(self) -> None:
@@ -81,6 +104,8 @@ class _AutoSteps:
         self.current = None
         self.number += 1
         st.__exit__(None, None, None)
+        if self.on_step_done is not None:
+            self.on_step_done()
 
 
 _auto = _AutoSteps()

@@ -65,6 +65,7 @@ from otel_tunix.instrumentation._torch_device import (
 from otel_tunix.instrumentation._torch_device import (
     SHARE_WINDOW_NS as SHARE_WINDOW_NS,
 )
+from otel_tunix.instrumentation._torch_forward import RootForward
 from otel_tunix.instrumentation._torch_hooks import (
     _backward,
     _OptimizerHooks,
@@ -109,18 +110,21 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
 
     When ``torch`` gets imported: every ``optimizer.step()`` is an ``optimizer_step`` span
     and ends a step, every ``backward`` is a ``backward`` span, every DataLoader batch is a
-    ``train_data_load`` span (blocked with worker processes), every ``torch.distributed``
+    ``train_data_load`` span (blocked with worker processes), the outermost module call of
+    the loop (the model's forward) is a ``forward`` span, every ``torch.distributed``
     collective a blocked span (see :func:`instrument_collectives`), every torch.compile
     compilation a ``torch_compile`` span and a count (see :func:`instrument_compile`), and a
-    loop that opens no
-    otel-tunix step of its own gets one per optimizer step (scope ``train``). Inside steps
-    opened by the program or the Transformers integration, only ``backward`` is added (the
-    others are theirs). Forward spans need the model: :func:`instrument_model`.
+    loop that opens no otel-tunix
+    step of its own gets one per optimizer step (scope ``train``), from its first activity
+    (a fetch, a forward with gradients on, a backward) to the end of ``optimizer.step()``.
+    Inside steps opened by the program or the Transformers integration, only ``backward`` is
+    added (the others are theirs; forward spans there need :func:`instrument_model`).
     """
 
     # Class-level state: BaseInstrumentor is a singleton whose __init__ runs on every call.
     _active = False
     _optimizer_hooks: _OptimizerHooks | None = None
+    _forward: RootForward | None = None
     _original_iter: Any = None
 
     def instrumentation_dependencies(self) -> tuple[str, ...]:
@@ -143,6 +147,7 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         _collectives.acquire(torch)
         _compile_hooks.acquire()
         self._optimizer_hooks = _OptimizerHooks(None, "optimizer_step", memory=True, auto=True)
+        self._forward = RootForward(torch)
         original = self._original_iter = data.DataLoader.__iter__
 
         @functools.wraps(original)
@@ -168,6 +173,9 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         torch = sys.modules["torch"]
         self._optimizer_hooks.remove()
         self._optimizer_hooks = None
+        if self._forward is not None:
+            self._forward.remove()
+            self._forward = None
         _backward.release(torch)
         _collectives.release(torch)
         _compile_hooks.release()

@@ -92,8 +92,10 @@ def run_folder(
         out_dir = folders.fresh_folder(
             Path("otel-tunix-runs") / path_component(run_id), rank.file_suffix
         )
-    else:
+    elif forked:  # the parent's folder: the child goes in forked-<pid> below
         out_dir = Path(raw)
+    else:  # never a folder a run wrote already
+        out_dir = folders.given_folder(Path(raw), rank.file_suffix)
     if out_dir is not None and forked:
         out_dir = out_dir / f"forked-{os.getpid()}"
     files: dict[str, Path] = {}

@@ -8,6 +8,12 @@ taken for a rank when it already holds that rank's spans or summary file, so the
 one run still share a folder (each has its own files), and the ranks of the second run all
 move on to the same ``-2``.
 
+A folder given by the user (``output_dir=`` or ``OTEL_TUNIX_OUTPUT_DIR``) is used as it is by
+the first run; a later run given the same folder (a resumed job) gets ``<folder>/run-2``
+(then ``run-3``, ...) by the same rule, so two runs never append to one ``spans.jsonl`` or
+overwrite one ``summary.json``, and ``otel-tunix summary <folder>`` reads the newest run and
+names the others.
+
 A run that recorded no step and logged no metric leaves no folder behind (``otel-tunix
 summary`` would otherwise pick that empty run as the newest): at shutdown the files it
 wrote are removed, and the folder too when otel-tunix made it and nothing else is in it.
@@ -23,7 +29,7 @@ from pathlib import Path
 from otel_tunix._current import RunInfo
 from otel_tunix.model import ScopeSession
 
-__all__ = ["drop_if_empty", "fresh_folder", "note_made"]
+__all__ = ["drop_if_empty", "fresh_folder", "given_folder", "note_made"]
 
 _lock = threading.Lock()
 _made: set[Path] = set()  # folders otel-tunix made (absolute): the only ones it removes
@@ -43,6 +49,16 @@ def fresh_folder(base: Path, rank_suffix: str = "") -> Path:
     while _taken(folder, rank_suffix):
         n += 1
         folder = base.with_name(f"{base.name}-{n}")
+    return folder
+
+
+def given_folder(given: Path, rank_suffix: str = "") -> Path:
+    """The folder of a run given ``given``: ``given`` itself, else ``given/run-2``,
+    ``given/run-3``...: the first that holds no spans or summary file of this rank."""
+    folder, n = given, 1
+    while _taken(folder, rank_suffix):
+        n += 1
+        folder = given / f"run-{n}"
     return folder
 
 

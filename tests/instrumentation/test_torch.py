@@ -277,9 +277,10 @@ def test_instrumentor_auto_steps_for_a_plain_loop(monkeypatch: pytest.MonkeyPatc
         spans = cap.spans()
     steps = [s for s in spans if s.name == "train_step"]
     assert [s.attributes[attr.STEP] for s in steps] == [*range(8), 100]
-    for n in range(8):
+    for n in range(8):  # the step opens at the fetch; the model's call is its forward
         assert [s.name for s in spans if s.attributes[attr.STEP] == n] == [
             "train_data_load",
+            "forward",
             "backward",
             "optimizer_step",
             "train_step",
@@ -287,6 +288,145 @@ def test_instrumentor_auto_steps_for_a_plain_loop(monkeypatch: pytest.MonkeyPatc
     assert [s.name for s in spans if s.attributes[attr.STEP] == 100] == ["backward", "train_step"]
     assert torch.utils.data.DataLoader.__iter__.__name__ == "__iter__"
     assert not hasattr(torch.autograd.backward, "__otel_tunix_original__")
+
+
+def _module_hooks() -> int:
+    from torch.nn.modules import module
+
+    return len(module._global_forward_pre_hooks) + len(module._global_forward_hooks)
+
+
+def test_instrumentor_opens_the_step_at_the_models_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches from a plain iterator: the step opens at the model's (outermost) forward, so
+    forward is inside it; after the first step only the root modules keep hooks."""
+    pytest.importorskip("opentelemetry.instrumentation")
+    from otel_tunix.instrumentation import _base
+
+    monkeypatch.setattr(_base, "_auto_configure", False)
+    model = _model()
+    loss_fn = torch.nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    before = _module_hooks()
+    instrumentor = ott.TorchInstrumentor()
+    calls: list[tuple[int, int]] = []  # the model's own forward, on the test's clock
+    forward = model.forward
+
+    def timed_forward(x: Any) -> Any:
+        t0 = time.time_ns()
+        out = forward(x)
+        calls.append((t0, time.time_ns()))
+        return out
+
+    model.forward = timed_forward
+    with capture() as cap:
+        instrumentor.instrument()
+        try:
+            with torch.no_grad():
+                model(torch.zeros(1, 8))  # inference outside any step: opens none
+            hooks_in_first_step = _module_hooks()
+            for x, y in iter(_batches(4)):
+                loss = loss_fn(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            hooks_after = _module_hooks()
+        finally:
+            instrumentor.uninstrument()
+        spans = cap.spans()
+    assert hooks_in_first_step == before + 2 and hooks_after == before  # narrowed to roots
+    assert _module_hooks() == before and not model._forward_pre_hooks  # all removed
+    steps = [s for s in spans if s.name == "train_step"]
+    numbers = [s.attributes[attr.STEP] for s in steps]
+    assert numbers == list(range(numbers[0], numbers[0] + 4))  # (counted on from other tests)
+    for i, (n, step) in enumerate(zip(numbers, steps, strict=True)):
+        names = [s.name for s in spans if s.attributes[attr.STEP] == n]
+        # the model and the loss module are both root calls: two forward spans
+        assert names == ["forward", "forward", "backward", "optimizer_step", "train_step"]
+        fwd = next(s for s in spans if s.attributes[attr.STEP] == n and s.name == "forward")
+        start, end = calls[i + 1]  # after the no_grad call
+        assert step.start_time <= fwd.start_time <= start and end <= fwd.end_time
+
+
+def test_zero_grad_starts_the_automatic_step_unless_the_program_opens_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``zero_grad()`` first, as most loops do: the automatic step starts there (the next
+    activity opens it, backdated); before a step of the program's own it opens nothing."""
+    pytest.importorskip("opentelemetry.instrumentation")
+    from otel_tunix.instrumentation import _base
+
+    monkeypatch.setattr(_base, "_auto_configure", False)
+    model = _model()
+    instrumentor = ott.TorchInstrumentor()
+    zeroed: list[tuple[int, int]] = []  # before and after each zero_grad(), test's clock
+    with capture() as cap:
+        instrumentor.instrument()
+        try:
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+            for x, y in iter(_batches(3)):
+                t0 = time.time_ns()
+                opt.zero_grad()
+                zeroed.append((t0, time.time_ns()))
+                time.sleep(0.002)  # the iteration's own work before the forward
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            for n, (x, _y) in enumerate(_batches(2)):
+                opt.zero_grad()  # outside the program's own step: starts nothing
+                with otel_tunix.step(100 + n):
+                    model(x).sum().backward()
+                    opt.step()
+        finally:
+            instrumentor.uninstrument()
+        spans = cap.spans()
+    steps = [s for s in spans if s.name == "train_step"]
+    assert [s.attributes[attr.STEP] for s in steps][-2:] == [100, 101]
+    auto = steps[:-2]
+    assert len(auto) == 3
+    for step, (t0, t1) in zip(auto, zeroed, strict=True):
+        assert t0 <= step.start_time <= t1  # from zero_grad(), the 2 ms before forward in it
+
+
+def test_instrumentor_with_compiled_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile(model)``: its wrapper is the root, one forward per step. A model
+    compiled in place is not seen by the module hooks; with ``instrument_model`` its forward
+    is one span per step and opens the step."""
+    pytest.importorskip("opentelemetry.instrumentation")
+    from otel_tunix.instrumentation import _base
+
+    monkeypatch.setattr(_base, "_auto_configure", False)
+    wrapped, in_place = _model(), _model()
+    instrumentor = ott.TorchInstrumentor()
+    with capture() as cap:
+        instrumentor.instrument()
+        try:
+            compiled = torch.compile(wrapped, backend="aot_eager")
+            in_place.compile(backend="aot_eager")
+            ott.instrument_model(in_place)
+            for model in (compiled, in_place):
+                opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+                for x, _y in iter(_batches(3)):
+                    opt.zero_grad()
+                    model(x).sum().backward()
+                    opt.step()
+        finally:
+            ott.uninstrument_model(in_place)
+            instrumentor.uninstrument()
+        spans = cap.spans()
+    steps = [s for s in spans if s.name == "train_step"]
+    assert len(steps) == 6
+    for step in steps:
+        n = step.attributes[attr.STEP]
+        names = [s.name for s in spans if s.attributes[attr.STEP] == n]
+        # dynamo's own compilations (instrument_compile; tested in test_compilations.py) may sit
+        # in a step, depending on what dynamo has cached from earlier tests
+        assert [m for m in names if m != "torch_compile"] == [
+            "forward",
+            "backward",
+            "optimizer_step",
+            "train_step",
+        ]
 
 
 def test_backward_in_another_thread_records_into_the_open_step(
