@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_tunix import _tally
 from otel_tunix._current import RunInfo
+from otel_tunix._redact import redact_url
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import ExportStats
@@ -64,9 +66,11 @@ def otlp_endpoint(settings: Settings, signal: str) -> str:
 
 
 def _described(settings: Settings, signal: str, name: str, endpoints: Mapping[str, str]) -> str:
-    if name == "otlp":
-        return f"{otlp_endpoint(settings, signal)} ({settings.otlp_protocol_of(signal)})"
-    return endpoints.get(name, "")
+    if name == "otlp":  # an endpoint's user info and query can hold credentials
+        return (
+            f"{redact_url(otlp_endpoint(settings, signal))} ({settings.otlp_protocol_of(signal)})"
+        )
+    return redact_url(endpoints.get(name, ""))
 
 
 def destinations(
@@ -179,8 +183,10 @@ def end_notice(
     failed_steps: int,
     export_stats: Mapping[str, ExportStats],
     slowest: Mapping[str, StepSummary],
+    safety: Mapping[str, int] | None = None,
 ) -> str:
-    """The lines printed at ``shutdown()``."""
+    """The lines printed at ``shutdown()``; ``safety``: what was cleaned, redacted or
+    refused (``summary.json``'s ``safety``)."""
     scopes = ", ".join(f"{s.scope} {s.steps} steps ({s.sampled_steps} recorded)" for s in sessions)
     lines = [f"otel-tunix: run {run_id} finished: {scopes or 'no steps'}"]
     problems = []
@@ -192,6 +198,9 @@ def end_notice(
         if st.failed or st.dropped:
             problems.append(f"{name}: {st.failed} spans failed, {st.dropped} dropped")
     lines.append("  " + ("; ".join(problems) if problems else "nothing dropped or failed"))
+    if safety:
+        said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in sorted(safety.items()))
+        lines.append(f"  {said} (see summary.json)")
     if output_dir is not None and any(s.sampled_steps for s in sessions):
         lines.append(f"  next: otel-tunix summary {output_dir}")
     trace = files.get("perfetto")
@@ -246,5 +255,6 @@ def at_shutdown(st: RunState, sessions: Sequence[ScopeSession]) -> None:
         failed_steps=rt.pipeline.failed_steps,
         export_stats=st.export_stats,
         slowest=slowest,
+        safety=_tally.this_run(),
     )
     emit(text, st.settings, st.info.rank.rank)

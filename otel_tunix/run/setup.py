@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_tunix import _ids, _recording, _resource
+from otel_tunix import _ids, _recording, _resource, _tally
 from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
 from otel_tunix._current import meter as current_meter
@@ -163,6 +163,7 @@ def configure(
     with _lock:
         if _state is not None:
             shutdown()
+        _tally.start_run()  # summary.json's "safety" counts from here
         settings = load_settings()
         cfg = (perf if perf is not None else PerformanceMetricsConfig()).resolved(settings)
         if not isinstance(cfg, PerformanceMetricsConfig):  # pragma: no cover - typing guard
@@ -212,7 +213,10 @@ def configure(
             service_name=service_name,
             run_id=rid,
             rank=rank,
-            extra={**run_config_.config_attributes(config), **(resource_attributes or {})},
+            extra={
+                **run_config_.config_attributes(config, settings.resource_config_keys),
+                **(resource_attributes or {}),
+            },
         )
         resource = build_resource(ours)
         disabled = settings.sdk_disabled
