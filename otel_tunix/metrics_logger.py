@@ -10,6 +10,7 @@ so that :class:`MetricsLoggerOptions` stays copyable. Built in: :class:`JsonlBac
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -36,7 +37,9 @@ from otel_tunix._text import clean_name
 from otel_tunix.logging_backend import (
     PERF_SOURCE,
     LoggingBackend,
+    OffThreadBackend,
     ScalarProtocol,
+    deliver_rows,
     otel_metric_name,
     row_names,
     to_scalar,
@@ -45,6 +48,7 @@ from otel_tunix.logging_backend import (
 from otel_tunix.metrics.instruments import CatalogOTelBackend
 from otel_tunix.metrics.status import MetricsSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics
+from otel_tunix.pipeline.hooks import close_hooks, runs_user_code
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 
 __all__ = [
@@ -152,6 +156,7 @@ class MetricsLogger:
         """Each name logged so far -> the name it is logged under (cleaned)."""
         self._names_lock = threading.Lock()
         self._max_names = s.max_metric_names
+        self._close_timeout = s.shutdown_timeout
         self.refused_values = 0
         """Values refused because their name came past ``OTEL_TUNIX_MAX_METRIC_NAMES``."""
         self._report = ReportOnce(_logger)
@@ -188,6 +193,8 @@ class MetricsLogger:
                     f"backend factory {factory!r} returned {backend!r}, which has no "
                     "log_scalar(event, value, **kwargs) method"
                 )
+            if runs_user_code(backend):  # its own thread: see logging_backend
+                backend = OffThreadBackend(backend, functools.partial(self._failed, backend))
             self.backends.append(backend)
 
     def log(self, name: str, value: Any, step: int | None = None, **kwargs: Any) -> None:
@@ -297,23 +304,9 @@ class MetricsLogger:
                     last.update(row[1])
             source = kwargs.get("source")
             for backend in self.backends:
-                if isinstance(backend, LoggingBackend):
-                    if source is not None and source in backend.skip_sources:
-                        continue
-                    try:  # one that raises loses this batch, for itself only
-                        backend.log_rows(rows, **kwargs)
-                    except Exception:
-                        self._failed(backend)
+                if source is not None and _skips(backend, source):
                     continue
-                for step, values in rows:  # a row that fails does not lose the others
-                    try:
-                        for name, v in values.items():
-                            if math.isfinite(v):
-                                backend.log_scalar(name, v, step=step, **kwargs)
-                            else:
-                                backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
-                    except Exception:
-                        self._failed(backend)
+                deliver_rows(backend, rows, kwargs, functools.partial(self._failed, backend))
 
     def _after_fork_in_child(self) -> None:
         """A forked child logs nothing through its copy of the parent's logger (whose lock
@@ -328,17 +321,57 @@ class MetricsLogger:
             id(backend), "otel-tunix: backend %s failed (reported once)", type(backend).__name__
         )
 
-    def close(self) -> None:
-        """Flush and close every backend (idempotent)."""
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the backends that run on threads of their own (those that are not
+        otel-tunix's) have been handed every value logged so far (False: ``timeout`` passed
+        first)."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        for backend in list(self.backends):
+            if isinstance(backend, OffThreadBackend):
+                ok = backend.runner.flush(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+    def hooks_closing(self) -> list[tuple[str, Callable[[], object]]]:
+        """``(name, wait)`` of each backend being closed on a thread of its own (``wait``
+        blocks until it has finished): for a shutdown that waits for them beside other
+        work."""
+        out: list[tuple[str, Callable[[], object]]] = []
+        for backend in list(self.backends):
+            if isinstance(backend, OffThreadBackend):
+                thread = backend.runner.closing()
+                if thread is not None:
+                    out.append((f"backend {backend.runner.name}", thread.join))
+        return out
+
+    def close(self, timeout: float | None = None) -> list[str]:
+        """Flush and close every backend (idempotent). Backends on threads of their own
+        are closed side by side and waited for at most ``timeout`` seconds (default:
+        ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``; ``0``: not at all, see :meth:`hooks_closing`).
+        Returns the names of those that had not finished (left behind on their threads,
+        with one warning)."""
         with self._lock:
             if self._closed:
-                return
+                return []
             self._closed = True
-            for backend in self.backends:
-                try:
-                    backend.close()
-                except Exception:
-                    _logger.exception("otel-tunix: closing %s failed", type(backend).__name__)
+            backends = list(self.backends)
+        own = [b for b in backends if not isinstance(b, OffThreadBackend)]
+        for backend in own:
+            try:
+                backend.close()
+            except Exception:
+                _logger.exception("otel-tunix: closing %s failed", type(backend).__name__)
+        hooks = [(b.runner, b.backend.close) for b in backends if isinstance(b, OffThreadBackend)]
+        if not hooks:
+            return []
+        unfinished = close_hooks(hooks, self._close_timeout if timeout is None else timeout)
+        if unfinished:
+            _logger.warning(
+                "otel-tunix: backend %s had not finished closing after %g s; left behind",
+                ", ".join(unfinished),
+                self._close_timeout if timeout is None else timeout,
+            )
+        return unfinished
 
 
 def _step_number(step: Any) -> int | None:

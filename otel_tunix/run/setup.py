@@ -646,6 +646,9 @@ def force_flush(timeout: float = 10.0) -> bool:
     if st is None or st.runtime is None:
         return True
     ok = st.runtime.pipeline.flush(timeout)
+    ok = st.logger.flush(timeout) and ok  # users' backends, on threads of their own
+    if st.processor is not None:
+        ok = st.processor.flush_hooks(timeout) and ok  # users' step sinks, likewise
     if st.tracer_provider is not None:
         ok = st.tracer_provider.force_flush(int(timeout * 1000)) and ok
     if st.meter_provider is not None:
@@ -695,10 +698,11 @@ def shutdown(timeout: float | None = None) -> list[ScopeSession]:
                 )
                 for scope, s in rt.scopes.items()
             }
-            st.processor.finish_session(counts)
+            # users' sinks are closed on their threads, waited for beside the exporters
+            st.processor.finish_session(counts, 0.0)
             sessions = st.processor.sessions(counts)
         if st.owns_logger:
-            st.logger.close()
+            st.logger.close(0.0)  # users' backends likewise
         elif st.alerts is not None:  # the application's own logger: detach the engine
             if st.alerts in st.logger.backends:
                 st.logger.backends.remove(st.alerts)
@@ -765,6 +769,8 @@ def _stop_exporters(st: RunState, timeout: float) -> list[str]:
         parts += [
             (f"exporter {type(p.exporter).__name__}", p.shutdown) for p in st.export_processors
         ]
+    if st.processor is not None:  # users' sinks and backends closing on their threads
+        parts += [*st.processor.hooks_closing(), *st.logger.hooks_closing()]
     for provider, owned, what in (
         (st.tracer_provider, st.owns_tracer_provider, "spans"),
         (st.meter_provider, st.owns_meter_provider, "metrics"),
