@@ -53,6 +53,7 @@ from otel_tunix._records import (
     ComponentStart,
     ScopeStepCounts,
     StepEvent,
+    abandon,
     step_extras,
 )
 from otel_tunix._shortcuts import (
@@ -138,6 +139,8 @@ class StepRecord(NonRecordingSpan):
         current: Any = otel_context().get(SPAN_KEY)
         if current is None and not HAS_SPAN_KEY:  # no direct read: the public API
             current = get_current_span()
+        if type(current) is StepRecord and current.end_ns:  # left open here, closed since
+            current = None  # not a parent: this step starts a trace of its own
         parent = current.get_span_context() if current is not None else None
         if parent is not None and parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.
@@ -361,6 +364,11 @@ class step:
             start = self._start_ns
             if start is None:
                 start = self._start_ns = _clock()
+            held = _current.get()  # a step cannot hold the next one of its own scope
+            if type(held) is not StepRecord and held is not _NOT_SET and held is not None:
+                held = held._step
+            if type(held) is StepRecord and not held.end_ns and held.scope == self._scope:
+                abandon(held, start)
             if not count:
                 stats.first_start_ns = start
             if n % rt.sampling_rate:  # not sampled
@@ -385,13 +393,23 @@ class step:
             if stats is not None:
                 start = self._start_ns
                 _add_active_time(stats, end if start is None else start, end)
-            if self._otel_token is not None:
-                detach(self._otel_token)
-                self._otel_token = None
-            if self._token is not None:
-                _current.reset(self._token)
-                self._token = None
             rec = self._record
+            if rec is not None and rec.end_ns:  # abandoned (closed when the next began),
+                self._record = None  # or left in another context: nothing more to do
+                self._otel_token = self._token = None
+                return
+            try:
+                if self._otel_token is not None:
+                    detach(self._otel_token)
+                if self._token is not None:
+                    _current.reset(self._token)
+            except ValueError:  # exited in another context (thread, task) than entered:
+                warn_once(  # the step ends all the same; its own context still holds it,
+                    "step-context",  # and the next step there starts a trace of its own
+                    "otel-tunix: a step was exited in another context (thread or task) "
+                    "than it was entered in; its span ends all the same",
+                )
+            self._otel_token = self._token = None
             if rec is not None:
                 rec.end_ns = end
                 rec.error = exc
