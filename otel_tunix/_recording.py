@@ -43,7 +43,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry.trace import NonRecordingSpan, SpanContext, get_current_span
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanContext,
+    get_current_span,
+)
 
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import JobStepIds, random_bits, refill_span_ids, take_span_id
@@ -171,6 +176,8 @@ class StepRecord(NonRecordingSpan):
         cur = _current.get()
         if isinstance(cur, Component) and cur._step.trace_id == self.trace_id:
             return cur.span_context()
+        if self.end_ns:  # ended, still current where it was left open: no parent
+            return INVALID_SPAN_CONTEXT
         top = self.top
         if top is not None:
             return top.span_context()
@@ -245,7 +252,10 @@ def context_step(rt: Runtime | None = None) -> StepRecord | None:
     cur = _current.get()
     if cur is _NOT_SET and rt is not None and rt.open_steps:
         return rt.open_steps[-1]
-    return _step_of(cur)
+    st = _step_of(cur)
+    if st is not None and st.end_ns:  # ended, left in this context (exited elsewhere)
+        return rt.open_steps[-1] if rt is not None and rt.open_steps else None
+    return st
 
 
 def carried_context() -> contextvars.Context | None:
@@ -394,8 +404,12 @@ class step:
                 start = self._start_ns
                 _add_active_time(stats, end if start is None else start, end)
             rec = self._record
-            if rec is not None and rec.end_ns:  # abandoned (closed when the next began),
-                self._record = None  # or left in another context: nothing more to do
+            if rec is not None and rec.end_ns:  # abandoned: closed when the next step began
+                self._record = None  # its context is restored only where it is still on top
+                if self._token is not None and _current.get() is rec:
+                    _current.reset(self._token)
+                if self._otel_token is not None and otel_context().get(SPAN_KEY) is rec:
+                    detach(self._otel_token)
                 self._otel_token = self._token = None
                 return
             try:
@@ -618,13 +632,15 @@ class Component:
             # more). In an event loop tasks interleave: the variable. (cur is st: the
             # context holds the step itself, no component of its own.)
             fast = cur is st and ident == st.nest_ident and running_loop() is None
-            if not fast and st.end_ns:  # a thread or task that outlived the step its
-                # context holds (started inside it, still running): the latest open step
+            if st.end_ns:  # a thread or task that outlived the step its context holds
+                # (started inside it, still running), or a step exited elsewhere and left
+                # in this context: the latest open step
                 rt = _runtime
                 if rt is None or not rt.open_steps:
                     return self
                 st = rt.open_steps[-1]
                 outer_id = st.span_id
+                fast = False
             span: Any = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id

@@ -107,16 +107,16 @@ def deliver_rows(
     backend: LoggingBackend | ScalarProtocol,
     rows: Sequence[Row],
     kwargs: Mapping[str, Any],
-    failed: Callable[[], object],
+    failed: Callable[[object], object],
 ) -> None:
     """Hand ``rows`` to ``backend``: its ``log_rows`` (a :class:`LoggingBackend`), else one
     ``log_scalar`` per value (Tunix's protocol; a row that fails does not lose the others).
-    ``failed`` is called for each failure."""
+    ``failed(backend)`` is called for each failure."""
     if isinstance(backend, LoggingBackend):
         try:  # one that raises loses this batch, for itself only
             backend.log_rows(rows, **kwargs)
         except Exception:
-            failed()
+            failed(backend)
         return
     for step, values in rows:
         try:
@@ -126,7 +126,7 @@ def deliver_rows(
                 else:
                     backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
         except Exception:
-            failed()
+            failed(backend)
 
 
 class OffThreadBackend(LoggingBackend):
@@ -134,11 +134,14 @@ class OffThreadBackend(LoggingBackend):
     docstring): ``log_rows`` queues the rows and returns. Attributes it does not have are
     the backend's (``.backend`` is the backend itself)."""
 
-    def __init__(self, backend: LoggingBackend | ScalarProtocol, failed: Callable[[], object]):
+    def __init__(
+        self, backend: LoggingBackend | ScalarProtocol, failed: Callable[[object], object]
+    ) -> None:
+        """``failed(backend)`` reports a failure of the backend (on its thread)."""
         self.backend = backend
         self.skip_sources = backend.skip_sources if isinstance(backend, LoggingBackend) else ()
         self._failed = failed
-        self.runner = HookRunner(type(backend).__name__, lambda method: failed())
+        self.runner = HookRunner(type(backend).__name__, lambda method: failed(backend))
 
     def log_rows(self, rows: Sequence[Row], **kwargs: Any) -> None:
         self.runner.call(deliver_rows, self.backend, rows, kwargs, self._failed)

@@ -10,7 +10,6 @@ so that :class:`MetricsLoggerOptions` stays copyable. Built in: :class:`JsonlBac
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import logging
@@ -194,7 +193,7 @@ class MetricsLogger:
                     "log_scalar(event, value, **kwargs) method"
                 )
             if runs_user_code(backend):  # its own thread: see logging_backend
-                backend = OffThreadBackend(backend, functools.partial(self._failed, backend))
+                backend = OffThreadBackend(backend, self._failed)
             self.backends.append(backend)
 
     def log(self, name: str, value: Any, step: int | None = None, **kwargs: Any) -> None:
@@ -304,9 +303,15 @@ class MetricsLogger:
                     last.update(row[1])
             source = kwargs.get("source")
             for backend in self.backends:
-                if source is not None and _skips(backend, source):
+                if isinstance(backend, LoggingBackend):  # the usual case, inline
+                    if source is not None and source in backend.skip_sources:
+                        continue
+                    try:  # one that raises loses this batch, for itself only
+                        backend.log_rows(rows, **kwargs)
+                    except Exception:
+                        self._failed(backend)
                     continue
-                deliver_rows(backend, rows, kwargs, functools.partial(self._failed, backend))
+                deliver_rows(backend, rows, kwargs, self._failed)
 
     def _after_fork_in_child(self) -> None:
         """A forked child logs nothing through its copy of the parent's logger (whose lock

@@ -5,11 +5,13 @@ starts a trace of its own."""
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import threading
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -47,7 +49,8 @@ def _run(how: str) -> list:
 
 @pytest.mark.parametrize("how", ["abandoned", "dropped", "thrown into", "thread"])
 def test_later_steps_start_their_own_traces(how: str) -> None:
-    steps = {s.attributes["tunix.step"]: s for s in _run(how)}
+    # in a context of its own: a step left open stays in the context it was left in
+    steps = {s.attributes["tunix.step"]: s for s in contextvars.copy_context().run(_run, how)}
     later = [steps[n] for n in range(10, 30)]
     assert len({s.context.trace_id for s in later}) == 20  # was 1 (or 15) trace for 20 steps
     assert all(s.parent is None for s in later)
@@ -63,7 +66,29 @@ def test_later_steps_start_their_own_traces(how: str) -> None:
     assert first.end_time <= steps[10].start_time
 
 
+def test_what_runs_where_an_ended_step_was_left_is_outside_any_step() -> None:
+    def left_on_another_thread() -> None:
+        exporter = InMemorySpanExporter()
+        otel_tunix.configure(output_dir="none", span_exporters=[exporter], system_metrics=False)
+        gen = _steps_in_a_generator()
+        next(gen)
+        t = threading.Thread(target=next, args=(gen,))  # step 0 ends there
+        t.start()
+        t.join()
+        assert otel_tunix.current_step() is None  # (step 1 is open, in the thread's context)
+        tracer = trace.get_tracer("app")
+        with tracer.start_as_current_span("app work") as span:  # not under the ended step
+            assert not span.parent
+        otel_tunix.shutdown()
+
+    contextvars.copy_context().run(left_on_another_thread)
+
+
 def test_the_open_component_of_an_abandoned_step_ends_with_it_marked_incomplete() -> None:
+    contextvars.copy_context().run(_open_component_of_an_abandoned_step)
+
+
+def _open_component_of_an_abandoned_step() -> None:
     exporter = InMemorySpanExporter()
     otel_tunix.configure(output_dir="none", span_exporters=[exporter], system_metrics=False)
     gen = _steps_in_a_generator()
