@@ -91,7 +91,8 @@ def take_pending(run_id: str, given: Mapping[str, Any] | None) -> dict[str, Any]
 def set_config(values: Mapping[str, Any] | None = None, /, **more: Any) -> dict[str, Any]:
     """Add hyperparameters to the run's config (``set_config({"lr": 3e-4}, batch=16)``).
 
-    Before ``configure()`` they are kept for the next run (and go on its resource); after
+    Before ``configure()`` they are kept for the next run (the keys that
+    ``OTEL_TUNIX_RESOURCE_CONFIG_KEYS`` names also go on its resource); after
     it they are merged into the run folder's ``config.json``.
 
     Returns:

@@ -149,9 +149,11 @@ def configure(
             (else ``OTEL_TUNIX_CONSOLE_INTERVAL``, default none). Rank 0, with otel-tunix's
             own MetricsLogger.
         run_config: The run's hyperparameters, as ``wandb.config``: written to
-            ``config.json`` in the run folder, scalars (nested dicts flattened with dots) on
-            the resource as ``tunix.config.<key>``; merged over what
-            :func:`otel_tunix.set_config` kept before ``configure()``.
+            ``config.json`` in the run folder (secret-looking keys' values redacted); the
+            scalars whose keys ``OTEL_TUNIX_RESOURCE_CONFIG_KEYS`` names (none by default;
+            nested dicts flattened with dots) also on the resource as
+            ``tunix.config.<key>``; merged over what :func:`otel_tunix.set_config` kept
+            before ``configure()``.
 
     Returns:
         The :class:`RunInfo` of the run.
