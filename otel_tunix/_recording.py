@@ -43,7 +43,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry.trace import NonRecordingSpan, SpanContext, get_current_span
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanContext,
+    get_current_span,
+)
 
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import JobStepIds, random_bits, refill_span_ids, take_span_id
@@ -53,6 +58,7 @@ from otel_tunix._records import (
     ComponentStart,
     ScopeStepCounts,
     StepEvent,
+    abandon,
     step_extras,
 )
 from otel_tunix._shortcuts import (
@@ -138,6 +144,8 @@ class StepRecord(NonRecordingSpan):
         current: Any = otel_context().get(SPAN_KEY)
         if current is None and not HAS_SPAN_KEY:  # no direct read: the public API
             current = get_current_span()
+        if type(current) is StepRecord and current.end_ns:  # left open here, closed since
+            current = None  # not a parent: this step starts a trace of its own
         parent = current.get_span_context() if current is not None else None
         if parent is not None and parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.
@@ -168,6 +176,8 @@ class StepRecord(NonRecordingSpan):
         cur = _current.get()
         if isinstance(cur, Component) and cur._step.trace_id == self.trace_id:
             return cur.span_context()
+        if self.end_ns:  # ended, still current where it was left open: no parent
+            return INVALID_SPAN_CONTEXT
         top = self.top
         if top is not None:
             return top.span_context()
@@ -242,7 +252,10 @@ def context_step(rt: Runtime | None = None) -> StepRecord | None:
     cur = _current.get()
     if cur is _NOT_SET and rt is not None and rt.open_steps:
         return rt.open_steps[-1]
-    return _step_of(cur)
+    st = _step_of(cur)
+    if st is not None and st.end_ns:  # ended, left in this context (exited elsewhere)
+        return rt.open_steps[-1] if rt is not None and rt.open_steps else None
+    return st
 
 
 def carried_context() -> contextvars.Context | None:
@@ -361,6 +374,11 @@ class step:
             start = self._start_ns
             if start is None:
                 start = self._start_ns = _clock()
+            held = _current.get()  # a step cannot hold the next one of its own scope
+            if type(held) is not StepRecord and held is not _NOT_SET and held is not None:
+                held = held._step
+            if type(held) is StepRecord and not held.end_ns and held.scope == self._scope:
+                abandon(held, start)
             if not count:
                 stats.first_start_ns = start
             if n % rt.sampling_rate:  # not sampled
@@ -385,13 +403,27 @@ class step:
             if stats is not None:
                 start = self._start_ns
                 _add_active_time(stats, end if start is None else start, end)
-            if self._otel_token is not None:
-                detach(self._otel_token)
-                self._otel_token = None
-            if self._token is not None:
-                _current.reset(self._token)
-                self._token = None
             rec = self._record
+            if rec is not None and rec.end_ns:  # abandoned: closed when the next step began
+                self._record = None  # its context is restored only where it is still on top
+                if self._token is not None and _current.get() is rec:
+                    _current.reset(self._token)
+                if self._otel_token is not None and otel_context().get(SPAN_KEY) is rec:
+                    detach(self._otel_token)
+                self._otel_token = self._token = None
+                return
+            try:
+                if self._otel_token is not None:
+                    detach(self._otel_token)
+                if self._token is not None:
+                    _current.reset(self._token)
+            except ValueError:  # exited in another context (thread, task) than entered:
+                warn_once(  # the step ends all the same; its own context still holds it,
+                    "step-context",  # and the next step there starts a trace of its own
+                    "otel-tunix: a step was exited in another context (thread or task) "
+                    "than it was entered in; its span ends all the same",
+                )
+            self._otel_token = self._token = None
             if rec is not None:
                 rec.end_ns = end
                 rec.error = exc
@@ -600,13 +632,15 @@ class Component:
             # more). In an event loop tasks interleave: the variable. (cur is st: the
             # context holds the step itself, no component of its own.)
             fast = cur is st and ident == st.nest_ident and running_loop() is None
-            if not fast and st.end_ns:  # a thread or task that outlived the step its
-                # context holds (started inside it, still running): the latest open step
+            if st.end_ns:  # a thread or task that outlived the step its context holds
+                # (started inside it, still running), or a step exited elsewhere and left
+                # in this context: the latest open step
                 rt = _runtime
                 if rt is None or not rt.open_steps:
                     return self
                 st = rt.open_steps[-1]
                 outer_id = st.span_id
+                fast = False
             span: Any = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id

@@ -10,13 +10,17 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from otel_tunix import attributes as attr
+
 __all__ = [
     "MAX_PENDING_EVENTS",
+    "AbandonedStep",
     "ComponentExtras",
     "ComponentStart",
     "DeviceEnd",
     "ScopeStepCounts",
     "StepEvent",
+    "abandon",
     "append_event",
     "step_extras",
 ]
@@ -106,3 +110,33 @@ def append_event(rec: _WithExtras, event: StepEvent) -> None:
     if events is None:
         events = rec.events = []
     events.append(event)
+
+
+class AbandonedStep(Exception):
+    """The error of a step that was left open: its span's status says so."""
+
+
+def abandon(rec: Any, end_ns: int) -> None:
+    """Close the sampled step ``rec`` (a ``StepRecord``) that was left open in the calling
+    context while the next step of its scope began there: a generator that opened it was
+    abandoned or is suspended, or it was exited in another context. It ends now, marked
+    (``tunix.step.abandoned``, an error status), its open components closed and marked
+    incomplete, and goes to the worker as any step; its own exit, if it ever comes, then
+    does nothing. Without this every later step nested under it (one trace for the run)."""
+    rt = rec.runtime
+    rec.end_ns = end_ns
+    rec.attributes[attr.STEP_ABANDONED] = True
+    rec.error = AbandonedStep(
+        f"step {rec.number} of scope {rec.scope!r} was left open (a generator abandoned or "
+        "suspended inside it, or exited elsewhere); closed when the next step began"
+    )
+    ends = rec.ends
+    for c in list(rec.spans):
+        if c[2] not in ends:
+            ends[c[2]] = max(end_ns, c[4])
+            step_extras(rec).incomplete.add(c[2])
+    try:
+        rt.open_steps.remove(rec)
+    except ValueError:
+        pass
+    rt.pipeline.submit(rec)

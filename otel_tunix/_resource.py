@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
+from otel_tunix import _tally
 from otel_tunix import attributes as attr
+from otel_tunix._redact import REDACTED, is_secret_key
 from otel_tunix.settings import Settings
 
 
@@ -103,6 +105,14 @@ def build_resource(attributes: dict[str, str | int | float | bool]) -> Resource:
 
     An explicit ``service_name`` wins over ``OTEL_SERVICE_NAME``, which wins over the SDK's
     ``unknown_service`` default: ``Resource.create`` reads both variables and lets the
-    attributes passed to it win.
+    attributes passed to it win. The values of secret-looking keys (``api_key``,
+    ``auth_token``, ...; from either source) are redacted: the resource goes with every
+    export.
     """
-    return Resource.create(attributes)
+    resource = Resource.create(attributes)
+    secrets = [k for k, v in resource.attributes.items() if is_secret_key(k) and v != REDACTED]
+    if not secrets:
+        return resource
+    _tally.add("secrets_redacted", len(secrets))
+    redacted = {k: REDACTED if k in secrets else v for k, v in resource.attributes.items()}
+    return Resource(redacted, resource.schema_url)

@@ -88,6 +88,18 @@ OTEL_TUNIX_SHUTDOWN_TIMEOUT: Final = "OTEL_TUNIX_SHUTDOWN_TIMEOUT"
 collector does: the local files are finished first, exporters that have not finished by then
 are left behind and ``summary.json`` says so. Default: ``5``."""
 
+OTEL_TUNIX_RESOURCE_CONFIG_KEYS: Final = "OTEL_TUNIX_RESOURCE_CONFIG_KEYS"
+"""Comma-separated keys of the run config (``configure(run_config=)``, dotted for nested
+ones; ``fnmatch`` patterns such as ``model.*``) that also go on the OTel resource as
+``tunix.config.<key>``; ``*`` for all. The resource goes with every export and becomes
+Prometheus ``target_info`` labels, so nothing goes there unless named. Secret-looking keys
+are redacted whatever this says. Default: unset (none; the config stays in ``config.json``)."""
+
+OTEL_TUNIX_MAX_METRIC_NAMES: Final = "OTEL_TUNIX_MAX_METRIC_NAMES"
+"""Distinct names a MetricsLogger accepts in ``log()`` / ``log_dict()``; values of names past
+it are refused (one warning, counted in ``summary.json``): each name costs an OTel
+instrument and per-name state for the rest of the run. Default: ``2000``."""
+
 OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
 """``true`` / ``false``: evaluate the default alert rules on every logged metric
 (:mod:`otel_tunix.metrics.alerts`). Default: ``true``."""

@@ -8,24 +8,30 @@ A backend is either
 * any object with Tunix's / metrax's two methods, ``log_scalar(event, value, **kwargs)`` and
   ``close()`` (:class:`ScalarProtocol`): fed one scalar at a time.
 
-Contract (as the OTel SDK's ``SpanProcessor``): a backend must not block the caller for long
-(it runs on otel-tunix's worker thread for the ``perf/...`` scalars, on the caller's for
-``MetricsLogger.log``), and should not raise: one that raises is reported once and the
-other backends go on.
+Contract (as the OTel SDK's ``SpanProcessor``): a backend should not raise: one that raises
+is reported once and the other backends go on. A backend that is not otel-tunix's own runs on
+a thread of its own (:class:`OffThreadBackend`, :mod:`otel_tunix.pipeline.hooks`): it gets
+its calls in order, shortly after they are made (``MetricsLogger.flush()`` waits for them);
+whatever it does (block, crawl, hang in ``close()``), the training loop never waits for it
+and ``shutdown()`` waits for it at most until its deadline.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+from otel_tunix.pipeline.hooks import HookRunner
 
 __all__ = [
     "PERF_SOURCE",
     "LoggingBackend",
+    "OffThreadBackend",
     "Row",
     "ScalarProtocol",
+    "deliver_rows",
     "otel_metric_name",
     "row_names",
     "to_scalar",
@@ -95,6 +101,66 @@ class LoggingBackend:
 
     def close(self) -> None:
         """Flush and release resources. Default: nothing."""
+
+
+def deliver_rows(
+    backend: LoggingBackend | ScalarProtocol,
+    rows: Sequence[Row],
+    kwargs: Mapping[str, Any],
+    failed: Callable[[object], object],
+) -> None:
+    """Hand ``rows`` to ``backend``: its ``log_rows`` (a :class:`LoggingBackend`), else one
+    ``log_scalar`` per value (Tunix's protocol; a row that fails does not lose the others).
+    ``failed(backend)`` is called for each failure."""
+    if isinstance(backend, LoggingBackend):
+        try:  # one that raises loses this batch, for itself only
+            backend.log_rows(rows, **kwargs)
+        except Exception:
+            failed(backend)
+        return
+    for step, values in rows:
+        try:
+            for name, v in values.items():
+                if math.isfinite(v):
+                    backend.log_scalar(name, v, step=step, **kwargs)
+                else:
+                    backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
+        except Exception:
+            failed(backend)
+
+
+class OffThreadBackend(LoggingBackend):
+    """A backend that is not otel-tunix's own, run on a thread of its own (see the module
+    docstring): ``log_rows`` queues the rows and returns. Attributes it does not have are
+    the backend's (``.backend`` is the backend itself)."""
+
+    def __init__(
+        self, backend: LoggingBackend | ScalarProtocol, failed: Callable[[object], object]
+    ) -> None:
+        """``failed(backend)`` reports a failure of the backend (on its thread)."""
+        self.backend = backend
+        self.skip_sources = backend.skip_sources if isinstance(backend, LoggingBackend) else ()
+        self._failed = failed
+        self.runner = HookRunner(type(backend).__name__, lambda method: failed(backend))
+
+    def log_rows(self, rows: Sequence[Row], **kwargs: Any) -> None:
+        self.runner.call(deliver_rows, self.backend, rows, kwargs, self._failed)
+
+    def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
+        self.log_rows(((kwargs.pop("step", None), {event: value}),), **kwargs)
+
+    def active_alerts(self) -> list[dict[str, str]]:
+        if isinstance(self.backend, LoggingBackend):
+            return self.backend.active_alerts()
+        return []
+
+    def close(self) -> None:
+        """Close it on its thread, waiting as long as it takes (``MetricsLogger.close``
+        gives it a deadline instead)."""
+        self.runner.start_closing(self.backend.close).join()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["backend"], name)
 
 
 def row_names(row: Row) -> tuple[str, ...]:

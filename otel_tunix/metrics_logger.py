@@ -26,15 +26,19 @@ from typing import IO, Any
 
 from opentelemetry import metrics
 
+from otel_tunix import _tally
 from otel_tunix._errors import ReportOnce, warn_once
 from otel_tunix._fork import at_fork_in_child, silence_file
 from otel_tunix._json import dumps_line, floats_finite
 from otel_tunix._linefile import LineFile
 from otel_tunix._resource import detect_rank
+from otel_tunix._text import clean_name
 from otel_tunix.logging_backend import (
     PERF_SOURCE,
     LoggingBackend,
+    OffThreadBackend,
     ScalarProtocol,
+    deliver_rows,
     otel_metric_name,
     row_names,
     to_scalar,
@@ -43,6 +47,7 @@ from otel_tunix.logging_backend import (
 from otel_tunix.metrics.instruments import CatalogOTelBackend
 from otel_tunix.metrics.status import MetricsSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics
+from otel_tunix.pipeline.hooks import close_hooks, runs_user_code
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 
 __all__ = [
@@ -115,7 +120,10 @@ class MetricsLogger:
 
     Only rank 0 logs by default (see ``log_all_ranks``). ``log`` never raises: a value that is
     not a number is reported once per metric name and skipped; NaN and Inf are logged as such
-    and flagged with one warning per name; a backend that fails is reported once.
+    and flagged with one warning per name; a backend that fails is reported once. Names are
+    cleaned on first use (control characters and lone surrogates replaced, at most 255
+    characters) and bounded: past ``OTEL_TUNIX_MAX_METRIC_NAMES`` distinct names (2000)
+    the values of new names are refused, with one warning, and counted.
     """
 
     def __init__(
@@ -143,6 +151,13 @@ class MetricsLogger:
         log_all = opts.log_all_ranks if opts.log_all_ranks is not None else s.log_all_ranks
         self.active = log_all or self.rank == 0
         self._lock = threading.Lock()
+        self._names: dict[str, str] = {}
+        """Each name logged so far -> the name it is logged under (cleaned)."""
+        self._names_lock = threading.Lock()
+        self._max_names = s.max_metric_names
+        self._close_timeout = s.shutdown_timeout
+        self.refused_values = 0
+        """Values refused because their name came past ``OTEL_TUNIX_MAX_METRIC_NAMES``."""
         self._report = ReportOnce(_logger)
         self._closed = False
         self.last_values: dict[str, float] = {}
@@ -177,6 +192,8 @@ class MetricsLogger:
                     f"backend factory {factory!r} returned {backend!r}, which has no "
                     "log_scalar(event, value, **kwargs) method"
                 )
+            if runs_user_code(backend):  # its own thread: see logging_backend
+                backend = OffThreadBackend(backend, self._failed)
             self.backends.append(backend)
 
     def log(self, name: str, value: Any, step: int | None = None, **kwargs: Any) -> None:
@@ -185,35 +202,69 @@ class MetricsLogger:
 
     def _convert(self, metrics: Mapping[str, Any], step: int | None) -> dict[str, float]:
         out: dict[str, float] = {}
+        names = self._names
         for name, value in metrics.items():
-            if type(value) is float and value - value == 0.0:  # finite float: the usual case
-                if type(name) is str:
-                    out[name] = value
+            logged = names.get(name)
+            if logged is None:  # a name not seen before (or refused)
+                logged = self._admit(name)
+                if logged is None:
                     continue
-            if not isinstance(name, str):
-                warn_once(
-                    (id(self), "name", type(name)),
-                    "otel-tunix: a metric name must be a string, got a %s; its values are skipped",
-                    type(name).__name__,
-                )
+            if type(value) is float and value - value == 0.0:  # finite float: the usual case
+                out[logged] = value
                 continue
             try:
                 v = to_scalar(value)
             except Exception:  # not a number: report once, never raise, never echo the text
                 warn_once(
-                    (id(self), "type", name),
+                    (id(self), "type", logged),
                     "otel-tunix: metric %r skipped: a %s is not a number (%s)",
-                    name,
+                    logged,
                     type(value).__name__,
                     _shape_of(value),
                 )
                 continue
             if not math.isfinite(v):
                 warn_once(
-                    (id(self), "nan", name), "otel-tunix: metric %r is %s at step %s", name, v, step
+                    (id(self), "nan", logged),
+                    "otel-tunix: metric %r is %s at step %s",
+                    logged,
+                    v,
+                    step,
                 )
-            out[name] = v
+            out[logged] = v
         return out
+
+    def _admit(self, name: object) -> str | None:
+        """The slow path of a name's first use: the name as logged (cleaned: no control
+        characters or lone surrogates, at most 255 characters), or ``None`` when it is
+        refused (not a string, or past ``OTEL_TUNIX_MAX_METRIC_NAMES`` distinct names:
+        each holds an OTel instrument and per-name state for the rest of the run)."""
+        if not isinstance(name, str):
+            warn_once(
+                (id(self), "name", type(name)),
+                "otel-tunix: a metric name must be a string, got a %s; its values are skipped",
+                type(name).__name__,
+            )
+            return None
+        with self._names_lock:
+            names = self._names
+            if name in names:
+                return names[name]
+            if len(names) >= self._max_names:
+                self.refused_values += 1
+                _tally.add("metric_names_refused")
+                warn_once(
+                    (id(self), "max-names"),
+                    "otel-tunix: %d distinct metric names logged (OTEL_TUNIX_MAX_METRIC_NAMES); "
+                    "values of new names, from %r on, are refused (counted in summary.json)",
+                    self._max_names,
+                    clean_name(name),
+                )
+                return None
+            logged = names[name] = clean_name(name)
+        if logged != name:
+            _tally.add("names_cleaned")
+        return logged
 
     def wants(self, source: str) -> bool:
         """False when no backend takes scalars of this ``source`` (they can be skipped)."""
@@ -254,7 +305,7 @@ class MetricsLogger:
                     last.update(row[1])
             source = kwargs.get("source")
             for backend in self.backends:
-                if isinstance(backend, LoggingBackend):
+                if isinstance(backend, LoggingBackend):  # the usual case, inline
                     if source is not None and source in backend.skip_sources:
                         continue
                     try:  # one that raises loses this batch, for itself only
@@ -262,20 +313,13 @@ class MetricsLogger:
                     except Exception:
                         self._failed(backend)
                     continue
-                for step, values in rows:  # a row that fails does not lose the others
-                    try:
-                        for name, v in values.items():
-                            if math.isfinite(v):
-                                backend.log_scalar(name, v, step=step, **kwargs)
-                            else:
-                                backend.log_scalar(name, v, step=step, nonfinite=True, **kwargs)
-                    except Exception:
-                        self._failed(backend)
+                deliver_rows(backend, rows, kwargs, self._failed)
 
     def _after_fork_in_child(self) -> None:
         """A forked child logs nothing through its copy of the parent's logger (whose lock
         another thread may have held at the fork, and whose files are the parent's)."""
         self._lock = threading.Lock()
+        self._names_lock = threading.Lock()
         self.active = False
         self._closed = True
 
@@ -284,17 +328,56 @@ class MetricsLogger:
             id(backend), "otel-tunix: backend %s failed (reported once)", type(backend).__name__
         )
 
-    def close(self) -> None:
-        """Flush and close every backend (idempotent)."""
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the backends that run on threads of their own (those that are not
+        otel-tunix's) have been handed every value logged so far (False: ``timeout`` passed
+        first)."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        for backend in list(self.backends):
+            if isinstance(backend, OffThreadBackend):
+                ok = backend.runner.flush(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+    def hooks_closing(self) -> list[tuple[str, threading.Thread]]:
+        """``(name, thread)`` of each backend being closed on a thread of its own: for a
+        shutdown that waits for them beside other work."""
+        out: list[tuple[str, threading.Thread]] = []
+        for backend in list(self.backends):
+            if isinstance(backend, OffThreadBackend):
+                thread = backend.runner.closing()
+                if thread is not None:
+                    out.append((f"backend {backend.runner.name}", thread))
+        return out
+
+    def close(self, timeout: float | None = None) -> list[str]:
+        """Flush and close every backend (idempotent). Backends on threads of their own
+        are closed side by side and waited for at most ``timeout`` seconds (default:
+        ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``; ``0``: not at all, see :meth:`hooks_closing`).
+        Returns the names of those that had not finished (left behind on their threads,
+        with one warning)."""
         with self._lock:
             if self._closed:
-                return
+                return []
             self._closed = True
-            for backend in self.backends:
-                try:
-                    backend.close()
-                except Exception:
-                    _logger.exception("otel-tunix: closing %s failed", type(backend).__name__)
+            backends = list(self.backends)
+        own = [b for b in backends if not isinstance(b, OffThreadBackend)]
+        for backend in own:
+            try:
+                backend.close()
+            except Exception:
+                _logger.exception("otel-tunix: closing %s failed", type(backend).__name__)
+        hooks = [(b.runner, b.backend.close) for b in backends if isinstance(b, OffThreadBackend)]
+        if not hooks:
+            return []
+        unfinished = close_hooks(hooks, self._close_timeout if timeout is None else timeout)
+        if unfinished:
+            _logger.warning(
+                "otel-tunix: backend %s had not finished closing after %g s; left behind",
+                ", ".join(unfinished),
+                self._close_timeout if timeout is None else timeout,
+            )
+        return unfinished
 
 
 def _step_number(step: Any) -> int | None:

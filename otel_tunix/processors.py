@@ -14,10 +14,12 @@ Spans from other code pass through untouched.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span
@@ -27,6 +29,7 @@ from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix.accounting import account_intervals
 from otel_tunix.model import ScopeSession, SpanInfo, StepSummary
+from otel_tunix.pipeline.hooks import HookRunner, close_hooks, runs_user_code
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 _logger = logging.getLogger(__name__)
@@ -50,10 +53,16 @@ class StepSink:
     """Base class of what receives the accounting processor's step summaries.
 
     Every hook is declared here with a default, as the OTel SDK's ``SpanProcessor`` does;
-    a sink overrides what it needs. Contract: hooks run on otel-tunix's worker thread, must
-    not block for long (a file write, a non-blocking send), and should not raise: one that
-    raises is reported once and the other sinks go on.
+    a sink overrides what it needs. Contract: hooks should not raise (one that raises is
+    reported once and the other sinks go on). otel-tunix's own sinks run on its worker
+    thread; any other (``configure(step_sinks=)``, an export function's, a class whose
+    ``runs_user_code`` is true) runs on a thread of its own (:class:`OffThreadSink`), so
+    that whatever it does, the worker, the training loop and the shutdown budget hold.
     """
+
+    runs_user_code = False
+    """True for a sink of otel-tunix's that calls the user's code (it then runs on a thread
+    of its own, as the user's sinks do)."""
 
     def on_step(self, summary: StepSummary) -> None:
         """One sampled step finished. Default: nothing."""
@@ -80,6 +89,33 @@ class StepSink:
 
     def close(self) -> None:
         """Release files and clients (after :meth:`on_session`). Default: nothing."""
+
+
+class OffThreadSink(StepSink):
+    """A sink that is not otel-tunix's own, run on a thread of its own
+    (:mod:`otel_tunix.pipeline.hooks`): each hook call is queued and returns at once;
+    :meth:`StepAccountingProcessor.finish_session` waits for it until a deadline."""
+
+    def __init__(self, sink: StepSink, failed: Callable[[str], object]) -> None:
+        self.sink = sink
+        self.runner = HookRunner(type(sink).__name__, failed)
+
+    def on_step(self, summary: StepSummary) -> None:
+        self.runner.call(self.sink.on_steps, (summary,))
+
+    def on_steps(self, summaries: Sequence[StepSummary]) -> None:
+        self.runner.call(self.sink.on_steps, summaries)
+
+    def on_session(self, sessions: list[ScopeSession]) -> None:
+        self.runner.call(self.sink.on_session, sessions)
+
+    def flush(self) -> None:
+        self.runner.call(self.sink.flush)
+
+    def close(self) -> None:
+        """Close it on its thread, waiting as long as it takes (``finish_session`` gives it
+        a deadline instead)."""
+        self.runner.start_closing(self.sink.close).join()
 
 
 def span_info(span: ReadableSpan) -> SpanInfo:
@@ -133,6 +169,8 @@ class StepAccountingProcessor(StepSpanProcessor):
         """
         if not isinstance(sink, StepSink):
             raise TypeError(f"{sink!r} is not an otel_tunix.processors.StepSink")
+        if runs_user_code(sink) and not isinstance(sink, OffThreadSink):
+            sink = OffThreadSink(sink, functools.partial(self._failed, sink))
         self._sinks.append(sink)
 
     @property
@@ -246,6 +284,27 @@ class StepAccountingProcessor(StepSpanProcessor):
             except Exception:
                 self._failed(sink, "flush")
 
+    def flush_hooks(self, timeout: float) -> bool:
+        """Wait until the sinks on threads of their own have run every call queued so far
+        (False: ``timeout`` passed first)."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        for sink in self._sinks:
+            if isinstance(sink, OffThreadSink):
+                ok = sink.runner.flush(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+    def hooks_closing(self) -> list[tuple[str, threading.Thread]]:
+        """``(name, thread)`` of each sink being closed on a thread of its own: for a
+        shutdown that waits for them beside other work."""
+        out: list[tuple[str, threading.Thread]] = []
+        for sink in self._sinks:
+            if isinstance(sink, OffThreadSink):
+                thread = sink.runner.closing()
+                if thread is not None:
+                    out.append((f"step sink {sink.runner.name}", thread))
+        return out
+
     def sessions(
         self, step_counts: Mapping[str, tuple[int, int, int, int]] | None = None
     ) -> list[ScopeSession]:
@@ -258,20 +317,41 @@ class StepAccountingProcessor(StepSpanProcessor):
             s.steps, s.first_start_ns, s.last_end_ns, s.active_ns = count, first, last, active
         return [out[k] for k in sorted(out)]
 
-    def finish_session(self, step_counts: Mapping[str, tuple[int, int, int, int]]) -> None:
-        """Send the session totals to every sink and close the sinks."""
+    def finish_session(
+        self,
+        step_counts: Mapping[str, tuple[int, int, int, int]],
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Send the session totals to every sink and close the sinks. Those on threads of
+        their own are closed side by side and waited for at most ``timeout`` seconds (default:
+        as long as they take; ``0``: not at all, see :meth:`hooks_closing`); returns the
+        names of those that had not finished."""
         sessions = self.sessions(step_counts)
         for sink in self._sinks:
             try:
                 sink.on_session(sessions)
             except Exception:
                 self._failed(sink, "on_session")
+        hooks = []
         for sink in self._sinks:
+            if isinstance(sink, OffThreadSink):
+                hooks.append((sink.runner, sink.sink.close))
+                continue
             try:
                 sink.close()
             except Exception:
                 self._failed(sink, "close")
         self._closed = True
+        if not hooks:
+            return []
+        unfinished = close_hooks(hooks, 1e9 if timeout is None else timeout)
+        if unfinished:
+            _logger.warning(
+                "otel-tunix: step sink %s had not finished after %g s; left behind",
+                ", ".join(unfinished),
+                timeout,
+            )
+        return unfinished
 
     def shutdown(self) -> None:
         self._closed = True

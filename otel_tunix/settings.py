@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from otel_tunix import environment_variables as env
+from otel_tunix._redact import redact_setting
 
 __all__ = [
     "SETTINGS",
@@ -207,6 +208,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "collector does: local files first, then the exporters; what they could not send "
             "is counted in `summary.json`",
             f"a number of seconds in (0, {MAX_SHUTDOWN_SEC:g}]"),
+    Setting(env.OTEL_TUNIX_RESOURCE_CONFIG_KEYS, "resource_config_keys", _components, None,
+            "run config keys (`configure(run_config=)`; dotted for nested ones, `fnmatch` "
+            "patterns, `*` for all) also put on the OTel resource as `tunix.config.<key>`; "
+            "unset: none (the config stays in `config.json`); secret-looking keys are "
+            "redacted whatever this says",
+            "comma-separated keys or patterns"),
+    Setting(env.OTEL_TUNIX_MAX_METRIC_NAMES, "max_metric_names", _positive_int, 2000,
+            "distinct names a MetricsLogger accepts; values of names past it are refused, "
+            "counted in `summary.json` (each name holds an OTel instrument for the run)",
+            "a positive integer"),
     Setting(env.OTEL_TUNIX_ALERTS, "alerts", parse_bool, True,
             "evaluate the default alert rules on logged metrics", _BOOL),
     Setting(env.OTEL_TUNIX_JOB_TRACES, "job_traces", parse_bool, True,
@@ -357,6 +368,8 @@ class Settings:
     perfetto_dir: str | None = None
     process_interval_ms: float = 250.0
     shutdown_timeout: float = 5.0
+    resource_config_keys: tuple[str, ...] | None = None
+    max_metric_names: int = 2000
     alerts: bool = True
     job_traces: bool = True
     straggler_window: int = 50
@@ -465,7 +478,10 @@ def load_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
     try:
         return setting.parse(raw.strip())
     except ValueError:
-        raise ConfigurationError(f"{name}={raw!r} is not allowed; use {setting.allowed}") from None
+        shown = redact_setting(name, raw)  # an endpoint's credentials, a header's value
+        raise ConfigurationError(
+            f"{name}={shown!r} is not allowed; use {setting.allowed}"
+        ) from None
 
 
 def _default_text(setting: Setting) -> str:

@@ -157,8 +157,11 @@ class ExportFnSink(StepSink):
     The function gets the :class:`StepSummary` (its ``spans`` are the step's component
     spans) and returns ``{metric name: value}``; each value goes to the MetricsLogger at the
     step and to an OTel histogram of that name. An exception is reported once, with its
-    traceback, and never reaches the training loop.
+    traceback, and never reaches the training loop. It runs on a thread of its own
+    (``runs_user_code``): a slow or stuck function holds up nothing else.
     """
+
+    runs_user_code = True
 
     def __init__(
         self,

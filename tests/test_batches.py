@@ -155,6 +155,7 @@ def test_sinks_get_the_summaries_of_a_batch_together_or_one_by_one(caplog: Any) 
     with caplog.at_level(logging.ERROR, logger="otel_tunix"):
         proc.on_finished_steps(steps[:4])
         proc.on_finished_steps(steps[4:])
+        assert proc.flush_hooks(10)  # the test's own sinks run on threads of their own
     assert batch.calls == [[0, 1, 2, 3], [4, 5]]
     assert flaky.steps == [0, 1, 3, 4, 5]  # one failing summary does not lose the others
     assert sum("_FlakySink.on_steps failed" in r.getMessage() for r in caplog.records) == 1
@@ -206,6 +207,7 @@ def test_metrics_logger_log_rows_reaches_every_kind_of_backend() -> None:
     )
     batch = [(4, {"a": 1.0, "b": 2.0}), (8, {"a": float("inf")}), (None, {"c": 3.0})]
     ml.log_rows(batch, source="perf")
+    assert ml.flush()  # backends of the user's own run on threads of their own
     assert rows.got == batch
     assert scalars.got == [
         ("a", 1.0, 4, False), ("b", 2.0, 4, False), ("a", float("inf"), 8, True),
@@ -215,6 +217,7 @@ def test_metrics_logger_log_rows_reaches_every_kind_of_backend() -> None:
     assert ml.last_values == {"a": float("inf"), "b": 2.0, "c": 3.0}
     assert ml.last_step == 8  # the last row with a step
     ml.log_rows([(9, {"d": 1.0})])  # no source: every backend
+    assert ml.flush()
     assert skips.got == [("d", 1.0, 9, False)]
     ml.close()
     ml.log_rows([(10, {"e": 1.0})])  # closed: ignored, no error
@@ -295,6 +298,7 @@ def test_a_backend_failing_on_one_row_still_gets_the_others(caplog: Any) -> None
     with caplog.at_level(logging.ERROR, logger="otel_tunix"):
         ml.log_rows([(s, {"loss": 1.0}) for s in range(5)])
         ml.log_rows([(2, {"loss": 1.0}), (5, {"loss": 1.0})])
+        assert ml.flush()
     assert backend.steps == [0, 1, 3, 4, 5]
     assert sum("FailsAtStep2 failed" in r.getMessage() for r in caplog.records) == 1
 
@@ -328,6 +332,7 @@ def test_a_backend_with_log_rows_gets_each_batch_in_one_call(caplog: Any) -> Non
         ml.log_rows([(s, {"loss": float(s)}) for s in range(3)], source="perf")
         ml.log_rows([(3, {"loss": 3.0}), (4, {"loss": 4.0})], source="perf")  # flaky loses it
         ml.log_rows([(5, {"loss": 5.0})], source="perf")
+        assert ml.flush()
     assert [[s for s, _ in call] for call in good.calls] == [[0, 1, 2], [3, 4], [5]]
     assert [[s for s, _ in call] for call in flaky.calls] == [[0, 1, 2], [5]]
     assert good.calls[1][1] == (4, {"loss": 4.0})

@@ -40,7 +40,10 @@ def test_log_takes_a_dict_of_a_step_and_warns_once_before_configure(
     ]
 
 
-def test_run_config_goes_to_config_json_and_the_resource(tmp_path: Path) -> None:
+def test_run_config_goes_to_config_json_and_the_keys_named_to_the_resource(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_TUNIX_RESOURCE_CONFIG_KEYS", "model.*, seed,lr,batch,tags")
     spans = InMemorySpanExporter()
     otel_tunix.set_config({"model": {"layers": 2, "d_model": 64}}, seed=1)  # before: kept
     out = tmp_path / "run"
@@ -73,9 +76,17 @@ def test_run_config_goes_to_config_json_and_the_resource(tmp_path: Path) -> None
     }  # the list is not a scalar; warmup came after the resource was made
     header = _rows(out / "spans.jsonl")[0]
     assert header["resource"]["tunix.config.lr"] == 3e-4
-    # the next run starts from nothing
-    otel_tunix.configure(output_dir=tmp_path / "next")
+    # the next run starts from nothing; with no keys named, none go on the resource
+    monkeypatch.delenv("OTEL_TUNIX_RESOURCE_CONFIG_KEYS")
+    otel_tunix.configure(output_dir=tmp_path / "next", run_config={"lr": 1e-3})
+    with otel_tunix.step(0), otel_tunix.component("work"):
+        pass
     otel_tunix.shutdown()
-    assert not (tmp_path / "next" / "config.json").exists()
+    header = _rows(tmp_path / "next" / "spans.jsonl")[0]
+    assert not any(k.startswith("tunix.config.") for k in header["resource"])
+    assert json.loads((tmp_path / "next" / "config.json").read_text()) == {"lr": 1e-3}
+    otel_tunix.configure(output_dir=tmp_path / "third")
+    otel_tunix.shutdown()
+    assert not (tmp_path / "third" / "config.json").exists()
     with pytest.raises(otel_tunix.ConfigurationError, match="run_config must be a dict"):
         otel_tunix.configure(output_dir="none", run_config=[("lr", 1)])  # type: ignore[arg-type]

@@ -28,8 +28,10 @@ from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix._recording import StepRecord
 from otel_tunix._records import ComponentExtras, ComponentStart
 from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
+from otel_tunix._text import clean_value
 from otel_tunix.accounting import account_components
 from otel_tunix.model import Interval, SpanInfo
+from otel_tunix.pipeline.cleaning import NameCleaner
 
 _logger = logging.getLogger(__name__)
 _UNSET = Status(StatusCode.UNSET)
@@ -47,8 +49,10 @@ def _error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Event,
         "exception",
         {
             "exception.type": type(exc).__qualname__,
-            "exception.message": str(exc),
-            "exception.stacktrace": "".join(traceback.format_exception(exc)),
+            "exception.message": clean_value(str(exc)),
+            "exception.stacktrace": clean_value(
+                "".join(traceback.format_exception(exc)), _MAX_STACKTRACE
+            ),
             "exception.escaped": True,
         },
         timestamp=end_ns,
@@ -58,8 +62,8 @@ def _error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Event,
 
 def error_text(exc: BaseException) -> str:
     """``"Type: message"``: the error status description of a span, and the ``error`` of
-    its spans JSONL entry."""
-    return f"{type(exc).__qualname__}: {exc}"
+    its spans JSONL entry (cleaned as a text value: an exception's message is any text)."""
+    return clean_value(f"{type(exc).__qualname__}: {exc}")
 
 
 def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
@@ -158,6 +162,7 @@ class FinishedStep:
     )
 
     def __init__(self, builder: SpanBuilder, rec: StepRecord) -> None:
+        builder.cleaner.step(rec)  # names and values every exporter takes (cleaning.py)
         off = builder.offset
         self._builder = builder
         self._spans: list[ReadableSpan] | None = None
@@ -321,6 +326,7 @@ class SpanBuilder:
         the name's times in that step) as last made (never changed once made: spans and other
         threads may hold them)."""
         self._report = ReportOnce(_logger)
+        self.cleaner = NameCleaner()
 
     def __call__(self, records: list[StepRecord]) -> int:
         """Hand these steps to the processors; returns how many could not be read."""
@@ -557,6 +563,7 @@ def _extra_attributes(
 
 
 _start_ns = operator.itemgetter(4)
+_MAX_STACKTRACE = 32768
 _exports_lock = threading.Lock()
 _MAX_CACHED = 4096
 _INTERNAL = SpanKind.INTERNAL

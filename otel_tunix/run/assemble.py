@@ -59,6 +59,7 @@ from otel_tunix.run.run_parts import (
     StepsPart,
     StreamedPerfettoPart,
     SummaryPart,
+    UserHooksPart,
 )
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import ConfigurationError, Settings
@@ -288,6 +289,7 @@ def assemble(
     spans_file = files.get("spans")
     if trace_dir == PERFETTO_AT_SHUTDOWN and spans_file is not None:
         parts.append(PerfettoTranslationPart(state, spans_file, rank))
+    parts.append(UserHooksPart(state, logger))
     if not prov.owns_tracer:  # ours in an application's provider: close them
         parts += [ExporterPart(p) for p in exporters]
     parts += [

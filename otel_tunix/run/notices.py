@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_tunix import _tally
 from otel_tunix._current import RunInfo
+from otel_tunix._redact import redact_url
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import ExportStats
@@ -65,9 +67,11 @@ def otlp_endpoint(settings: Settings, signal: str) -> str:
 
 
 def _described(settings: Settings, signal: str, name: str, endpoints: Mapping[str, str]) -> str:
-    if name == "otlp":
-        return f"{otlp_endpoint(settings, signal)} ({settings.otlp_protocol_of(signal)})"
-    return endpoints.get(name, "")
+    if name == "otlp":  # an endpoint's user info and query can hold credentials
+        return (
+            f"{redact_url(otlp_endpoint(settings, signal))} ({settings.otlp_protocol_of(signal)})"
+        )
+    return redact_url(endpoints.get(name, ""))
 
 
 def destinations(
@@ -181,9 +185,11 @@ def end_notice(
     export_stats: Mapping[str, ExportStats],
     slowest: Mapping[str, StepSummary],
     perfetto_left: str | None = None,
+    safety: Mapping[str, int] | None = None,
 ) -> str:
     """The lines printed at ``shutdown()``; ``perfetto_left``: the command that makes the
-    Perfetto trace that did not fit in the shutdown's budget."""
+    Perfetto trace that did not fit in the shutdown's budget; ``safety``: what was cleaned,
+    redacted or refused (``summary.json``'s ``safety``)."""
     scopes = ", ".join(f"{s.scope} {s.steps} steps ({s.sampled_steps} recorded)" for s in sessions)
     lines = [f"otel-tunix: run {run_id} finished: {scopes or 'no steps'}"]
     problems = []
@@ -195,6 +201,9 @@ def end_notice(
         if st.failed or st.dropped:
             problems.append(f"{name}: {st.failed} spans failed, {st.dropped} dropped")
     lines.append("  " + ("; ".join(problems) if problems else "nothing dropped or failed"))
+    if safety:
+        said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in sorted(safety.items()))
+        lines.append(f"  {said} (see summary.json)")
     if output_dir is not None and any(s.sampled_steps for s in sessions):
         lines.append(f"  next: otel-tunix summary {output_dir}")
     trace = files.get("perfetto")
@@ -254,5 +263,6 @@ def at_shutdown(st: RunState, sessions: Sequence[ScopeSession]) -> None:
         perfetto_left=None
         if st.perfetto_left is None
         else convert_hint(st.perfetto_left, st.info.rank),
+        safety=_tally.this_run(),
     )
     emit(text, st.settings, st.info.rank.rank)

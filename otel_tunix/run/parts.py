@@ -53,6 +53,10 @@ class Part:
         could not finish in time."""
         return True
 
+    def unfinished(self) -> list[str]:
+        """What ``summary.json`` names when the part had not finished at the deadline."""
+        return [self.name]
+
     def in_forked_child(self) -> None:
         """In a forked child: the part is the parent's; let go of it without touching what
         the parent still uses (files, sockets, exporters' connections)."""
@@ -104,10 +108,10 @@ def _close_side_by_side(parts: Sequence[Part], deadline: float) -> list[str]:
             target=_close_one, args=(part, deadline), name="otel-tunix-shutdown", daemon=True
         )
         thread.start()
-        threads.append((part.name, thread))
+        threads.append((part, thread))
     for _, thread in threads:
         thread.join(left(deadline))
-    return [name for name, thread in threads if thread.is_alive()]
+    return [name for part, thread in threads if thread.is_alive() for name in part.unfinished()]
 
 
 def _close_one(part: Part, deadline: float) -> None:

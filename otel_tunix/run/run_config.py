@@ -1,14 +1,18 @@
 """A run's hyperparameters: ``configure(run_config={...})`` and ``otel_tunix.set_config()``.
 
-As ``wandb.config``: the values are written to ``config.json`` in the run folder, and those
-that are scalars (nested dicts flattened with dots) go on the run's OTel resource as
-``tunix.config.<key>``, so every span and metric of the run carries them and a backend can
-filter runs by them. The resource is made by ``configure()``: values set before it (with
-:func:`set_config`) are on it; values set after it go to ``config.json`` only.
+As ``wandb.config``: the values are written to ``config.json`` in the run folder. Only the
+keys named by ``OTEL_TUNIX_RESOURCE_CONFIG_KEYS`` (none by default) also go on the run's OTel
+resource as ``tunix.config.<key>`` (scalars; nested dicts flattened with dots): the resource
+travels with every export and becomes Prometheus ``target_info`` labels, so a config is not
+broadcast unless asked. The values of secret-looking keys (``api_key``, ``wandb_token``, ...:
+:func:`otel_tunix._redact.is_secret_key`) are redacted in both. The resource is made by
+``configure()``: values set before it (with :func:`set_config`) are on it; values set after
+it go to ``config.json`` only.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import threading
 from collections.abc import Mapping
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tunix._current import get_current
+from otel_tunix._redact import REDACTED, is_secret_key, redact_mapping
 from otel_tunix.settings import ConfigurationError
 
 __all__ = ["CONFIG_FILE", "config_attributes", "set_config", "take_pending", "write_config"]
@@ -39,22 +44,35 @@ def _flat(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_attributes(config: Mapping[str, Any]) -> dict[str, bool | int | float | str]:
-    """``tunix.config.<key>`` resource attributes of the scalar values of ``config``
-    (nested dicts flattened with dots; lists, ``None`` and objects left out)."""
+def config_attributes(
+    config: Mapping[str, Any], allowed: tuple[str, ...] | None
+) -> dict[str, bool | int | float | str]:
+    """``tunix.config.<key>`` resource attributes of the scalar values of ``config`` whose
+    (dotted) key matches a pattern of ``allowed`` (``OTEL_TUNIX_RESOURCE_CONFIG_KEYS``;
+    ``None``: none); lists, ``None`` and objects left out, secret-looking keys redacted."""
     out: dict[str, bool | int | float | str] = {}
-    for key, value in _flat(config).items():
-        if isinstance(value, bool | int | float | str):
+    if not allowed:
+        return out
+    for key, value in _flat(redact_mapping(config, count=False)).items():
+        if not any(fnmatch.fnmatchcase(key, pattern) for pattern in allowed):
+            continue
+        if value == REDACTED or is_secret_key(key):
+            out[PREFIX + key] = REDACTED
+        elif isinstance(value, bool | int | float | str):
             out[PREFIX + key] = value
         elif hasattr(value, "item") and getattr(value, "size", 1) == 1:  # numpy / torch
             out[PREFIX + key] = value.item()
     return out
 
 
-def write_config(path: Path, config: Mapping[str, Any]) -> None:
-    """Write ``config`` as JSON (values that JSON lacks as their ``str``), atomically."""
+def write_config(path: Path, config: Mapping[str, Any], *, count: bool = True) -> None:
+    """Write ``config`` as JSON (values that JSON lacks as their ``str``; secret-looking
+    keys' values redacted, counted unless ``count`` is false), atomically."""
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(dict(config), indent=2, sort_keys=True, default=str) + "\n")
+    tmp.write_text(
+        json.dumps(redact_mapping(config, count=count), indent=2, sort_keys=True, default=str)
+        + "\n"
+    )
     tmp.replace(path)
 
 
@@ -73,7 +91,8 @@ def take_pending(run_id: str, given: Mapping[str, Any] | None) -> dict[str, Any]
 def set_config(values: Mapping[str, Any] | None = None, /, **more: Any) -> dict[str, Any]:
     """Add hyperparameters to the run's config (``set_config({"lr": 3e-4}, batch=16)``).
 
-    Before ``configure()`` they are kept for the next run (and go on its resource); after
+    Before ``configure()`` they are kept for the next run (the keys that
+    ``OTEL_TUNIX_RESOURCE_CONFIG_KEYS`` names also go on its resource); after
     it they are merged into the run folder's ``config.json``.
 
     Returns:
@@ -91,5 +110,6 @@ def set_config(values: Mapping[str, Any] | None = None, /, **more: Any) -> dict[
         config.update(new)
         snapshot = dict(config)
     if run.info.output_dir is not None:
-        write_config(run.info.output_dir / CONFIG_FILE, snapshot)
+        redact_mapping(new)  # counts the new values' secrets; the file's others were counted
+        write_config(run.info.output_dir / CONFIG_FILE, snapshot, count=False)
     return snapshot

@@ -11,11 +11,12 @@ go of the providers (span processors, observable callbacks, DogStatsD).
 from __future__ import annotations
 
 import atexit
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_tunix import _ids, _recording
+from otel_tunix import _ids, _recording, _tally
 from otel_tunix._resource import RankInfo
 from otel_tunix._shortcuts import remove_span_processors, silence_periodic_readers
 from otel_tunix.metrics_logger import MetricsLogger
@@ -38,6 +39,7 @@ __all__ = [
     "StepsPart",
     "StreamedPerfettoPart",
     "SummaryPart",
+    "UserHooksPart",
 ]
 
 
@@ -102,7 +104,12 @@ class StepsPart(Part):
         _recording.set_runtime(self._runtime)
 
     def flush(self, deadline: float) -> bool:
-        return self._runtime is None or self._runtime.pipeline.flush(left(deadline))
+        if self._runtime is None:
+            return True
+        ok = self._runtime.pipeline.flush(left(deadline))
+        if self._state.processor is not None:  # users' step sinks, on threads of their own
+            ok = self._state.processor.flush_hooks(left(deadline)) and ok
+        return ok
 
     def close(self, deadline: float) -> bool:
         _recording.set_runtime(None)
@@ -121,7 +128,8 @@ class StepsPart(Part):
             )
             for scope, s in rt.scopes.items()
         }
-        st.processor.finish_session(counts)
+        # users' sinks start closing on their threads; UserHooksPart waits for them
+        st.processor.finish_session(counts, 0.0)
         st.sessions = st.processor.sessions(counts)
         return True
 
@@ -142,14 +150,48 @@ class LoggerPart(Part):
         self._owned = owned
         self._alerts = alerts
 
+    def flush(self, deadline: float) -> bool:
+        return self._logger.flush(left(deadline))  # users' backends, on threads of their own
+
     def close(self, deadline: float) -> bool:
         if self._owned:
-            self._logger.close()
+            self._logger.close(0.0)  # users' backends start closing; UserHooksPart waits
         elif self._alerts is not None:
             if self._alerts in self._logger.backends:
                 self._logger.backends.remove(self._alerts)
             self._alerts.close()
         return True
+
+
+class UserHooksPart(Part):
+    """The users' step sinks and MetricsLogger backends, closing on threads of their own
+    (started by the steps and logger parts): waited for beside the exporters, left behind at
+    the deadline, each named in ``summary.json`` then."""
+
+    name = "user hooks"
+    side_by_side = True
+
+    def __init__(self, state: RunState, logger: MetricsLogger) -> None:
+        self._state = state
+        self._logger = logger
+        self._closing: list[tuple[str, threading.Thread]] = []
+
+    def close(self, deadline: float) -> bool:
+        processor = self._state.processor
+        self._closing = [
+            *(processor.hooks_closing() if processor is not None else []),
+            *self._logger.hooks_closing(),
+        ]
+        for _, thread in self._closing:
+            # a little past the deadline: alive when close_parts looks, if a hook is stuck
+            thread.join(left(deadline) + 0.5)
+        return not any(thread.is_alive() for _, thread in self._closing)
+
+    def unfinished(self) -> list[str]:
+        names = [name for name, thread in self._closing if thread.is_alive()]
+        if names:
+            _tally.add("hooks_unfinished", len(names))
+        return names
 
 
 class SummaryPart(Part):

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from otel_tunix import _recording, _resource
+from otel_tunix import _recording, _resource, _tally
 from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
 from otel_tunix._current import meter as current_meter
 from otel_tunix._resource import build_resource, detect_rank, new_run_id
@@ -115,9 +115,11 @@ def configure(
             (else ``OTEL_TUNIX_CONSOLE_INTERVAL``, default none). Rank 0, with otel-tunix's
             own MetricsLogger.
         run_config: The run's hyperparameters, as ``wandb.config``: written to
-            ``config.json`` in the run folder, scalars (nested dicts flattened with dots) on
-            the resource as ``tunix.config.<key>``; merged over what
-            :func:`otel_tunix.set_config` kept before ``configure()``.
+            ``config.json`` in the run folder (secret-looking keys' values redacted); the
+            scalars whose keys ``OTEL_TUNIX_RESOURCE_CONFIG_KEYS`` names (none by default;
+            nested dicts flattened with dots) also on the resource as
+            ``tunix.config.<key>``; merged over what :func:`otel_tunix.set_config` kept
+            before ``configure()``.
 
     Returns:
         The :class:`RunInfo` of the run.
@@ -129,6 +131,7 @@ def configure(
     with _lock:
         if _state is not None:
             shutdown()
+        _tally.start_run()  # summary.json's "safety" counts from here
         settings = load_settings()
         args = RunArguments(
             service_name=service_name, perf=perf, output_dir=output_dir, run_id=run_id,
@@ -148,7 +151,10 @@ def configure(
             service_name=service_name,
             run_id=rid,
             rank=rank,
-            extra={**run_config_.config_attributes(config), **(resource_attributes or {})},
+            extra={
+                **run_config_.config_attributes(config, settings.resource_config_keys),
+                **(resource_attributes or {}),
+            },
         )
         resource = build_resource(ours)
         out_dir, files = assemble.run_folder(

@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_tunix import _recording
+from otel_tunix import _recording, _tally
 from otel_tunix import attributes as attr
 from otel_tunix._current import RunInfo
 from otel_tunix._linefile import record_write_error, write_errors
@@ -145,6 +145,8 @@ def write_summary(
     if st.config.export_jsonl_path:
         own.add(os.fspath(st.config.export_jsonl_path))
     data["write_errors"] = {f: e for f, e in write_errors().items() if f in own}
+    # names and values cleaned, secrets redacted, metric names refused, hook calls dropped
+    data["safety"] = _tally.this_run()
     tmp = path.with_suffix(".json.tmp")
     try:
         tmp.write_text(json.dumps(data, indent=2, default=str))
