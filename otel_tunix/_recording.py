@@ -43,7 +43,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry.trace import NonRecordingSpan, SpanContext, get_current_span
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanContext,
+    get_current_span,
+)
 
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import JobStepIds, random_bits, refill_span_ids, take_span_id
@@ -94,6 +99,7 @@ class StepRecord(NonRecordingSpan):
         "events",
         "extras",
         "ident",
+        "link",
         "nest_ident",
         "number",
         "parent_id",
@@ -139,6 +145,11 @@ class StepRecord(NonRecordingSpan):
         if current is None and not HAS_SPAN_KEY:  # no direct read: the public API
             current = get_current_span()
         parent = current.get_span_context() if current is not None else None
+        self.link: SpanContext | None = None
+        """Where a step that starts its own trace was started from: the ended step whose
+        copy of the context its thread holds (a thread started inside that step)."""
+        if type(current) is StepRecord and current.end_ns:  # its parent answers invalid
+            self.link = current.span_context()
         if parent is not None and parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.
             self.trace_id = parent.trace_id
@@ -164,7 +175,12 @@ class StepRecord(NonRecordingSpan):
     def get_span_context(self) -> SpanContext:
         """As the current OTel span: the innermost open component's context (the calling
         context's, else the step thread's), else the step's: what a span started by other
-        code inside the step gets as its parent."""
+        code inside the step gets as its parent. Once the step has ended (asked from a
+        thread or task that outlived it, holding a copy of its context): no parent, so
+        what that thread starts later (its own steps, other code's spans) starts a trace of
+        its own instead of stretching this step's."""
+        if self.end_ns:
+            return INVALID_SPAN_CONTEXT
         cur = _current.get()
         if isinstance(cur, Component) and cur._step.trace_id == self.trace_id:
             return cur.span_context()
@@ -185,6 +201,8 @@ class Runtime:
         "job_ids",
         "job_root",
         "last_scope",
+        "last_step",
+        "loose",
         "open_steps",
         "pending_events",
         "pipeline",
@@ -213,6 +231,12 @@ class Runtime:
         self.last_scope: dict[int, ScopeStepCounts] = {}
         """Per thread, the scope of the step that ended last on it."""
         self.open_steps: list[StepRecord] = []
+        self.last_step: StepRecord | None = None
+        """The sampled step opened last (kept after it ends)."""
+        self.loose: collections.deque[tuple[ComponentStart, StepRecord]] = collections.deque()
+        """Components that other threads started while no sampled step was open, each
+        with the step opened last before them (:func:`_loose_step`): the worker counts them
+        in the later steps of that step's thread that they overlap."""
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
         )
@@ -373,6 +397,7 @@ class step:
             self._token = _current.set(rec)
             self._otel_token = attach_span(rec)
             rt.open_steps.append(rec)
+            rt.last_step = rec
         except Exception:  # never hurt the training loop
             self._record = None
             report_internal_error("step() (the step is not recorded)")
@@ -576,15 +601,16 @@ class Component:
         if cur is None:  # a step that is not sampled
             return self
         try:
+            loose = False
             if type(cur) is StepRecord:
                 st = cur
                 top = st.top
                 outer_id = st.span_id if top is None else top._span_id
             elif cur is _NOT_SET:  # no step in this context: a thread that did not inherit it
-                rt = _runtime
-                if rt is None or not rt.open_steps:
+                found = _step_outside(_runtime)
+                if found is None:
                     return self
-                st = rt.open_steps[-1]
+                st, loose = found
                 outer_id = st.span_id
             else:  # the component open around this one (set in the context variable)
                 st = cur._step
@@ -600,13 +626,16 @@ class Component:
             # more). In an event loop tasks interleave: the variable. (cur is st: the
             # context holds the step itself, no component of its own.)
             fast = cur is st and ident == st.nest_ident and running_loop() is None
-            if not fast and st.end_ns:  # a thread or task that outlived the step its
-                # context holds (started inside it, still running): the latest open step
-                rt = _runtime
-                if rt is None or not rt.open_steps:
+            if not fast and st.end_ns and not loose:  # a thread or task that outlived the
+                # step its context holds (started inside it, still running): as one that
+                # did not inherit the context
+                found = _step_outside(_runtime)
+                if found is None:
                     return self
-                st = rt.open_steps[-1]
+                st, loose = found
                 outer_id = st.span_id
+            if loose and ident == st.ident:  # between steps on the steps' own thread
+                return self
             span: Any = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id
@@ -615,6 +644,8 @@ class Component:
                 cur_ctx = (span or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == st.trace_id else st.span_id
                 self._token = attach_span(st)
+            if loose:  # a span of its own (the step before it has ended)
+                parent = 0
             try:
                 sid = take_span_id()
             except IndexError:  # the pool is empty, once every 256 components
@@ -630,7 +661,11 @@ class Component:
             else:
                 self._ctoken = _current.set(self)
             self._sid = self._span_id = sid
-            st.spans.append((name, self._blocked, sid, parent, self._start_ns or _clock(), thread))
+            record = (name, self._blocked, sid, parent, self._start_ns or _clock(), thread)
+            if loose:
+                st.runtime.loose.append((record, st))
+            else:
+                st.spans.append(record)
         except Exception:
             self._sid = 0
             report_internal_error("component() (the component is not recorded)")
@@ -766,6 +801,20 @@ def record_component(
         step_extras(st).attributes[sid] = dict(attributes)
     c.__exit__(None, None, None)
     st.ends[sid] = max(end_ns, start_ns)
+
+
+def _step_outside(rt: Runtime | None) -> tuple[StepRecord, bool] | None:
+    """Where a component goes that no open step of its context takes (a thread that did
+    not inherit the context, or outlived the step it holds): the latest open step, else,
+    between steps, the step opened last, as a loose component (``True``): recorded apart,
+    with no parent, and counted by the worker in the later steps of that step's thread that
+    it overlaps. ``None``: no step was ever sampled."""
+    if rt is None:
+        return None
+    if rt.open_steps:
+        return rt.open_steps[-1], False
+    last = rt.last_step
+    return None if last is None else (last, True)
 
 
 def _take_pending(rt: Runtime) -> list[StepEvent]:

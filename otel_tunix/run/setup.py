@@ -422,14 +422,16 @@ def configure(
             state.perfetto = perfetto
         span_sink = active_span_processor(tp, processor)
         if cfg.enabled:
+            builder = SpanBuilder(
+                span_sink,
+                span_resource,
+                InstrumentationScope(cfg.otel_scope or "tunix", __version__),
+                offset=state.offset_ns,
+            )
             pipeline = Pipeline(
-                SpanBuilder(
-                    span_sink,
-                    span_resource,
-                    InstrumentationScope(cfg.otel_scope or "tunix", __version__),
-                    offset=state.offset_ns,
-                ),
+                builder,
                 after_batch=processor.flush_sinks,
+                finish=builder.finish,
                 interval_sec=(cfg.process_interval_ms or 250.0) / 1e3,
             )
             job = settings.job_traces and rank.world_size > 1
