@@ -253,6 +253,13 @@ those open kept in ``StepRecord.top``: see the module docstring), else the inner
 sets at most one."""
 
 
+step_context_var = _current
+"""For code that must tell, as cheaply as can be, whether the calling context is in a
+sampled step (a patched ``ThreadPoolExecutor.submit``): it is not when the variable holds
+:data:`CONTEXT_OUTSIDE_STEPS` (no step) or ``None`` (a step that is not sampled)."""
+CONTEXT_OUTSIDE_STEPS = _NOT_SET
+
+
 def _step_of(cur: Any) -> StepRecord | None:
     """The sampled step of a value of ``_current`` (``None`` outside one)."""
     if type(cur) is StepRecord:
