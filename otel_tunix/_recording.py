@@ -98,6 +98,7 @@ class StepRecord(NonRecordingSpan):
         "error",
         "events",
         "extras",
+        "foreign",
         "ident",
         "link",
         "nest_ident",
@@ -130,6 +131,8 @@ class StepRecord(NonRecordingSpan):
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
+        self.foreign = False
+        """True once a component of another thread was recorded into the step."""
         ident = self.ident = _get_ident()
         # The thread whose components outside an event loop nest in time (see Component):
         # none while trio is loaded (its tasks interleave on one thread with no asyncio loop).
@@ -235,7 +238,7 @@ class Runtime:
         """The sampled step opened last (kept after it ends)."""
         self.loose: collections.deque[tuple[ComponentStart, StepRecord]] = collections.deque()
         """Components that other threads started while no sampled step was open, each
-        with the step opened last before them (:func:`_loose_step`): the worker counts them
+        with the step opened last before them (``Component._enter_loose``): the worker counts them
         in the later steps of that step's thread that they overlap."""
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
@@ -608,16 +611,17 @@ class Component:
         if cur is None:  # a step that is not sampled
             return self
         try:
-            loose = False
             if type(cur) is StepRecord:
                 st = cur
                 top = st.top
                 outer_id = st.span_id if top is None else top._span_id
             elif cur is _NOT_SET:  # no step in this context: a thread that did not inherit it
-                found = _step_outside(_runtime)
-                if found is None:
+                rt = _runtime
+                if rt is None:
                     return self
-                st, loose = found
+                if not rt.open_steps:  # between steps
+                    return self._enter_loose(rt)
+                st = rt.open_steps[-1]
                 outer_id = st.span_id
             else:  # the component open around this one (set in the context variable)
                 st = cur._step
@@ -633,16 +637,15 @@ class Component:
             # more). In an event loop tasks interleave: the variable. (cur is st: the
             # context holds the step itself, no component of its own.)
             fast = cur is st and ident == st.nest_ident and running_loop() is None
-            if not fast and st.end_ns and not loose:  # a thread or task that outlived the
-                # step its context holds (started inside it, still running): as one that
-                # did not inherit the context
-                found = _step_outside(_runtime)
-                if found is None:
+            if not fast and st.end_ns:  # a thread or task that outlived the step its
+                # context holds (started inside it, still running): the latest open step
+                rt = _runtime
+                if rt is None:
                     return self
-                st, loose = found
+                if not rt.open_steps:  # between steps
+                    return self._enter_loose(rt)
+                st = rt.open_steps[-1]
                 outer_id = st.span_id
-            if loose and ident == st.ident:  # between steps on the steps' own thread
-                return self
             span: Any = otel_context().get(SPAN_KEY)  # the current OTel span, read directly
             if span is st:  # the usual case: no foreign span in between
                 parent = outer_id
@@ -651,8 +654,6 @@ class Component:
                 cur_ctx = (span or get_current_span()).get_span_context()
                 parent = cur_ctx.span_id if cur_ctx.trace_id == st.trace_id else st.span_id
                 self._token = attach_span(st)
-            if loose:  # a span of its own (the step before it has ended)
-                parent = 0
             try:
                 sid = take_span_id()
             except IndexError:  # the pool is empty, once every 256 components
@@ -660,6 +661,7 @@ class Component:
             thread = None  # the step's thread
             if ident != st.ident:
                 thread = threads_by_ident.get(ident) or _current_thread()
+                st.foreign = True
             self._step = st
             if fast:
                 self._ctoken = None
@@ -668,14 +670,39 @@ class Component:
             else:
                 self._ctoken = _current.set(self)
             self._sid = self._span_id = sid
-            record = (name, self._blocked, sid, parent, self._start_ns or _clock(), thread)
-            if loose:
-                st.runtime.loose.append((record, st))
-            else:
-                st.spans.append(record)
+            st.spans.append((name, self._blocked, sid, parent, self._start_ns or _clock(), thread))
         except Exception:
             self._sid = 0
             report_internal_error("component() (the component is not recorded)")
+        return self
+
+    def _enter_loose(self, rt: Runtime) -> Component:
+        """Record a component that another thread starts while no sampled step is open:
+        apart from any step (``rt.loose``), as a span of its own, with its end stored in the
+        step opened last before it; the worker counts it in the later steps of that step's
+        thread that it overlaps (background work). On that step's own thread, between two
+        of its steps, nothing is recorded."""
+        st = rt.last_step
+        ident = _get_ident()
+        if st is None or ident == st.ident:
+            return self
+        allowed = rt.allowed
+        name = self._name
+        if allowed is not None and name not in allowed:
+            return self
+        span: Any = otel_context().get(SPAN_KEY)
+        # The ended step as the current span answers no parent: spans that other code
+        # starts inside this component start traces of their own, as the component does.
+        self._token = None if span is st else attach_span(st)
+        try:
+            sid = take_span_id()
+        except IndexError:
+            sid = refill_span_ids()
+        thread = threads_by_ident.get(ident) or _current_thread()
+        self._step = st
+        self._ctoken = _current.set(self)
+        self._sid = self._span_id = sid
+        rt.loose.append(((name, self._blocked, sid, 0, self._start_ns or _clock(), thread), st))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -808,20 +835,6 @@ def record_component(
         step_extras(st).attributes[sid] = dict(attributes)
     c.__exit__(None, None, None)
     st.ends[sid] = max(end_ns, start_ns)
-
-
-def _step_outside(rt: Runtime | None) -> tuple[StepRecord, bool] | None:
-    """Where a component goes that no open step of its context takes (a thread that did
-    not inherit the context, or outlived the step it holds): the latest open step, else,
-    between steps, the step opened last, as a loose component (``True``): recorded apart,
-    with no parent, and counted by the worker in the later steps of that step's thread that
-    it overlaps. ``None``: no step was ever sampled."""
-    if rt is None:
-        return None
-    if rt.open_steps:
-        return rt.open_steps[-1], False
-    last = rt.last_step
-    return None if last is None else (last, True)
 
 
 def _take_pending(rt: Runtime) -> list[StepEvent]:

@@ -19,7 +19,6 @@ ended (or when the run flushes or closes).
 
 from __future__ import annotations
 
-import operator
 import threading
 from typing import Any, Protocol
 
@@ -104,7 +103,7 @@ class BackgroundLedger:
         rt = self._runtime = rec.runtime
         loose = rt.loose
         carried = self._carried.get(rec.ident) if self._carried else None
-        if not carried and not loose and not any(map(_thread_of, rec.spans)):
+        if not carried and not loose and not rec.foreign:
             return None
         with self._lock:
             if loose:
@@ -201,10 +200,6 @@ class BackgroundLedger:
                 else:
                     del self._carried[ident]
         return out
-
-
-_thread_of = operator.itemgetter(5)
-"""A component's thread: ``None`` on its step's own thread."""
 
 
 class _Builder(Protocol):

@@ -483,10 +483,9 @@ class SpanBuilder:
                 contexts[sid] = ctx
             if thread is None:
                 thread = step_thread
-            background = bg is not None and sid in bg
             extra = (
-                _extra_attributes(ex, rec, sid, start_pc, background)
-                if ex is not None or background
+                _extra_attributes(ex, rec, sid, start_pc, bg is not None and sid in bg)
+                if ex is not None or bg is not None
                 else None
             )
             attrs = self._component_attributes(
