@@ -89,26 +89,26 @@ class BackgroundLedger:
     """
 
     def __init__(self) -> None:
-        self._carried: dict[int, list[Carried]] = {}
+        self.carried: dict[int, list[Carried]] = {}
+        """Per step thread (ident), the background components that may overlap its later
+        steps."""
         self._done: list[tuple[Carried, int, bool]] = []
-        self._runtime: Any = None  # the run's, as its steps name it (its loose components)
+        self.runtime: Any = None
+        """The run's runtime, as its steps name it (where loose components wait)."""
         self._lock = threading.Lock()
 
     def __bool__(self) -> bool:
-        return bool(self._carried or self._done)
+        return bool(self.carried or self._done)
 
     def step(self, rec: StepRecord) -> StepBackground | None:
         """The background work of a step about to be processed (``None``: none, the usual
         case). Its own background components still running are carried from now on."""
-        rt = self._runtime = rec.runtime
-        loose = rt.loose
-        carried = self._carried.get(rec.ident) if self._carried else None
-        if not carried and not loose and not rec.foreign:
-            return None
+        loose = rec.runtime.loose
+        carried = self.carried.get(rec.ident) if self.carried else None
         with self._lock:
             if loose:
                 self._take_loose(loose)
-                carried = self._carried.get(rec.ident)
+                carried = self.carried.get(rec.ident)
             return self._step(rec, carried)
 
     def _step(self, rec: StepRecord, carried: list[Carried] | None) -> StepBackground | None:
@@ -129,13 +129,13 @@ class BackgroundLedger:
             name, blocked = comp[0], comp[1]
             if c_end is None:  # still running: carried, its span handed on once it ends
                 out.open_ids.add(sid)
-                self._carried.setdefault(rec.ident, []).append(Carried(comp, rec, False))
+                self.carried.setdefault(rec.ident, []).append(Carried(comp, rec, False))
                 out.intervals.append((name, blocked, c_start, end, 1))
             else:
                 out.keys.add(sid)
                 out.intervals.append((name, blocked, c_start, c_end, 1))
                 if c_end > end:  # ran on past the step: its time in the next ones too
-                    self._carried.setdefault(rec.ident, []).append(Carried(comp, rec, False, True))
+                    self.carried.setdefault(rec.ident, []).append(Carried(comp, rec, False, True))
         if carried:
             keep = []
             for c in carried:
@@ -157,9 +157,9 @@ class BackgroundLedger:
                 else:
                     keep.append(c)
             if keep:
-                self._carried[rec.ident] = keep
+                self.carried[rec.ident] = keep
             else:
-                del self._carried[rec.ident]
+                del self.carried[rec.ident]
         return out
 
     def _take_loose(self, loose: Any) -> None:
@@ -168,7 +168,7 @@ class BackgroundLedger:
                 comp, home = loose.popleft()
             except IndexError:  # emptied meanwhile
                 break
-            self._carried.setdefault(home.ident, []).append(Carried(comp, home, True))
+            self.carried.setdefault(home.ident, []).append(Carried(comp, home, True))
 
     def take_due(self) -> list[tuple[Carried, int, bool]]:
         """The carried components that processed steps found ended, and no later step of
@@ -182,11 +182,11 @@ class BackgroundLedger:
         open on their thread that could still overlap them) or at the close (``force``:
         every one; those still running end at ``now_ns``, marked incomplete)."""
         with self._lock:
-            rt = self._runtime
+            rt = self.runtime
             if rt is not None and rt.loose:
                 self._take_loose(rt.loose)
             out, self._done = self._done, []
-            for ident, carried in list(self._carried.items()):
+            for ident, carried in list(self.carried.items()):
                 keep = []
                 for c in carried:
                     c_end = c.end
@@ -196,9 +196,9 @@ class BackgroundLedger:
                     else:
                         keep.append(c)
                 if keep:
-                    self._carried[ident] = keep
+                    self.carried[ident] = keep
                 else:
-                    del self._carried[ident]
+                    del self.carried[ident]
         return out
 
 

@@ -175,7 +175,11 @@ class FinishedStep:
         self.scope = rec.scope
         self.number = rec.number
         self.trace_id = rec.trace_id
-        bg = builder.background.step(rec)
+        ledger = builder.background
+        # Asked only when another thread recorded into the step or background work is
+        # carried or loose (rare): a step of the training thread alone costs three reads.
+        rt = ledger.runtime = rec.runtime  # (whose loose components a close takes)
+        bg = ledger.step(rec) if rec.foreign or ledger.carried or rt.loose else None
         comps = rec.spans
         # In place: usually in order already, and one list less to collect. The sort holds
         # the GIL throughout (a C key function), so a late append cannot interleave.
