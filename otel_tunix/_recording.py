@@ -27,6 +27,12 @@ Where the innermost open component is kept:
   ``run_until_complete``).
 * While trio is loaded, only the context variable (its tasks interleave on one thread with
   no asyncio loop to tell them apart).
+
+Work on other threads: a thread whose context holds no open step (or a step that has ended)
+records into the latest open step; between steps, into ``Runtime.loose``, apart from any
+step (the worker counts such background work in the steps it overlaps:
+``pipeline/background.py``). A step that has ended answers no parent as the current OTel
+span, so a thread started inside it that outlives it starts traces of its own.
 """
 
 from __future__ import annotations
@@ -469,8 +475,9 @@ def component(
     Also a decorator, for plain and ``async`` functions: ``@otel_tunix.component("rollout")``.
     Components nest, and work in threads and asyncio tasks started inside the step (they read
     the step from ``contextvars``; a thread started without a copy of the context records
-    into the most recently opened step). Outside a sampled step, or when the name is filtered
-    out by ``components=``, it records nothing.
+    into the most recently opened step, and between steps as background work counted in the
+    steps it overlaps). Outside a sampled step, or when the name is filtered out by
+    ``components=``, it records nothing.
 
     Made outside any step, the returned :class:`Component` can be kept and entered in every
     step. Made inside a step that is not sampled, it is an :class:`Unrecorded` stand-in

@@ -21,6 +21,7 @@ import pytest
 
 import otel_tunix
 from otel_tunix import attributes as attr
+from otel_tunix.exporters.perfetto.converter import convert_jsonl_to_perfetto
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.testing import capture
 
@@ -142,6 +143,9 @@ def test_a_long_component_on_another_thread_holds_no_step_back(tmp_path: Path) -
     (line,) = [x for x in lines if x["type"] == "span"]
     assert (line["name"], line["step"], line["scope"]) == ("ckpt_write", 10, "train")
     assert line["end_ns"] - line["start_ns"] == span.end_time - span.start_time  # type: ignore[operator]
+    # a Perfetto trace made from the file has every slice, the span line's included
+    slices = convert_jsonl_to_perfetto(tmp_path / "spans.jsonl", tmp_path / "t.pftrace")
+    assert slices == 2 * steps + 1
 
 
 @pytest.mark.parametrize(("step_sec", "chunk_sec"), [(0.0003, 0.1), (0.03, 0.1), (0.03, 0.005)])

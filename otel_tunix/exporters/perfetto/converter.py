@@ -36,7 +36,9 @@ def convert_jsonl_to_perfetto(
 
     Every ``{"type": "step", ...}`` line becomes one step slice, its component slices on
     their threads, and its busy / blocked / idle counters, through the same translation the
-    exporter uses. Other lines are skipped, as is a last line cut short by a crash. A line
+    exporter uses; a ``{"type": "span", ...}`` line (background work that ended after its
+    step) one slice on its thread. Other lines are skipped, as is a last line cut short by a
+    crash. A line
     with a ``resource`` object (``service.name``, ``host.name``, ``tunix.rank``,
     ``process.pid``) names the process track of the steps after it.
 
