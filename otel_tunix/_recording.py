@@ -202,6 +202,12 @@ class StepRecord(NonRecordingSpan):
         return f"StepRecord({self.scope!r}, {self.number}, {self.get_span_context()!r})"
 
 
+MAX_LOOSE = 4096
+"""Loose components waiting for the worker (it takes them when it processes a step or the
+run flushes); past this bound the oldest are dropped (a thread that records components
+forever after the last step)."""
+
+
 class Runtime:
     """What the hot path needs from one ``configure()``: sampling, filter, the pipeline."""
 
@@ -242,7 +248,9 @@ class Runtime:
         self.open_steps: list[StepRecord] = []
         self.last_step: StepRecord | None = None
         """The sampled step opened last (kept after it ends)."""
-        self.loose: collections.deque[tuple[ComponentStart, StepRecord]] = collections.deque()
+        self.loose: collections.deque[tuple[ComponentStart, StepRecord]] = collections.deque(
+            maxlen=MAX_LOOSE
+        )
         """Components that other threads started while no sampled step was open, each
         with the step opened last before them (``Component._enter_loose``): the worker counts them
         in the later steps of that step's thread that they overlap."""

@@ -253,3 +253,28 @@ def test_an_actor_thread_started_in_a_step_has_traces_of_its_own() -> None:
         assert r.context.trace_id in traces
     report = next(s for s in spans if s.name == "actor_report")
     assert report.context.trace_id != learner0.context.trace_id and report.parent is None
+
+
+def test_work_on_another_thread_after_the_last_step_is_a_span_of_its_own() -> None:
+    """A final checkpoint written on a thread after the loop's last step: no step counts
+    it, and its span (a trace of its own) goes out when the run flushes."""
+
+    def final_save() -> None:
+        with otel_tunix.component("ckpt_write"):
+            time.sleep(0.01)
+
+    with capture() as cap:
+        for n in range(3):
+            with otel_tunix.step(n), otel_tunix.component("compute"):
+                pass
+        t = threading.Thread(target=final_save)
+        t.start()
+        t.join()
+        cap.flush()
+        spans = cap.spans()
+    (save,) = [s for s in spans if s.name == "ckpt_write"]
+    steps = [s for s in spans if s.name == "train_step"]
+    assert save.parent is None and save.attributes[attr.BACKGROUND] is True
+    assert save.context.trace_id not in {s.context.trace_id for s in steps}
+    assert (save.end_time or 0) - (save.start_time or 0) >= 10_000_000
+    assert all("ckpt_write" not in s.component_times for s in cap.summaries)

@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_tunix._ids import random_bits
 from otel_tunix._recording import StepRecord
 from otel_tunix._records import ComponentStart
 from otel_tunix.attributes import BACKGROUND, INCOMPLETE, KIND_BLOCKED, KIND_BUSY
@@ -53,8 +52,9 @@ class Carried:
         self.spanned = spanned
         """Its span went out with its step (it had ended by then): carried for its time in
         the later steps it overlaps only."""
-        self.trace = home.trace_id if not loose else (random_bits(128) or 1)
-        """A loose component is a span of its own, in a trace of its own."""
+        # A loose component is a span of its own, in a trace of its own: an id made from
+        # ids already drawn (none drawn here, so a seeded run's ids stay the same).
+        self.trace = home.trace_id if not loose else (home.trace_id ^ (self.sid << 64)) or 1
 
     @property
     def end(self) -> int | None:
