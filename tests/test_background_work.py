@@ -23,6 +23,7 @@ import otel_tunix
 from otel_tunix import attributes as attr
 from otel_tunix.exporters.perfetto.converter import convert_jsonl_to_perfetto
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
+from otel_tunix.report import breakdown_rows
 from otel_tunix.testing import capture
 
 clock = time.perf_counter_ns
@@ -108,6 +109,8 @@ def test_a_long_component_on_another_thread_holds_no_step_back(tmp_path: Path) -
     (session,) = cap.sessions
     assert session.components["ckpt_write"].busy_time_sec == pytest.approx(counted)
     assert session.background_time_sec == pytest.approx(counted)
+    table = {r.name: r for r in breakdown_rows(cap.sessions)}  # the demo's terminal table
+    assert table["background"].mean_sec == pytest.approx(counted / steps)
     for s in summaries:  # the training thread's own breakdown still fits its window
         total = s.busy_time_sec + s.blocked_time_sec + s.idle_time_sec
         assert total == pytest.approx(s.step_time_sec, abs=1e-9)
