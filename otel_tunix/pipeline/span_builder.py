@@ -26,7 +26,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix._recording import StepRecord, now_ns
-from otel_tunix._records import ComponentExtras, ComponentStart
+from otel_tunix._records import ComponentExtras, ComponentStart, step_extras
 from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
 from otel_tunix.accounting import account_components
 from otel_tunix.model import Interval, SpanInfo
@@ -189,13 +189,15 @@ class FinishedStep:
         self.components: list[ComponentStart] = comps
         self.background_ids = bg.keys if bg is not None and bg.keys else None
         """Span ids of the components that are background work (``None``: none)."""
+        if self.background_ids is not None:  # their spans say so, as their other extras
+            step_extras(rec).background = self.background_ids
         ex = rec.extras
         tid, tname = builder.thread(rec.thread)
         self.attributes = {**rec.attributes, _THREAD_ID: tid, _THREAD_NAME: tname}
         # The accounting reads the components once, in order, and leaves each one's end
         # (device end, else host end; never before its start) in self.ends for the spans.
         self.ends: list[int] = []
-        entries = self._entries = _SpanEntries(builder, rec, comps, self.ends, self.background_ids)
+        entries = self._entries = _SpanEntries(builder, rec, comps, self.ends)
         self.summary = account_components(
             rec.scope,
             rec.number,
@@ -273,21 +275,15 @@ class _SpanEntries:
     everything they hold are then freed as soon as the export is done, by reference counts,
     not left to the garbage collector as a reference cycle."""
 
-    __slots__ = ("_builder", "_infos", "_json", "background_ids", "components", "ends", "record")
+    __slots__ = ("_builder", "_infos", "_json", "components", "ends", "record")
 
     def __init__(
-        self,
-        builder: SpanBuilder,
-        rec: StepRecord,
-        comps: list[ComponentStart],
-        ends: list[int],
-        background_ids: set[int] | None,
+        self, builder: SpanBuilder, rec: StepRecord, comps: list[ComponentStart], ends: list[int]
     ) -> None:
         self._builder = builder
         self.record = rec
         self.components = comps
         self.ends = ends
-        self.background_ids = background_ids
         self._infos: list[SpanInfo] | None = None
         self._json: list[dict[str, object]] | None = None
 
@@ -431,7 +427,6 @@ class SpanBuilder:
         rec = step.record
         ex = rec.extras
         off = self.offset
-        bg = step.background_ids
         comps = zip(step.components, step.ends, strict=True)
         for (name, blocked, sid, parent_id, start_pc, thread), end_pc in comps:
             tid, tname = self.thread(thread or rec.thread)
@@ -445,13 +440,11 @@ class SpanBuilder:
                 "span_id": f"{sid:016x}",
                 "parent": f"{parent_id:016x}",
             }
-            if ex is not None or bg is not None:
-                if ex is not None:
-                    error = ex.errors.get(sid)
-                    if error is not None:
-                        d["error"] = error_text(error)
-                background = bg is not None and sid in bg
-                extra = _extra_attributes(ex, rec, sid, start_pc, background, own=False)
+            if ex is not None:
+                error = ex.errors.get(sid)
+                if error is not None:
+                    d["error"] = error_text(error)
+                extra = _extra_attributes(ex, rec, sid, start_pc, own=False)
                 if extra:
                     d["attributes"] = extra
             out.append(d)
@@ -472,7 +465,6 @@ class SpanBuilder:
         out: list[ReadableSpan] = []
         make, new_ctx = self._make, new_span_context
         ex = rec.extras
-        bg = step.background_ids
         comps = zip(step.components, step.ends, strict=True)
         times = step.summary.component_times
         for (name, blocked, sid, parent_id, start_pc, thread), end in comps:
@@ -487,11 +479,7 @@ class SpanBuilder:
                 contexts[sid] = ctx
             if thread is None:
                 thread = step_thread
-            extra = (
-                _extra_attributes(ex, rec, sid, start_pc, bg is not None and sid in bg)
-                if ex is not None or bg is not None
-                else None
-            )
+            extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
             attrs = self._component_attributes(
                 name, blocked, thread, scope, number, extra, times.get(name)
             )
@@ -610,19 +598,12 @@ def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) ->
 
 
 def _extra_attributes(
-    ex: ComponentExtras | None,
-    rec: StepRecord,
-    sid: int,
-    start_pc: int,
-    background: bool = False,
-    *,
-    own: bool = True,
+    ex: ComponentExtras, rec: StepRecord, sid: int, start_pc: int, *, own: bool = True
 ) -> dict[str, object] | None:
     """A component's attributes beyond the standard ones, or ``None``: its own (given by
     code in the block or a device-end resolver; not with ``own=False``, what the spans JSONL
     keeps), then device end, incompleteness and background work."""
-    if ex is None:
-        return {attr.BACKGROUND: True} if background else None
+    background = sid in ex.background
     mine = ex.attributes.get(sid) if own else None
     device_end = ex.device_ends.get(sid)
     host_end = rec.ends.get(sid, start_pc)
