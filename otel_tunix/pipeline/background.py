@@ -3,7 +3,7 @@
 A component recorded on another thread than its step's (an async checkpoint writer, a
 thread started in an earlier step, a pool task the step did not wait for) is the step's own
 work when it ran inside the step's window: its time is part of the step's busy / blocked /
-idle, as today. One that was open at an edge of the window (it started before the step, or
+idle. One that was open at an edge of the window (it started before the step, or
 was still running when the step ended) is *background* work: the step is processed without
 waiting for it, and its time is counted in every step of its step's thread whose window it
 overlaps, for the overlap, beside the breakdown (``background_time_sec``). Components that
