@@ -27,6 +27,12 @@ Where the innermost open component is kept:
   ``run_until_complete``).
 * While trio is loaded, only the context variable (its tasks interleave on one thread with
   no asyncio loop to tell them apart).
+
+Work on other threads: a thread whose context holds no open step (or a step that has ended)
+records into the latest open step; between steps, into ``Runtime.loose``, apart from any
+step (the worker counts such background work in the steps it overlaps:
+``pipeline/background.py``). A step that has ended answers no parent as the current OTel
+span, so a thread started inside it that outlives it starts traces of its own.
 """
 
 from __future__ import annotations
@@ -99,7 +105,9 @@ class StepRecord(NonRecordingSpan):
         "error",
         "events",
         "extras",
+        "foreign",
         "ident",
+        "link",
         "nest_ident",
         "number",
         "parent_id",
@@ -130,6 +138,8 @@ class StepRecord(NonRecordingSpan):
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
+        self.foreign = False
+        """True once a component of another thread was recorded into the step."""
         ident = self.ident = _get_ident()
         # The thread whose components outside an event loop nest in time (see Component):
         # none while trio is loaded (its tasks interleave on one thread with no asyncio loop).
@@ -144,8 +154,13 @@ class StepRecord(NonRecordingSpan):
         current: Any = otel_context().get(SPAN_KEY)
         if current is None and not HAS_SPAN_KEY:  # no direct read: the public API
             current = get_current_span()
-        if type(current) is StepRecord and current.end_ns:  # left open here, closed since
-            current = None  # not a parent: this step starts a trace of its own
+        self.link: SpanContext | None = None
+        """Where a step that starts its own trace was started from: the ended step whose
+        copy of the context its thread holds (a thread started inside that step, or a step
+        left open here and closed since)."""
+        if type(current) is StepRecord and current.end_ns:  # not a parent: a trace of its own
+            self.link = current.span_context()
+            current = None
         parent = current.get_span_context() if current is not None else None
         if parent is not None and parent.is_valid:
             # Join the application's trace: the step becomes a child of its current span.
@@ -172,12 +187,15 @@ class StepRecord(NonRecordingSpan):
     def get_span_context(self) -> SpanContext:
         """As the current OTel span: the innermost open component's context (the calling
         context's, else the step thread's), else the step's: what a span started by other
-        code inside the step gets as its parent."""
+        code inside the step gets as its parent. Once the step has ended (asked from a
+        thread or task that outlived it, holding a copy of its context): no parent, so
+        what that thread starts later (its own steps, other code's spans) starts a trace of
+        its own instead of stretching this step's."""
+        if self.end_ns:
+            return INVALID_SPAN_CONTEXT
         cur = _current.get()
         if isinstance(cur, Component) and cur._step.trace_id == self.trace_id:
             return cur.span_context()
-        if self.end_ns:  # ended, still current where it was left open: no parent
-            return INVALID_SPAN_CONTEXT
         top = self.top
         if top is not None:
             return top.span_context()
@@ -185,6 +203,12 @@ class StepRecord(NonRecordingSpan):
 
     def __repr__(self) -> str:
         return f"StepRecord({self.scope!r}, {self.number}, {self.get_span_context()!r})"
+
+
+MAX_LOOSE = 4096
+"""Loose components waiting for the worker (it takes them when it processes a step or the
+run flushes); past this bound the oldest are dropped (a thread that records components
+forever after the last step)."""
 
 
 class Runtime:
@@ -195,6 +219,8 @@ class Runtime:
         "job_ids",
         "job_root",
         "last_scope",
+        "last_step",
+        "loose",
         "open_steps",
         "pending_events",
         "pipeline",
@@ -223,6 +249,14 @@ class Runtime:
         self.last_scope: dict[int, ScopeStepCounts] = {}
         """Per thread, the scope of the step that ended last on it."""
         self.open_steps: list[StepRecord] = []
+        self.last_step: StepRecord | None = None
+        """The sampled step opened last (kept after it ends)."""
+        self.loose: collections.deque[tuple[ComponentStart, StepRecord]] = collections.deque(
+            maxlen=MAX_LOOSE
+        )
+        """Components that other threads started while no sampled step was open, each
+        with the step opened last before them (``Component._enter_loose``): the worker counts them
+        in the later steps of that step's thread that they overlap."""
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
         )
@@ -237,6 +271,13 @@ is not sampled, the :class:`StepRecord` of a sampled step (with no component ope
 those open kept in ``StepRecord.top``: see the module docstring), else the innermost open
 :class:`component` (whose ``_step`` is the step). One variable, so a component reads and
 sets at most one."""
+
+
+step_context_var = _current
+"""For code that must tell, as cheaply as can be, whether the calling context is in a
+sampled step (a patched ``ThreadPoolExecutor.submit``): it is not when the variable holds
+:data:`CONTEXT_OUTSIDE_STEPS` (no step) or ``None`` (a step that is not sampled)."""
+CONTEXT_OUTSIDE_STEPS = _NOT_SET
 
 
 def _step_of(cur: Any) -> StepRecord | None:
@@ -391,6 +432,7 @@ class step:
             self._token = _current.set(rec)
             self._otel_token = attach_span(rec)
             rt.open_steps.append(rec)
+            rt.last_step = rec
         except Exception:  # never hurt the training loop
             self._record = None
             report_internal_error("step() (the step is not recorded)")
@@ -466,8 +508,9 @@ def component(
     Also a decorator, for plain and ``async`` functions: ``@otel_tunix.component("rollout")``.
     Components nest, and work in threads and asyncio tasks started inside the step (they read
     the step from ``contextvars``; a thread started without a copy of the context records
-    into the most recently opened step). Outside a sampled step, or when the name is filtered
-    out by ``components=``, it records nothing.
+    into the most recently opened step, and between steps as background work counted in the
+    steps it overlaps). Outside a sampled step, or when the name is filtered out by
+    ``components=``, it records nothing.
 
     Made outside any step, the returned :class:`Component` can be kept and entered in every
     step. Made inside a step that is not sampled, it is an :class:`Unrecorded` stand-in
@@ -614,8 +657,10 @@ class Component:
                 outer_id = st.span_id if top is None else top._span_id
             elif cur is _NOT_SET:  # no step in this context: a thread that did not inherit it
                 rt = _runtime
-                if rt is None or not rt.open_steps:
+                if rt is None:
                     return self
+                if not rt.open_steps:  # between steps
+                    return self._enter_loose(rt)
                 st = rt.open_steps[-1]
                 outer_id = st.span_id
             else:  # the component open around this one (set in the context variable)
@@ -636,8 +681,10 @@ class Component:
                 # (started inside it, still running), or a step exited elsewhere and left
                 # in this context: the latest open step
                 rt = _runtime
-                if rt is None or not rt.open_steps:
+                if rt is None:
                     return self
+                if not rt.open_steps:  # between steps
+                    return self._enter_loose(rt)
                 st = rt.open_steps[-1]
                 outer_id = st.span_id
                 fast = False
@@ -656,6 +703,7 @@ class Component:
             thread = None  # the step's thread
             if ident != st.ident:
                 thread = threads_by_ident.get(ident) or _current_thread()
+                st.foreign = True
             self._step = st
             if fast:
                 self._ctoken = None
@@ -668,6 +716,35 @@ class Component:
         except Exception:
             self._sid = 0
             report_internal_error("component() (the component is not recorded)")
+        return self
+
+    def _enter_loose(self, rt: Runtime) -> Component:
+        """Record a component that another thread starts while no sampled step is open:
+        apart from any step (``rt.loose``), as a span of its own, with its end stored in the
+        step opened last before it; the worker counts it in the later steps of that step's
+        thread that it overlaps (background work). On that step's own thread, between two
+        of its steps, nothing is recorded."""
+        st = rt.last_step
+        ident = _get_ident()
+        if st is None or ident == st.ident:
+            return self
+        allowed = rt.allowed
+        name = self._name
+        if allowed is not None and name not in allowed:
+            return self
+        span: Any = otel_context().get(SPAN_KEY)
+        # The ended step as the current span answers no parent: spans that other code
+        # starts inside this component start traces of their own, as the component does.
+        self._token = None if span is st else attach_span(st)
+        try:
+            sid = take_span_id()
+        except IndexError:
+            sid = refill_span_ids()
+        thread = threads_by_ident.get(ident) or _current_thread()
+        self._step = st
+        self._ctoken = _current.set(self)
+        self._sid = self._span_id = sid
+        rt.loose.append(((name, self._blocked, sid, 0, self._start_ns or _clock(), thread), st))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

@@ -72,7 +72,7 @@ third of the cost of a span in such a loop."""
 class ComponentExtras:
     """What few components have, per span id (one per step, made when first needed)."""
 
-    __slots__ = ("attributes", "device", "device_ends", "errors", "incomplete")
+    __slots__ = ("attributes", "background", "device", "device_ends", "errors", "incomplete")
 
     def __init__(self) -> None:
         self.attributes: dict[int, dict[str, Any]] = {}
@@ -83,6 +83,9 @@ class ComponentExtras:
         """Resolved device ends (perf_counter ns)."""
         self.incomplete: set[int] = set()
         """Components still open (or resolving) when the step was processed anyway."""
+        self.background: frozenset[int] | set[int] = frozenset()
+        """Components of other threads that ran past an edge of the step (background work:
+        set by the worker)."""
 
 
 _extras_lock = threading.Lock()

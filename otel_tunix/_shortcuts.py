@@ -210,12 +210,12 @@ one run with internal kind, unset status, and no events or links."""
 def sdk_span(
     resource: Resource, scope: InstrumentationScope, name: str, context: SpanContext,
     parent: SpanContext | None, attributes: dict[str, Any], start_time: int, end_time: int,
-    events: tuple[Any, ...] = (), status: Status = _UNSET,
+    events: tuple[Any, ...] = (), status: Status = _UNSET, links: tuple[Any, ...] = (),
 ) -> ReadableSpan:  # fmt: skip
-    """A span of a run made by the SDK's own constructor (internal kind, no links)."""
+    """A span of a run made by the SDK's own constructor (internal kind)."""
     return ReadableSpan(
         name, context=context, parent=parent, resource=resource, attributes=attributes,
-        events=events, kind=_INTERNAL, status=status, start_time=start_time,
+        events=events, links=links, kind=_INTERNAL, status=status, start_time=start_time,
         end_time=end_time, instrumentation_scope=scope,
     )  # fmt: skip
 

@@ -30,6 +30,10 @@ INCOMPLETE: Final = "tunix.incomplete"
 STEP_ABANDONED: Final = "tunix.step.abandoned"
 """True on a step span that was left open (a generator abandoned or thrown into, a step
 exited on another thread) and closed by otel-tunix when the next step of its scope began."""
+BACKGROUND: Final = "tunix.background"
+"""True on a component that ran on another thread than its step's and was open at an edge
+of that step's window (an async checkpoint writer): counted in every step whose window it
+overlaps, for the overlap, as background time beside the step's busy / blocked / idle."""
 THREAD_ID: Final = "thread.id"
 """Semantic-convention thread id of the thread that ran the span."""
 THREAD_NAME: Final = "thread.name"
@@ -55,6 +59,9 @@ STEP_BLOCKED_TIME: Final = "tunix.step.blocked_time"
 """On a step span: seconds with a blocked component open and no busy one."""
 STEP_IDLE_TIME: Final = "tunix.step.idle_time"
 """On a step span: the rest of the step's time, in seconds."""
+STEP_BACKGROUND_TIME: Final = "tunix.step.background_time"
+"""On a step span with background work: seconds of the step's window in which a background
+component (another thread's work that crossed a step's edge) was open."""
 COMPONENT_BUSY_TIME: Final = "tunix.component.busy_time"
 """On a component span: the busy seconds of the component's name in the step (all its
 spans in the step together, as the ``tunix.component.busy_time`` histogram counts them)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "BackgroundInterval",
     "ComponentRecord",
     "ComponentTime",
     "Interval",
@@ -27,6 +28,10 @@ _NS = 1e-9
 Interval = tuple[str, bool, int, int]
 """``(component name, blocked, start_ns, end_ns)``."""
 
+
+BackgroundInterval = tuple[str, bool, int, int, int]
+"""``(component name, blocked, start_ns, end_ns, count)``: background work overlapping a
+step (``count``: 1 in the step the component belongs to, 0 in the others it overlaps)."""
 
 ComponentRecord = tuple[str, bool, Hashable, Any, int, Any]
 """``(component name, blocked, key, -, start_ns, -)``: a component as the hot path records
@@ -124,6 +129,12 @@ class StepSummary:
             on the device (between each one's two CUDA events: what the GPU waited there,
             such as a NCCL collective waiting for the other ranks while the host ran ahead);
             0 without any.
+        background_time_sec: Time of the window in which background work was open: other
+            threads' components that crossed an edge of a step (an async checkpoint
+            writer). Beside busy / blocked / idle, not part of them.
+        background_times: Per component that ran in the step as background work, its
+            overlap with the window in seconds (also in its ``components`` time; ``None``:
+            none did).
     """
 
     __slots__ = (
@@ -132,6 +143,8 @@ class StepSummary:
         "_spans",
         "_trace_id",
         "attributes",
+        "background_time_sec",
+        "background_times",
         "blocked_time_sec",
         "busy_time_sec",
         "component_times",
@@ -164,6 +177,8 @@ class StepSummary:
         device_end_ns: int = 0,
         device_times: Mapping[str, float] | None = None,
         span_id: int = 0,
+        background_time_sec: float = 0.0,
+        background_times: Mapping[str, float] | None = None,
     ) -> None:
         self.scope = scope
         self.step = step
@@ -181,6 +196,8 @@ class StepSummary:
         self.device_times = device_times
         self.span_id = span_id
         self.device_blocked_time_sec = 0.0
+        self.background_time_sec = background_time_sec
+        self.background_times = background_times
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -268,6 +285,9 @@ class StepSummary:
             out["device_end_ns"] = self.device_end_ns
             out["device_lag_sec"] = self.device_lag_sec
             out["device_times"] = dict(self.device_times or {})
+        if self.background_times:
+            out["background_time_sec"] = self.background_time_sec
+            out["background_times"] = dict(self.background_times)
         if self.attributes:
             out["attributes"] = dict(self.attributes)
         return out
@@ -294,6 +314,8 @@ class ScopeSession:
     busy_time_sec: float = 0.0
     blocked_time_sec: float = 0.0
     idle_time_sec: float = 0.0
+    background_time_sec: float = 0.0
+    """Summed over the sampled steps: time other threads' background work ran in them."""
     components: dict[str, ComponentTime] = field(default_factory=dict)
 
     @property
@@ -330,6 +352,8 @@ class ScopeSession:
         for names, run in itertools.groupby(summaries, _component_names):
             times: list[Iterable[tuple[float, float, int]]] = []
             for summary in run:
+                if summary.background_times:
+                    self.background_time_sec += summary.background_time_sec
                 step_time += summary.step_time_sec
                 busy += summary.busy_time_sec
                 blocked += summary.blocked_time_sec
@@ -380,6 +404,7 @@ class ScopeSession:
             "busy_time_sec": self.busy_time_sec,
             "blocked_time_sec": self.blocked_time_sec,
             "idle_time_sec": self.idle_time_sec,
+            "background_time_sec": self.background_time_sec,
             "mean_step_time_sec": self.mean(self.step_time_sec),
             "components": {k: v.to_json() for k, v in self.components.items()},
         }

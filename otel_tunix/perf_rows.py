@@ -3,7 +3,8 @@
 :func:`perf_metrics` flattens one :class:`~otel_tunix.model.StepSummary` into Tunix's
 names (``perf/<scope>/<component>/busy_time_sec``, ``perf/<scope>/idle_time_sec``, ...),
 with the device figures of a step that has device work (``perf/<scope>/device_lag_sec``,
-``perf/<scope>/<component>/device_time_sec``).
+``perf/<scope>/<component>/device_time_sec``) and the background time of a step that other
+threads' work overlapped (``perf/<scope>/background_time_sec``).
 The worker hands the MetricsLogger a batch of steps as :class:`PerfRows`: a sequence of
 ``(step, {name: value})`` rows like any other, whose dicts are made on first read (once,
 for every backend that reads them). The built-in backends that only count names (the run
@@ -23,6 +24,7 @@ from otel_tunix.model import StepSummary
 
 _STEP_LEAVES = ("step_time_sec", "busy_time_sec", "blocked_time_sec", "idle_time_sec")
 _DEVICE_LAG_LEAF = "device_lag_sec"
+_BACKGROUND_LEAF = "background_time_sec"
 _COMPONENT_LEAVES = ("busy_time_sec", "blocked_time_sec", "device_time_sec")
 _MAX_NAMES = 4096
 """Names (and layouts) kept per scope: names made up per step would otherwise pile up."""
@@ -41,12 +43,14 @@ class _ScopeNames(dict[str, tuple[str, ...]]):
         self.prefix = f"perf/{scope}/"
         self.step = tuple(self.prefix + leaf for leaf in _STEP_LEAVES)
         self.device_lag = self.prefix + _DEVICE_LAG_LEAF
+        self.background = self.prefix + _BACKGROUND_LEAF
         self.fields: dict[str, tuple[str | None, int]] = {}
         self._index_step()
 
     def _index_step(self) -> None:
         self.fields.update((name, (None, i)) for i, name in enumerate(self.step))
         self.fields[self.device_lag] = (None, len(self.step))
+        self.fields[self.background] = (None, len(self.step) + 1)
 
     def __missing__(self, component: str) -> tuple[str, ...]:
         if len(self) >= _MAX_NAMES:
@@ -72,14 +76,16 @@ def _scope_names(scope: str) -> _ScopeNames:
     return names
 
 
-def _step_values(summary: StepSummary) -> tuple[float, float, float, float, float]:
-    """The step's own values, in the order of ``_STEP_LEAVES``, then its device lag."""
+def _step_values(summary: StepSummary) -> tuple[float, float, float, float, float, float]:
+    """The step's own values, in the order of ``_STEP_LEAVES``, then its device lag and its
+    background time."""
     return (
         summary.step_time_sec,
         summary.busy_time_sec,
         summary.blocked_time_sec,
         summary.idle_time_sec,
         summary.device_lag_sec,
+        summary.background_time_sec,
     )
 
 
@@ -92,6 +98,8 @@ def perf_metrics(summary: StepSummary) -> dict[str, float]:
     """
     names = _scope_names(summary.scope)
     out = dict(zip(names.step, _step_values(summary), strict=False))
+    if summary.background_times:  # other threads' work ran in the step
+        out[names.background] = summary.background_time_sec
     for name, (c_busy_sec, c_blocked_sec, _) in summary.component_times.items():
         c_busy, c_blocked, _ = names[name]
         if c_busy_sec or not c_blocked_sec:
@@ -122,6 +130,8 @@ def perf_names(summary: StepSummary) -> tuple[str, ...]:
     times = summary.component_times
     values = times.values()
     device = summary.device_times
+    if summary.background_times:  # rare: keyed by what it depends on, made each time
+        return tuple(perf_metrics(summary))
     if any(map(_BLOCKED, values)):  # a component waited: its names depend on its values
         key: tuple[object, ...] = (
             summary.scope,

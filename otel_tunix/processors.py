@@ -29,6 +29,7 @@ from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix.accounting import account_intervals
 from otel_tunix.model import ScopeSession, SpanInfo, StepSummary
+from otel_tunix.pipeline.background import BackgroundSpan
 from otel_tunix.pipeline.hooks import HookRunner, close_hooks, runs_user_code
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
@@ -83,6 +84,11 @@ class StepSink:
     def on_session(self, sessions: list[ScopeSession]) -> None:
         """The session ends (``otel_tunix.shutdown()``): totals per scope. Default:
         nothing."""
+
+    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
+        """Spans of other threads' work that ended after their step was processed (an async
+        checkpoint writer's), each with its step's scope, number and trace id; their time
+        is already in the steps they overlap. Default: nothing."""
 
     def flush(self) -> None:
         """After each batch of steps: hand buffered output on. Default: nothing."""
@@ -218,6 +224,16 @@ class StepAccountingProcessor(StepSpanProcessor):
                 report_internal_error("the accounting of a step")
         if summaries:
             self._publish(summaries)
+
+    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
+        """Background spans handed on after their step: to every sink."""
+        if self._closed:
+            return
+        for sink in self._sinks:
+            try:
+                sink.on_background_spans(spans)
+            except Exception:
+                self._failed(sink, "on_background_spans")
 
     def _finish_step(self, span: ReadableSpan, components: Sequence[ReadableSpan]) -> None:
         components = sorted(components, key=lambda c: c.start_time or 0)  # arrival order varies

@@ -20,7 +20,7 @@ class BreakdownRow:
 
     scope: str
     name: str
-    kind: str  # busy | blocked | idle | step
+    kind: str  # busy | blocked | idle | background | step
     mean_sec: float
     share: float  # of the mean step time
 
@@ -50,6 +50,9 @@ def breakdown_rows(sessions: list[ScopeSession]) -> list[BreakdownRow]:
         ):
             m = s.mean(total)
             rows.append(BreakdownRow(s.scope, f"total {kind}", kind, m, share(m)))
+        if s.background_time_sec:  # other threads' work beside the breakdown, not in it
+            m = s.mean(s.background_time_sec)
+            rows.append(BreakdownRow(s.scope, "background", "background", m, share(m)))
         rows.append(BreakdownRow(s.scope, "step", "step", step, 1.0))
     return rows
 

@@ -57,6 +57,20 @@ def test_bench_overhead_prints_every_row_and_ratio():
         assert re.search(r"every stage on one thread / Tunix = \d+\.\d{3}", text)
 
 
+def test_bench_threads_prints_every_row_and_the_extra_cost():
+    text = _run("bench_threads.py", "--calls", "200", "--rounds", "1")
+    for row in (
+        "unpatched submit",
+        "patched, outside any step",
+        "patched, in a step not sampled",
+        "patched, in a sampled step (carries)",
+    ):
+        assert re.search(re.escape(row) + r"\s+\d+\.\d{3}\s+-?\d+\.\d{3}\s+\d+\.\d{2}x", text), row
+    assert re.search(r"\+ otel-tunix patch \(a plain function\)\s+-?\d+\.\d{3} extra", text)
+    assert re.search(r"\+ the wrapt wrapper used before\s+-?\d+\.\d{3} extra", text)
+    assert re.search(r"extra outside sampled steps: -?\d+\.\d{3} us", text)
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_bench_demo_prints_the_direct_and_wall_clock_measurements():
     pytest.importorskip("torch")

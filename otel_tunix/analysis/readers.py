@@ -47,7 +47,7 @@ X_KEYS: tuple[str, ...] = ("step", "time", "epoch")
 """Top-level numeric keys that are positions (x-axis candidates), not metrics."""
 
 _X_KEYS = frozenset(X_KEYS)
-_SKIPPED_TYPES = frozenset({"meta", "session", "run"})
+_SKIPPED_TYPES = frozenset({"meta", "session", "run", "span"})
 _GZIP_MAGIC = b"\x1f\x8b"
 _BLOCK = 1 << 20
 _SEARCH_DEPTH = 2

@@ -27,6 +27,7 @@ from otel_tunix._fork import at_fork_in_child, silence_file
 from otel_tunix._json import all_finite, dumps_line
 from otel_tunix._linefile import LineFile
 from otel_tunix.model import ScopeSession, StepSummary
+from otel_tunix.pipeline.background import BackgroundSpan
 from otel_tunix.processors import StepSink
 
 _logger = logging.getLogger(__name__)
@@ -60,6 +61,11 @@ class StepJsonlWriter(StepSink):
             except Exception:
                 self._report("encode", "otel-tunix: a step could not be written to %s", self.path)
         self._write_lines(lines)
+
+    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
+        """A ``type: "span"`` line each: a background span that ended after its step's
+        line was written."""
+        self._write_lines([dumps_line(s.to_json(), finite=True) for s in spans])
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:

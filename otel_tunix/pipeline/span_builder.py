@@ -21,16 +21,17 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
-from otel_tunix._recording import StepRecord
-from otel_tunix._records import ComponentExtras, ComponentStart
+from otel_tunix._recording import StepRecord, now_ns
+from otel_tunix._records import ComponentExtras, ComponentStart, step_extras
 from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
 from otel_tunix._text import clean_value
 from otel_tunix.accounting import account_components
 from otel_tunix.model import Interval, SpanInfo
+from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
 
 _logger = logging.getLogger(__name__)
@@ -95,6 +96,13 @@ class StepSpanProcessor(SpanProcessor):
             for span in step.spans():
                 self.on_end(span)
 
+    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
+        """Spans of background work that ended after their step was handed on (an async
+        checkpoint writer's): each in its step's trace, with its real length. Default: each
+        one's SDK span to ``on_end``."""
+        for span in spans:
+            self.on_end(span.span())
+
 
 def _each_span(on_end: Callable[[ReadableSpan], object]) -> Callable[[list[FinishedStep]], None]:
     """``on_end`` applied to every span of the steps, in order."""
@@ -149,6 +157,7 @@ class FinishedStep:
         "_exports",
         "_spans",
         "attributes",
+        "background_ids",
         "components",
         "end_ns",
         "ends",
@@ -171,11 +180,22 @@ class FinishedStep:
         self.scope = rec.scope
         self.number = rec.number
         self.trace_id = rec.trace_id
+        ledger = builder.background
+        # Asked only when another thread recorded into the step or background work is
+        # carried or loose (rare): a step of the training thread alone costs three reads.
+        rt = ledger.runtime = rec.runtime  # (whose loose components a close takes)
+        bg = ledger.step(rec) if rec.foreign or ledger.carried or rt.loose else None
         comps = rec.spans
         # In place: usually in order already, and one list less to collect. The sort holds
         # the GIL throughout (a C key function), so a late append cannot interleave.
         comps.sort(key=_start_ns)
+        if bg is not None and bg.open_ids:  # still running elsewhere: their spans go later
+            comps = [c for c in comps if c[2] not in bg.open_ids]
         self.components: list[ComponentStart] = comps
+        self.background_ids = bg.keys if bg is not None and bg.keys else None
+        """Span ids of the components that are background work (``None``: none)."""
+        if self.background_ids is not None:  # their spans say so, as their other extras
+            step_extras(rec).background = self.background_ids
         ex = rec.extras
         tid, tname = builder.thread(rec.thread)
         self.attributes = {**rec.attributes, _THREAD_ID: tid, _THREAD_NAME: tname}
@@ -198,6 +218,8 @@ class FinishedStep:
             trace_id=rec.trace_id,
             attributes=self.attributes,
             span_id=rec.span_id,
+            background=bg.intervals if bg is not None else None,
+            background_keys=self.background_ids,
         )
         if ex is not None and ex.device_ends and ex.attributes:
             self.summary.device_blocked_time_sec = _device_blocked_sec(comps, ex)
@@ -327,6 +349,9 @@ class SpanBuilder:
         threads may hold them)."""
         self._report = ReportOnce(_logger)
         self.cleaner = NameCleaner()
+        self.background = BackgroundLedger()
+        """Other threads' work that outlived its step (see
+        :mod:`otel_tunix.pipeline.background`)."""
 
     def __call__(self, records: list[StepRecord]) -> int:
         """Hand these steps to the processors; returns how many could not be read."""
@@ -347,7 +372,53 @@ class SpanBuilder:
                     id(proc), "otel-tunix: span processor %s raised (reported once)",
                     type(proc).__name__,
                 )  # fmt: skip
+        if self.background:
+            self._hand_on(self.background.take_due())
         return len(records) - len(steps)
+
+    def finish(self, force: bool) -> None:
+        """Hand on the spans of background work that no later step can overlap any more
+        (a flush), or of all of it (``force``: the run closes; what still runs ends now,
+        marked incomplete)."""
+        try:
+            self._hand_on(self.background.take_finished(now_ns(), force))
+        except Exception:
+            report_internal_error("handing on background spans")
+
+    def _hand_on(self, due: list[tuple[Carried, int, bool]]) -> None:
+        """Background spans to every processor: whole to a :class:`StepSpanProcessor`, as
+        SDK spans to the others."""
+        if not due:
+            return
+        spans = [BackgroundSpan(self, c, end, incomplete) for c, end, incomplete in due]
+        for proc in span_processors_of(self._processor):
+            try:
+                if isinstance(proc, StepSpanProcessor):
+                    proc.on_background_spans(spans)
+                else:
+                    for span in spans:
+                        proc.on_end(span.span())
+            except Exception:
+                self._report(
+                    id(proc), "otel-tunix: span processor %s raised (reported once)",
+                    type(proc).__name__,
+                )  # fmt: skip
+
+    def background_span(self, c: Carried, end: int, attrs: dict[str, object]) -> ReadableSpan:
+        """The SDK span of a background component handed on after its step."""
+        home = c.home
+        off = self.offset
+        parent = new_span_context(c.trace, c.parent) if c.parent else None
+        attributes = {**attrs, **self._component_attributes(
+            c.name, c.blocked, c.thread or home.thread, home.scope, home.number, None
+        )}  # fmt: skip
+        ex = home.extras
+        error = ex.errors.get(c.sid) if ex is not None else None
+        status, events = _error(error, end + off)
+        return self._full_span(
+            c.name, new_span_context(c.trace, c.sid), parent, attributes, events, status,
+            c.start + off, end + off,
+        )  # fmt: skip
 
     def thread(self, thread: Any) -> tuple[int, str]:
         """(native id, name) of a recorded thread, cached: the lookups cost per span."""
@@ -437,14 +508,18 @@ class SpanBuilder:
                       attr.STEP_BUSY_TIME: s.busy_time_sec,
                       attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
                       attr.STEP_IDLE_TIME: s.idle_time_sec}  # fmt: skip
+        if s.background_times:
+            step_attrs[attr.STEP_BACKGROUND_TIME] = s.background_time_sec
         name = f"{scope}_step"
-        if rec.error is not None or rec.events:
+        if rec.error is not None or rec.events or rec.link is not None:
             status, events = _error(rec.error, rec.end_ns + off)
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
+            links = (Link(rec.link),) if rec.link is not None else ()
             step_span = self._full_span(
-                name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns
-            )
+                name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns,
+                links,
+            )  # fmt: skip
         else:
             step_span = make(name, step_ctx, parent, step_attrs, step.start_ns, step.end_ns)
         out.append(step_span)
@@ -509,12 +584,14 @@ class SpanBuilder:
     def _full_span(
         self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],
         events: tuple[Event, ...], status: Status, start: int, end: int,
+        links: tuple[Link, ...] = (),
     ) -> ReadableSpan:  # fmt: skip
-        """A span with an error status or events (the few that :data:`SpanMaker` does not
-        make)."""
+        """A span with an error status, events or links (the few that :data:`SpanMaker`
+        does not make)."""
         return sdk_span(
-            self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status
-        )
+            self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status,
+            links,
+        )  # fmt: skip
 
 
 def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) -> None:
@@ -545,13 +622,14 @@ def _extra_attributes(
 ) -> dict[str, object] | None:
     """A component's attributes beyond the standard ones, or ``None``: its own (given by
     code in the block or a device-end resolver; not with ``own=False``, what the spans JSONL
-    keeps), then device end and incompleteness."""
+    keeps), then device end, incompleteness and background work."""
+    background = sid in ex.background
     mine = ex.attributes.get(sid) if own else None
     device_end = ex.device_ends.get(sid)
     host_end = rec.ends.get(sid, start_pc)
     device = device_end is not None and device_end != host_end
     incomplete = sid in ex.incomplete
-    if not (mine or device or incomplete):
+    if not (mine or device or incomplete or background):
         return None
     out: dict[str, object] = dict(mine) if mine else {}
     if device:
@@ -559,6 +637,8 @@ def _extra_attributes(
         out[attr.HOST_DURATION] = (host_end - start_pc) * 1e-9
     if incomplete:
         out[attr.INCOMPLETE] = True
+    if background:
+        out[attr.BACKGROUND] = True
     return out
 
 

@@ -60,11 +60,15 @@ class Pipeline:
         process: Callable[[list[StepRecord]], int],
         *,
         after_batch: Callable[[], None] | None = None,
+        finish: Callable[[bool], None] | None = None,
         max_queued_steps: int = 4096,
         stall_sec: float = _STALL_SEC,
         interval_sec: float = _KICK_SEC,
     ) -> None:
         self._process = process
+        self._finish = finish
+        """Called after a flush (``False``) and the close (``True``): the span builder hands
+        on the spans of background work that ended after its step."""
         self._stall = stall_sec
         self._interval = interval_sec
         self.failed_steps = 0
@@ -144,7 +148,10 @@ class Pipeline:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued step whose components have ended on the host (device ends
         still resolving included) is processed."""
-        return self._queue.flush(timeout, pending=_host_done)
+        done = self._queue.flush(timeout, pending=_host_done)
+        if self._finish is not None:
+            self._finish(False)
+        return done
 
     def close(self, timeout: float = 10.0) -> None:
         """Process everything still queued (closing open components) and stop the threads."""
@@ -156,6 +163,8 @@ class Pipeline:
                 self._device_thread.join(timeout)
         if not self._queue.close(timeout):
             _logger.warning("otel-tunix: the worker did not finish within %.1f s", timeout)
+        elif self._finish is not None:
+            self._finish(True)
 
 
 def resolve_device_ends(step: StepRecord, span_ids: list[int]) -> None:
@@ -184,23 +193,29 @@ def resolve_device_ends(step: StepRecord, span_ids: list[int]) -> None:
 
 
 def _ready(rec: StepRecord) -> bool:
-    """Every component has ended, device ends included."""
+    """Every component of the step's own thread has ended, device ends included (one
+    still open on another thread never holds the step back: the span builder counts it as
+    background work in this step and the later ones it overlaps)."""
     ex = rec.extras
     return _host_done(rec) and (ex is None or not ex.device)
 
 
 def _host_done(rec: StepRecord) -> bool:
-    return len(rec.ends) >= len(rec.spans)
+    ends = rec.ends
+    if len(ends) >= len(rec.spans):  # the usual case: every component has ended
+        return True
+    return all(thread is not None or sid in ends for _, _, sid, _, _, thread in list(rec.spans))
 
 
 def _close_open_spans(rec: StepRecord) -> None:
-    """Process a step anyway: components still open end now, device ends still resolving
-    keep the host end; both are marked incomplete."""
+    """Process a step anyway: components of its own thread still open end now, device ends
+    still resolving keep the host end; both are marked incomplete. (Components still open
+    on other threads are the span builder's: background work.)"""
     now = now_ns()
     ends = rec.ends
     ex = step_extras(rec)
-    for _, _, sid, *_ in list(rec.spans):
-        if sid not in ends or sid in ex.device:
+    for _, _, sid, _, _, thread in list(rec.spans):
+        if sid in ex.device or (sid not in ends and thread is None):
             ends.setdefault(sid, now)
             ex.device.pop(sid, None)
             ex.incomplete.add(sid)

@@ -408,14 +408,16 @@ def _runtime(
     if not cfg.enabled:
         return None
     span_sink = active_span_processor(prov.tracer, processor)
+    builder = SpanBuilder(
+        span_sink,
+        prov.span_resource,
+        InstrumentationScope(cfg.otel_scope or "tunix", __version__),
+        offset=offset_ns,
+    )
     pipeline = Pipeline(
-        SpanBuilder(
-            span_sink,
-            prov.span_resource,
-            InstrumentationScope(cfg.otel_scope or "tunix", __version__),
-            offset=offset_ns,
-        ),
+        builder,
         after_batch=processor.flush_sinks,
+        finish=builder.finish,
         interval_sec=(cfg.process_interval_ms or 250.0) / 1e3,
     )
     job = settings.job_traces and rank.world_size > 1

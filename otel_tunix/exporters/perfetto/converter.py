@@ -44,7 +44,9 @@ def convert_jsonl_to_perfetto(
 
     Every ``{"type": "step", ...}`` line becomes one step slice, its component slices on
     their threads, and its busy / blocked / idle counters, through the same translation the
-    exporter uses. Other lines are skipped, as is a last line cut short by a crash. A line
+    exporter uses; a ``{"type": "span", ...}`` line (background work that ended after its
+    step) one slice on its thread. Other lines are skipped, as is a last line cut short by a
+    crash. A line
     with a ``resource`` object (``service.name``, ``host.name``, ``tunix.rank``,
     ``process.pid``) names the process track of the steps after it.
 
@@ -83,8 +85,33 @@ def convert_jsonl_to_perfetto(
                 process = _process_from_json(resource, stem)
             if obj.get("type") == "step":
                 writer.write_group(_records_from_step_line(obj, process))
+            elif obj.get("type") == "span":  # background work that ended after its step
+                writer.add(_record_from_span_line(obj, process))
         writer.flush_pending()
     return writer.slice_count
+
+
+def _record_from_span_line(obj: Mapping[str, object], process: ProcessInfo) -> TraceSpan:
+    """A ``type: "span"`` line: one component span handed on after its step's line."""
+    kind = _as_str(obj.get("kind"))
+    attrs = obj.get("attributes")
+    return TraceSpan(
+        name=str(obj.get("name") or "span"),
+        start_ns=_as_int(obj.get("start_ns"), 0) or 0,
+        end_ns=_as_int(obj.get("end_ns"), 0) or 0,
+        trace_id=str(obj.get("trace_id") or ""),
+        span_id=str(obj.get("span_id") or ""),
+        parent_id=_as_str(obj.get("parent")),
+        span_type=SPAN_TYPE_COMPONENT,
+        scope=str(obj.get("scope") or "default"),
+        step=_as_int(obj.get("step"), 0),
+        time_kind=kind if kind in (KIND_BUSY, KIND_BLOCKED) else KIND_BUSY,
+        thread_id=_as_int(obj.get("thread_id")) or None,
+        thread_name=_as_str(obj.get("thread")) or None,
+        attributes=dict(attrs) if isinstance(attrs, dict) else {},
+        process=process,
+        error=_as_str(obj.get("error")),
+    )
 
 
 def _records_from_step_line(obj: Mapping[str, object], process: ProcessInfo) -> list[TraceSpan]:

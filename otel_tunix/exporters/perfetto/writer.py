@@ -19,6 +19,7 @@ from typing import IO, Final
 from otel_tunix._text import utf8_text
 from otel_tunix.accounting import account_step
 from otel_tunix.attributes import (
+    BACKGROUND,
     COMPONENT,
     KIND_BLOCKED,
     KIND_BUSY,
@@ -63,6 +64,7 @@ _STATE_CLEARED: Final = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _COUNTER_FIELDS: Final = ("busy_time_sec", "blocked_time_sec", "idle_time_sec")
+_BACKGROUND: Final = {BACKGROUND: True}
 
 
 # --- the translation ---------------------------------------------------------------------
@@ -552,6 +554,8 @@ class PerfettoTraceWriter:
                 thread_id=s.thread_id or 0,
                 span_id=s.span_id,
                 parent=s.parent_id,
+                # another thread's work past the step's edge: beside the breakdown
+                attributes=_BACKGROUND if s.attributes.get(BACKGROUND) is True else {},
             )
             for s in spans
             if s.span_type == SPAN_TYPE_COMPONENT
