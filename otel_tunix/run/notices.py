@@ -8,6 +8,7 @@ can be checked against what the run did.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -21,6 +22,7 @@ from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.processors import StepSink
+from otel_tunix.run.signal_exports import failures
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import Settings
 
@@ -179,8 +181,12 @@ def end_notice(
     failed_steps: int,
     export_stats: Mapping[str, ExportStats],
     slowest: Mapping[str, StepSummary],
+    signal_failures: Sequence[str] = (),
+    cli_installed: bool = True,
 ) -> str:
-    """The lines printed at ``shutdown()``."""
+    """The lines printed at ``shutdown()``. ``signal_failures``: one phrase per metric or log
+    exporter that failed exports; ``cli_installed``: whether ``otel-tunix summary`` can
+    run here (it needs the ``cli`` extra)."""
     scopes = ", ".join(f"{s.scope} {s.steps} steps ({s.sampled_steps} recorded)" for s in sessions)
     lines = [f"otel-tunix: run {run_id} finished: {scopes or 'no steps'}"]
     problems = []
@@ -191,9 +197,11 @@ def end_notice(
     for name, st in export_stats.items():
         if st.failed or st.dropped:
             problems.append(f"{name}: {st.failed} spans failed, {st.dropped} dropped")
+    problems.extend(signal_failures)
     lines.append("  " + ("; ".join(problems) if problems else "nothing dropped or failed"))
     if output_dir is not None and any(s.sampled_steps for s in sessions):
-        lines.append(f"  next: otel-tunix summary {output_dir}")
+        needs = "" if cli_installed else "   (needs pip install 'otel-tunix[cli]')"
+        lines.append(f"  next: otel-tunix summary {output_dir}{needs}")
     trace = files.get("perfetto")
     if trace is not None:
         lines.append(f"        open {trace} in https://ui.perfetto.dev")
@@ -246,5 +254,7 @@ def at_shutdown(st: RunState, sessions: Sequence[ScopeSession]) -> None:
         failed_steps=rt.pipeline.failed_steps,
         export_stats=st.export_stats,
         slowest=slowest,
+        signal_failures=failures(st.signal_export_stats),
+        cli_installed=importlib.util.find_spec("rich") is not None,
     )
     emit(text, st.settings, st.info.rank.rank)

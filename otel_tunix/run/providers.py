@@ -24,6 +24,11 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
+from otel_tunix.run.signal_exports import (
+    CountingLogExporter,
+    CountingMetricExporter,
+    SignalExportStats,
+)
 from otel_tunix.settings import ConfigurationError, Settings
 
 _logger = logging.getLogger(__name__)
@@ -72,11 +77,13 @@ def metric_readers(
     settings: Settings,
     urls: dict[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
+    counts: dict[str, SignalExportStats] | None = None,
 ) -> list[MetricReader]:
     """Metric readers for ``OTEL_METRICS_EXPORTER`` (a reader class is used as is).
 
     Endpoints that serve metrics (Prometheus) put their URL into ``urls`` and put
-    ``labels`` on every series they serve.
+    ``labels`` on every series they serve. With ``counts``, each pushing exporter counts
+    its exports and failures there, by exporter name.
     """
     out: list[MetricReader] = []
     var = _exporter_var("metrics")
@@ -106,7 +113,12 @@ def metric_readers(
         ep = _otlp_entry_point(settings, "metrics") if name == "otlp" else name
         cls = load_exporter_class("opentelemetry_metrics_exporter", ep, var)
         obj = cls()
-        out.append(obj if isinstance(obj, MetricReader) else PeriodicExportingMetricReader(obj))
+        if isinstance(obj, MetricReader):
+            out.append(obj)
+            continue
+        if counts is not None:
+            obj = CountingMetricExporter(obj, counts.setdefault(name, SignalExportStats()))
+        out.append(PeriodicExportingMetricReader(obj))
     return out
 
 
@@ -155,10 +167,13 @@ def still_global(providers: tuple[object, ...]) -> list[object]:
     return [c for c in current if any(c is p for p in providers)]
 
 
-def build_logger_provider(resource: Resource, settings: Settings) -> Any:
+def build_logger_provider(
+    resource: Resource, settings: Settings, counts: dict[str, SignalExportStats] | None = None
+) -> Any:
     """A new SDK LoggerProvider with a batch processor per exporter named in
     ``OTEL_LOGS_EXPORTER`` (``otlp`` when only an OTLP endpoint is set), or ``None`` when
-    no exporter is configured (log records then stay in process)."""
+    no exporter is configured (log records then stay in process). With ``counts``, each
+    exporter counts its exports and failures there, by exporter name."""
     names = settings.exporters("logs")
     if not names:
         return None
@@ -167,5 +182,8 @@ def build_logger_provider(resource: Resource, settings: Settings) -> Any:
     for name in names:
         ep = _otlp_entry_point(settings, "logs") if name == "otlp" else name
         cls = load_exporter_class("opentelemetry_logs_exporter", ep, _exporter_var("logs"))
-        provider.add_log_record_processor(BatchLogRecordProcessor(cls()))
+        exporter = cls()
+        if counts is not None:
+            exporter = CountingLogExporter(exporter, counts.setdefault(name, SignalExportStats()))
+        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
     return provider

@@ -54,6 +54,7 @@ from otel_tunix.run.perfetto_trace import (
     perfetto_dir,
     perfetto_from_jsonl,
 )
+from otel_tunix.run.signal_exports import new_signal_stats
 from otel_tunix.run.state import RunState, register_observables, write_summary
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
@@ -249,6 +250,7 @@ def configure(
 
         # --- providers -------------------------------------------------------------------
         export_stats: dict[str, ExportStats] = {}
+        signal_stats = new_signal_stats()  # metric and log exports, counted (signal_exports.py)
         datadog = _datadog_client(settings)
         endpoints: dict[str, str] = {}
         readers: list[Any] = []  # those of a MeterProvider otel-tunix builds
@@ -263,7 +265,9 @@ def configure(
             readers.extend(
                 [
                     *metric_readers,
-                    *providers.metric_readers(settings, endpoints, series_labels),
+                    *providers.metric_readers(
+                        settings, endpoints, series_labels, signal_stats["metrics"]
+                    ),
                     *_datadog_readers(datadog, settings),
                 ]
             )
@@ -330,7 +334,7 @@ def configure(
         if lp is None:
             lp = _global_logger_provider()
             if lp is None:
-                lp = providers.build_logger_provider(resource, settings)
+                lp = providers.build_logger_provider(resource, settings, signal_stats["logs"])
                 owns_lp = lp is not None
         alerts_path = out_dir / f"alerts{rank.file_suffix}.jsonl" if out_dir else None
         if alerts is None:
@@ -385,6 +389,7 @@ def configure(
             offset_ns=0 if clock is not None else epoch_offset_ns(),
             datadog=datadog,
             export_stats=export_stats,
+            signal_export_stats=signal_stats,
             alerts=engine,
             sampler=sampler,
             logger_provider=lp,

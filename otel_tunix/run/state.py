@@ -25,6 +25,7 @@ from otel_tunix.metrics_logger import MetricsLogger
 from otel_tunix.model import ScopeSession
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.run.signal_exports import SignalExportStats
 from otel_tunix.settings import Settings
 
 __all__ = ["RunState", "register_observables", "write_summary"]
@@ -51,6 +52,9 @@ class RunState:
     perfetto_at_shutdown: bool = False
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
     export_processors: list[BatchExportProcessor] = field(default_factory=list)
+    signal_export_stats: dict[str, dict[str, SignalExportStats]] = field(default_factory=dict)
+    """Exports of the metrics and log records by signal (``metrics``, ``logs``), then by
+    exporter name."""
     alerts: Any = None
     sampler: Any = None
     logger_provider: Any = None
@@ -142,6 +146,11 @@ def write_summary(
         "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
         "failed_steps": rt.pipeline.failed_steps if rt else 0,
         "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
+        "export_by_signal": {
+            signal: {name: stats.to_json() for name, stats in by_name.items()}
+            for signal, by_name in st.signal_export_stats.items()
+            if by_name
+        },
         "scopes": [s.to_json() for s in sessions],
     }
     if timeout is not None:
