@@ -415,8 +415,8 @@ def _warn_nested(outer: Any, scope: str, n: object) -> None:
     a component of the outer step is that phase's own loop (the Trainer integration's eval
     steps inside ``evaluate``), and one in a thread or task that carried the step's context
     belongs to that thread's loop: neither is said."""
-    if type(outer) is not StepRecord or outer.ident != _get_ident():
-        return
+    if type(outer) is not StepRecord or outer.ident != _get_ident() or outer.top is not None:
+        return  # (a component open on the step's own thread is kept in ``top``)
     warn_once(
         "nested-step",
         "otel_tunix.step(%s, scope=%r) was opened inside step %s of scope %r: steps do not "
