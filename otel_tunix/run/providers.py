@@ -52,23 +52,44 @@ def _exporter_var(signal: str) -> str:
     return f"OTEL_{signal.upper()}_EXPORTER"
 
 
-def load_exporter_class(group: str, name: str, var: str) -> Any:
-    """Load an exporter class from its entry point, with a clear error when it is missing."""
+def _asked_by(settings: Settings, signal: str, name: str) -> str:
+    """What the user set that asks for exporter ``name`` of ``signal``: its
+    ``OTEL_<SIGNAL>_EXPORTER``, or, for ``otlp`` when that is unset, the OTLP endpoint."""
+    if name == "otlp" and getattr(settings, f"{signal}_exporter") is None:
+        own = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+        var = own if getattr(settings, f"otlp_{signal}_endpoint") else "OTEL_EXPORTER_OTLP_ENDPOINT"
+        return f"{var} is set, which sends {_WHAT[signal]} over OTLP"
+    return f"{_exporter_var(signal)} names {name!r}"
+
+
+_WHAT = {"traces": "spans", "metrics": "metrics", "logs": "log records"}
+
+
+def load_exporter_class(group: str, name: str, why: str) -> Any:
+    """Load an exporter class from its entry point, with a clear error when it is missing.
+
+    ``why``: what the user set that asks for it (see :func:`_asked_by`), for the message.
+    """
     found = list(entry_points(group=group, name=name))
     if not found:
         extra = _EXTRA_FOR.get(name)
-        hint = f"; install it with pip install 'otel-tunix[{extra}]'" if extra else ""
-        raise ConfigurationError(f"{var} names {name!r}, but no such exporter is installed{hint}")
+        hint = f": pip install 'otel-tunix[{extra}]'" if extra else ""
+        missing = (
+            "the OTLP exporter is not installed"
+            if extra == "otlp"
+            else "no such exporter is installed"
+        )
+        raise ConfigurationError(f"{why}, but {missing}{hint}")
     return found[0].load()
 
 
 def trace_exporters(settings: Settings) -> list[tuple[str, Any]]:
     """``(name, exporter)`` for each name in ``OTEL_TRACES_EXPORTER``, built from the env."""
     out = []
-    var = _exporter_var("traces")
     for name in settings.exporters("traces"):
         ep = _otlp_entry_point(settings, "traces") if name == "otlp" else name
-        cls = load_exporter_class("opentelemetry_traces_exporter", ep, var)
+        why = _asked_by(settings, "traces", name)
+        cls = load_exporter_class("opentelemetry_traces_exporter", ep, why)
         out.append((name, cls()))
     return out
 
@@ -111,7 +132,8 @@ def metric_readers(
             out.append(endpoint.reader)
             continue
         ep = _otlp_entry_point(settings, "metrics") if name == "otlp" else name
-        cls = load_exporter_class("opentelemetry_metrics_exporter", ep, var)
+        why = _asked_by(settings, "metrics", name)
+        cls = load_exporter_class("opentelemetry_metrics_exporter", ep, why)
         obj = cls()
         if isinstance(obj, MetricReader):
             out.append(obj)
@@ -181,7 +203,8 @@ def build_logger_provider(
     provider = LoggerProvider(resource=resource)
     for name in names:
         ep = _otlp_entry_point(settings, "logs") if name == "otlp" else name
-        cls = load_exporter_class("opentelemetry_logs_exporter", ep, _exporter_var("logs"))
+        why = _asked_by(settings, "logs", name)
+        cls = load_exporter_class("opentelemetry_logs_exporter", ep, why)
         exporter = cls()
         if counts is not None:
             exporter = CountingLogExporter(exporter, counts.setdefault(name, SignalExportStats()))
