@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import otel_tunix
+from otel_tunix import attributes as attr
 from otel_tunix.metrics.training import TrainingMetrics, perplexity
 from otel_tunix.report import breakdown_table, print_run_files, progress_bar
 
@@ -180,7 +181,7 @@ def train(cfg: DemoConfig, *, run_dir: Path | None, progress: Any = None) -> Dem
             step_time_sec=compute_sec,
         )
         if cfg.eval_every and (n + 1) % cfg.eval_every == 0:
-            result.eval_losses.append(_evaluate(model, eval_batches, n))
+            result.eval_losses.append(_evaluate(model, eval_batches, n, len(result.eval_losses)))
         if progress is not None:
             progress(n + 1, value)
     measured = max(1, cfg.steps - 2)
@@ -190,15 +191,24 @@ def train(cfg: DemoConfig, *, run_dir: Path | None, progress: Any = None) -> Dem
     return result
 
 
-def _evaluate(model: Any, batches: list[Any], n: int) -> float:
-    """Mean held-out loss, one ``eval`` step per batch; logged at training step ``n``."""
+def _evaluate(model: Any, batches: list[Any], n: int, k: int) -> float:
+    """Mean held-out loss of evaluation ``k``, one ``eval`` step per batch; logged at
+    training step ``n``.
+
+    The eval scope's steps are numbered in the order they ran (evaluation ``k``'s batch
+    ``i`` is step ``k * len(batches) + i``), and each says which evaluation, batch and
+    training step it belongs to (``tunix.eval.*`` attributes, shown by the end notice).
+    """
     import torch
 
     total = 0.0
     model.eval()
     with torch.no_grad():
         for i, (x, y) in enumerate(batches):
-            with otel_tunix.step(n * len(batches) + i, scope="eval"):
+            with otel_tunix.step(k * len(batches) + i, scope="eval") as s:
+                s.set_attribute(attr.EVAL_ROUND, k)
+                s.set_attribute(attr.EVAL_BATCH, i)
+                s.set_attribute(attr.EVAL_AFTER_STEP, n)
                 with otel_tunix.component("eval_step_compute"):
                     total += float(model.loss(x, y))
     model.train()

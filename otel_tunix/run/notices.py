@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_tunix import attributes as attr
 from otel_tunix._current import RunInfo
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.model import ScopeSession, StepSummary
@@ -171,6 +172,19 @@ def _trace_hex(trace_id: Any) -> str:
     return f"{trace_id:032x}" if isinstance(trace_id, int) else str(trace_id)
 
 
+def _where(attributes: Mapping[str, Any]) -> str:
+    """``; evaluation 1, batch 3, after train step 199`` for an evaluation step that says
+    so in its ``tunix.eval.*`` attributes, else nothing."""
+    parts = []
+    if attr.EVAL_ROUND in attributes:
+        parts.append(f"evaluation {attributes[attr.EVAL_ROUND]}")
+    if attr.EVAL_BATCH in attributes:
+        parts.append(f"batch {attributes[attr.EVAL_BATCH]}")
+    if attr.EVAL_AFTER_STEP in attributes:
+        parts.append(f"after train step {attributes[attr.EVAL_AFTER_STEP]}")
+    return f"; {', '.join(parts)}" if parts else ""
+
+
 def end_notice(
     run_id: str,
     sessions: Sequence[ScopeSession],
@@ -207,8 +221,8 @@ def end_notice(
         lines.append(f"        open {trace} in https://ui.perfetto.dev")
     for scope, s in sorted(slowest.items()):
         lines.append(
-            f"  slowest {scope} step: {s.step} ({s.step_time_sec * 1e3:.1f} ms), "
-            f"trace id {_trace_hex(s.trace_id)}"
+            f"  slowest {scope} step: {s.step} ({s.step_time_sec * 1e3:.1f} ms"
+            f"{_where(s.attributes)}), trace id {_trace_hex(s.trace_id)}"
         )
     return "\n".join(lines)
 
