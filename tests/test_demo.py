@@ -131,3 +131,20 @@ def test_demo_sampling_rate_flag_and_usage_errors(tmp_path):
         [sys.executable, "-m", "otel_tunix.cli", "nope"], capture_output=True, text=True, timeout=60
     )
     assert unknown.returncode == 2 and "unknown command 'nope'" in unknown.stderr
+
+
+def test_the_demo_names_a_loss_spike_above_the_uniform_guess() -> None:
+    from otel_tunix.demo import spike_note
+
+    uniform = math.log(256)
+    losses = [uniform - 0.01 * n for n in range(30)]  # learning, never above the guess
+    assert spike_note(losses, uniform) is None
+    losses[0] = uniform + 0.2  # the first steps may start above it: not a spike
+    assert spike_note(losses, uniform) is None
+    losses[25] = 10.02
+    note = spike_note(losses, uniform)
+    assert note is not None
+    assert note.startswith(
+        f"loss spike: 10.02 at step 25 (above the uniform guess {uniform:.2f}, "
+        f"{losses[26]:.2f} the step after)"
+    )
