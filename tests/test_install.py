@@ -52,6 +52,12 @@ _CORE_CHECK = textwrap.dedent(
     except ConfigurationError as exc:
         print("OTLP:", exc)
     del os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    os.environ["OTEL_TRACES_EXPORTER"] = "perfetto"
+    try:
+        otel_tunix.configure(output_dir="none")
+    except ConfigurationError as exc:
+        print("PERFETTO:", exc)
+    del os.environ["OTEL_TRACES_EXPORTER"]
     os.environ["OTEL_TUNIX_QUIET"] = "false"
     otel_tunix.configure(output_dir=sys.argv[1])
     with otel_tunix.step(0), otel_tunix.component("work"):
@@ -88,6 +94,9 @@ def test_the_readme_install_lines_in_a_fresh_venv(tmp_path: Path) -> None:
         "OTLP: OTEL_EXPORTER_OTLP_ENDPOINT is set, which sends spans over OTLP, but the OTLP "
         "exporter is not installed: pip install 'otel-tunix[otlp]'"
     )
+    perfetto = next(x for x in checked.stdout.splitlines() if x.startswith("PERFETTO:"))
+    assert perfetto.startswith("PERFETTO: OTEL_TRACES_EXPORTER names 'perfetto', but ")
+    assert perfetto.endswith("pip install 'otel-tunix[perfetto]'")
     # what the end notice says to run next needs the cli extra, and says so
     assert f"next: otel-tunix summary {run}   (needs pip install 'otel-tunix[cli]')" in (
         checked.stderr

@@ -80,7 +80,10 @@ def load_exporter_class(group: str, name: str, why: str) -> Any:
             else "no such exporter is installed"
         )
         raise ConfigurationError(f"{why}, but {missing}{hint}")
-    return found[0].load()
+    try:
+        return found[0].load()
+    except ImportError as exc:  # our own entry point whose package is missing (perfetto)
+        raise ConfigurationError(f"{why}, but {exc}") from exc
 
 
 def trace_exporters(settings: Settings) -> list[tuple[str, Any]]:
