@@ -25,7 +25,15 @@ if TYPE_CHECKING:
     from otel_tunix.model import StepSummary
     from otel_tunix.processors import StepSink
 
-__all__ = ["CurrentRun", "RunInfo", "get_current", "meter", "set_current"]
+__all__ = [
+    "CurrentRun",
+    "RunInfo",
+    "forget_shutdown",
+    "get_current",
+    "meter",
+    "set_current",
+    "shut_down",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +75,26 @@ class CurrentRun:
 
 
 _current: CurrentRun | None = None
+_ended = False  # a run was current and has been shut down (none since)
 
 
 def set_current(run: CurrentRun | None) -> None:
     """Register the run ``configure()`` started (``None`` when it shuts down)."""
-    global _current
+    global _current, _ended
+    _ended = run is None and (_current is not None or _ended)
     _current = run
+
+
+def forget_shutdown() -> None:
+    """As if no run had ever been configured (``otel_tunix.testing.reset()``)."""
+    global _ended
+    _ended = False
+
+
+def shut_down() -> bool:
+    """Whether there is no current run because the last one was shut down (rather than
+    because ``configure()`` never ran): what a call that needs a run tells the user."""
+    return _current is None and _ended
 
 
 def get_current() -> CurrentRun | None:

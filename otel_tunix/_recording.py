@@ -392,6 +392,9 @@ class step:
                 )
             return self
         try:
+            outer = _current.get()
+            if outer is not _NOT_SET:
+                _warn_nested(outer, self._scope, self._n)
             stats = rt.scopes.get(self._scope)
             if stats is None:
                 stats = rt.scopes.setdefault(self._scope, ScopeStepCounts())
@@ -478,6 +481,28 @@ class step:
                 self._record = None
         except Exception:
             report_internal_error("closing a step")
+
+
+def _warn_nested(outer: Any, scope: str, n: object) -> None:
+    """Say once that a step was opened directly inside a sampled step on the same thread
+    (see "Steps do not nest" in docs/accounting.md for what is recorded). One opened inside
+    a component of the outer step is that phase's own loop (the Trainer integration's eval
+    steps inside ``evaluate``), and one in a thread or task that carried the step's context
+    belongs to that thread's loop: neither is said."""
+    if type(outer) is not StepRecord or outer.ident != _get_ident() or outer.top is not None:
+        return  # (a component open on the step's own thread is kept in ``top``)
+    warn_once(
+        "nested-step",
+        "otel_tunix.step(%s, scope=%r) was opened inside step %s of scope %r: steps do not "
+        "nest. The inner step is recorded as a step of its own, its span a child in the "
+        "outer step's trace, and its time is idle time of the outer step. Use component() "
+        "for a phase of a step, open the inner loop's steps inside a component of the outer "
+        "step, or close the outer step first",
+        n,
+        scope,
+        outer.number,
+        outer.scope,
+    )
 
 
 def _add_active_time(stats: ScopeStepCounts, start: int, end: int) -> None:

@@ -39,6 +39,13 @@ THREAD_ID: Final = "thread.id"
 THREAD_NAME: Final = "thread.name"
 """Semantic-convention thread name of the thread that ran the span."""
 
+EVAL_ROUND: Final = "tunix.eval.round"
+"""On an evaluation step: which evaluation of the run it belongs to (0, 1, ...)."""
+EVAL_BATCH: Final = "tunix.eval.batch"
+"""On an evaluation step: its batch within the evaluation (0, 1, ...)."""
+EVAL_AFTER_STEP: Final = "tunix.eval.train_step"
+"""On an evaluation step: the training step after which the evaluation ran."""
+
 SPAN_TYPE_STEP: Final = "step"
 SPAN_TYPE_COMPONENT: Final = "component"
 KIND_BUSY: Final = "busy"

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_tunix import _errors, _recording
+from otel_tunix import _current, _errors, _recording
 from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.span_builder import FinishedStep
@@ -46,6 +46,7 @@ def reset() -> None:
     setup.shutdown()
     reset_global_providers()
     _errors.forget_reports()
+    _current.forget_shutdown()
 
 
 class _SummaryCollector(StepSink):

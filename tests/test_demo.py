@@ -57,6 +57,20 @@ def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
     sessions = {x["scope"]: x for x in lines if x["type"] == "session"}
     assert sessions["train"]["steps"] == 40
     assert sessions["eval"]["steps"] == 2 * 4  # two evaluations of four held-out batches
+    # eval steps are numbered in the order they ran, and say which evaluation and batch
+    evals = [x for x in lines if x["type"] == "step" and x["scope"] == "eval"]
+    assert [x["step"] for x in evals] == list(range(8))
+    assert [
+        (x["attributes"]["tunix.eval.round"], x["attributes"]["tunix.eval.batch"],
+         x["attributes"]["tunix.eval.train_step"]) for x in evals
+    ] == [(k, i, 20 * k + 19) for k in range(2) for i in range(4)]  # fmt: skip
+    slowest = max(evals, key=lambda x: x["step_time_sec"])
+    a = slowest["attributes"]
+    assert (
+        f"slowest eval step: {slowest['step']} ({slowest['step_time_sec'] * 1e3:.1f} ms; "
+        f"evaluation {a['tunix.eval.round']}, batch {a['tunix.eval.batch']}, after train step "
+        f"{a['tunix.eval.train_step']}), trace id {slowest['trace_id']}" in err
+    )
 
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [m["metrics"] for m in metrics if "loss" in m.get("metrics", {})]
@@ -117,3 +131,20 @@ def test_demo_sampling_rate_flag_and_usage_errors(tmp_path):
         [sys.executable, "-m", "otel_tunix.cli", "nope"], capture_output=True, text=True, timeout=60
     )
     assert unknown.returncode == 2 and "unknown command 'nope'" in unknown.stderr
+
+
+def test_the_demo_names_a_loss_spike_above_the_uniform_guess() -> None:
+    from otel_tunix.demo import spike_note
+
+    uniform = math.log(256)
+    losses = [uniform - 0.01 * n for n in range(30)]  # learning, never above the guess
+    assert spike_note(losses, uniform) is None
+    losses[0] = uniform + 0.2  # the first steps may start above it: not a spike
+    assert spike_note(losses, uniform) is None
+    losses[25] = 10.02
+    note = spike_note(losses, uniform)
+    assert note is not None
+    assert note.startswith(
+        f"loss spike: 10.02 at step 25 (above the uniform guess {uniform:.2f}, "
+        f"{losses[26]:.2f} the step after)"
+    )

@@ -90,3 +90,22 @@ def test_run_config_goes_to_config_json_and_the_keys_named_to_the_resource(
     assert not (tmp_path / "third" / "config.json").exists()
     with pytest.raises(otel_tunix.ConfigurationError, match="run_config must be a dict"):
         otel_tunix.configure(output_dir="none", run_config=[("lr", 1)])  # type: ignore[arg-type]
+
+
+def test_log_after_shutdown_says_after_shutdown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    otel_tunix.configure(output_dir=tmp_path / "run")
+    otel_tunix.log({"loss": 1.0}, step=0)
+    otel_tunix.shutdown()
+    with caplog.at_level(logging.WARNING):
+        otel_tunix.log({"loss": 2.0}, step=1)
+        otel_tunix.log({"loss": 3.0}, step=2)
+    said = [r.getMessage() for r in caplog.records if "otel_tunix.log()" in r.getMessage()]
+    assert said == [
+        "otel_tunix.log() was called after otel_tunix.shutdown(); nothing is logged until "
+        "the next configure()"
+    ]
+    rows = _rows(tmp_path / "run" / "metrics.jsonl")
+    logged = [r for r in rows if "loss" in r.get("metrics", {})]
+    assert [r["step"] for r in logged] == [0]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from collector import DEBUG_ARGS, RotelCollector
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -128,3 +130,63 @@ def test_each_destination_is_named_with_its_endpoint(monkeypatch: pytest.MonkeyP
         "the application's MeterProvider",
         "console",
     ]
+
+
+def test_an_endpoint_that_takes_only_spans_fails_metrics_and_logs_and_the_notice_says_so(
+    rotel_factory: Callable[..., RotelCollector],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A real collector with its metric and log receivers off (as Jaeger's OTLP port): it
+    # answers metric and log exports with UNIMPLEMENTED.
+    traces_only = rotel_factory(
+        args=(*DEBUG_ARGS, "--otlp-receiver-metrics-disabled", "--otlp-receiver-logs-disabled")
+    )
+    _loud(monkeypatch)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", traces_only.grpc_endpoint)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "100")
+    monkeypatch.setenv("OTEL_BLRP_SCHEDULE_DELAY", "100")
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out)
+    capsys.readouterr()
+    for n in range(3):
+        with otel_tunix.step(n), otel_tunix.component("work"):
+            pass
+        otel_tunix.log({"loss": float("nan") if n == 2 else 1.0}, step=n)  # fires an alert
+    traces_only.wait_for_spans("train_step", "work")  # spans do get through
+    time.sleep(0.3)  # a few periodic metric exports, all refused
+    otel_tunix.shutdown()
+    end = capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    by_signal = summary["export_by_signal"]
+    metrics, logs = by_signal["metrics"]["otlp"], by_signal["logs"]["otlp"]
+    assert metrics["exports"] >= 2  # the periodic ones and the last one at shutdown
+    assert metrics["exports_failed"] == metrics["exports"]
+    assert logs["exports"] >= 1
+    assert logs["exports_failed"] == logs["exports"]
+    assert summary["export"]["otlp"]["spans_failed"] == 0
+    problems = end.splitlines()[1]
+    assert "nothing dropped or failed" not in end
+    assert f"metrics otlp: {metrics['exports']} of {metrics['exports']} exports failed" in problems
+    assert f"logs otlp: {logs['exports']} of {logs['exports']} exports failed" in problems
+
+
+def test_an_endpoint_that_takes_everything_fails_nothing(
+    rotel_collector: RotelCollector,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _loud(monkeypatch)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rotel_collector.grpc_endpoint)
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out)
+    with otel_tunix.step(0), otel_tunix.component("work"):
+        pass
+    otel_tunix.shutdown()
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = summary["export_by_signal"]["metrics"]["otlp"]
+    assert metrics["exports"] >= 1
+    assert metrics["exports_failed"] == 0
+    assert "nothing dropped or failed" in capsys.readouterr().err

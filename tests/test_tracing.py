@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from opentelemetry.trace import StatusCode
@@ -654,3 +655,54 @@ def test_component_span_attributes_follow_each_step_scope_thread_and_kind():
     for s in cap.spans():  # the first steps' spans as they were when first read
         if id(s) in early:
             assert dict(s.attributes) == early[id(s)]
+
+
+def test_a_step_inside_a_step_is_said_once_and_recorded_as_documented(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with capture() as cap, caplog.at_level(logging.WARNING):
+        for n in range(3):
+            with otel_tunix.step(n, scope="train"):
+                with otel_tunix.step(n, scope="eval"), otel_tunix.component("eval_batch"):
+                    time.sleep(0.005)
+        cap.flush()
+    said = [r.getMessage() for r in caplog.records if "steps do not nest" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith(
+        "otel_tunix.step(0, scope='eval') was opened inside step 0 of scope 'train'"
+    )
+    by_scope: dict[str, list[Any]] = {}
+    for s in cap.summaries:
+        by_scope.setdefault(s.scope, []).append(s)
+    assert [s.step for s in by_scope["eval"]] == [0, 1, 2]
+    for outer, inner in zip(by_scope["train"], by_scope["eval"], strict=True):
+        # the inner step is a step of its own; the outer one is all idle
+        assert inner.busy_time_sec == pytest.approx(inner.components["eval_batch"].busy_time_sec)
+        assert inner.busy_time_sec >= 0.005
+        assert outer.busy_time_sec == 0.0
+        assert outer.idle_time_sec == pytest.approx(outer.step_time_sec)
+        assert outer.step_time_sec >= inner.step_time_sec
+    spans = {
+        (s.name, s.attributes["tunix.step"]): s for s in cap.spans() if s.name.endswith("_step")
+    }
+    for n in range(3):
+        inner_span, outer_span = spans[("eval_step", n)], spans[("train_step", n)]
+        assert inner_span.context.trace_id == outer_span.context.trace_id
+        assert inner_span.parent is not None
+        assert inner_span.parent.span_id == outer_span.context.span_id
+
+
+def test_a_step_inside_a_component_of_a_step_is_that_phases_loop_and_not_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with capture() as cap, caplog.at_level(logging.WARNING):
+        with otel_tunix.step(0), otel_tunix.component("evaluate"):
+            for i in range(2):
+                with otel_tunix.step(i, scope="eval"), otel_tunix.component("eval_batch"):
+                    time.sleep(0.002)
+        cap.flush()
+    assert not [r for r in caplog.records if "steps do not nest" in r.getMessage()]
+    train = next(s for s in cap.summaries if s.scope == "train")
+    evals = [s for s in cap.summaries if s.scope == "eval"]
+    assert len(evals) == 2
+    assert train.components["evaluate"].busy_time_sec >= sum(s.step_time_sec for s in evals)

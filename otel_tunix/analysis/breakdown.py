@@ -72,9 +72,10 @@ class Dist:
 class ComponentStats:
     """One component's time of one kind (busy or blocked) in a scope.
 
-    ``mean_sec`` and ``share`` are per sampled step of the scope (a component that runs in
-    one step out of a hundred has a small mean); ``p50_sec`` / ``p95_sec`` are over the
-    ``steps`` in which it ran.
+    ``mean_sec``, ``p50_sec`` and ``p95_sec`` are over one population: the ``steps`` in which
+    the component ran (a checkpoint every hundred steps: its time when it runs).
+    ``per_step_sec`` spreads its total over every sampled step of the scope, and ``share``
+    is that total's share of the scope's step time.
     """
 
     name: str
@@ -84,6 +85,7 @@ class ComponentStats:
     p95_sec: float
     share: float
     steps: int
+    per_step_sec: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,19 +276,20 @@ def _scope_stats(accs: Sequence[_ScopeAcc]) -> ScopeStats:
             ]
         )
         ran = col[~np.isnan(col)]
-        mean = float(ran.sum()) / n if n else 0.0
+        per_step = float(ran.sum()) / n if n else 0.0
         comps.append(
             ComponentStats(
                 name=key[0],
                 kind=key[1],
-                mean_sec=mean,
+                mean_sec=float(ran.mean()) if len(ran) else 0.0,
                 p50_sec=_pct(ran, 50),
                 p95_sec=_pct(ran, 95),
-                share=mean / mean_step if mean_step > 0 else 0.0,
+                share=per_step / mean_step if mean_step > 0 else 0.0,
                 steps=len(ran),
+                per_step_sec=per_step,
             )
         )
-    comps.sort(key=lambda c: -c.mean_sec)
+    comps.sort(key=lambda c: -c.per_step_sec)
     return ScopeStats(
         scope=scope,
         steps=sum(a.steps for a in accs),

@@ -57,10 +57,12 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             con.print(f"  {f}")
 
     for s in summary.scopes:
+        # One population per row: mean, p50 and p95 over the steps the row's component
+        # ran in ("ran in"); "% step" is its total time's share of all the step time.
         t = table(
             f"{s.scope}: {s.steps} steps, {s.steps_per_sec:.2f} steps/s, "
-            f"{s.sampled_steps} sampled (times in ms per sampled step)",
-            "component", "kind", "mean", "p50", "p95", "% step", "steps",
+            f"{s.sampled_steps} sampled; ms over the steps each ran in",
+            "component", "kind", "mean", "p50", "p95", "% step", "ran in",
         )  # fmt: skip
         for c in s.components:
             t.add_row(

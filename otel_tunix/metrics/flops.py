@@ -287,7 +287,7 @@ def measure_jax_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> floa
     try:
         import jax
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("measure_jax_flops needs JAX: pip install jax") from exc
+        raise ImportError("measure_jax_flops needs JAX: pip install 'otel-tunix[jax]'") from exc
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     compiled = jitted.lower(*args, **kwargs).compile()
     cost = compiled.cost_analysis()

@@ -61,6 +61,7 @@ from otel_tunix.run.run_parts import (
     SummaryPart,
     UserHooksPart,
 )
+from otel_tunix.run.signal_exports import SignalExportStats, new_signal_stats
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import ConfigurationError, Settings
 from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
@@ -139,6 +140,8 @@ class Providers:
     """The readers of a MeterProvider otel-tunix built."""
     endpoints: dict[str, str] = field(default_factory=dict)
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
+    signal_stats: dict[str, dict[str, SignalExportStats]] = field(default_factory=new_signal_stats)
+    """Metric and log exports, counted by signal, then exporter name (signal_exports.py)."""
     datadog: Any = None
     logger: Any = None
     owns_logger: bool = False
@@ -148,6 +151,7 @@ def _providers(
     args: RunArguments, settings: Settings, resource: Resource, ours: dict[str, Any], rid: str
 ) -> Providers:
     export_stats: dict[str, ExportStats] = {}
+    signal_stats = new_signal_stats()
     datadog = _datadog_client(settings)
     endpoints: dict[str, str] = {}
     readers: list[Any] = []
@@ -161,7 +165,9 @@ def _providers(
         readers.extend(
             [
                 *args.metric_readers,
-                *providers.metric_readers(settings, endpoints, series_labels),
+                *providers.metric_readers(
+                    settings, endpoints, series_labels, signal_stats["metrics"]
+                ),
                 *_datadog_readers(datadog, settings),
             ]
         )
@@ -186,7 +192,16 @@ def _providers(
     )
     span_resource = resource if owns_tp else tp.resource.merge(Resource(ours))
     return Providers(
-        tp, owns_tp, mp, owns_mp, span_resource, readers, endpoints, export_stats, datadog
+        tp,
+        owns_tp,
+        mp,
+        owns_mp,
+        span_resource,
+        readers,
+        endpoints,
+        export_stats,
+        signal_stats,
+        datadog,
     )
 
 
@@ -200,7 +215,12 @@ def _provider(given: Any, global_: Any, sdk_type: type, build: Any) -> tuple[Any
     return build(), True
 
 
-def _logger_provider(given: Any, resource: Resource, settings: Settings) -> tuple[Any, bool]:
+def _logger_provider(
+    given: Any,
+    resource: Resource,
+    settings: Settings,
+    counts: dict[str, SignalExportStats] | None = None,
+) -> tuple[Any, bool]:
     """The LoggerProvider for alert records: the one given, else the application's global
     SDK one, else one built from ``OTEL_LOGS_EXPORTER`` (``None``: records stay in process)."""
     if given is not None:
@@ -208,7 +228,7 @@ def _logger_provider(given: Any, resource: Resource, settings: Settings) -> tupl
     provider = _logs.get_logger_provider()
     if isinstance(provider, LoggerProvider):
         return provider, False
-    built = providers.build_logger_provider(resource, settings)
+    built = providers.build_logger_provider(resource, settings, counts)
     return built, built is not None
 
 
@@ -231,7 +251,9 @@ def assemble(
     processor, slowest = _step_processor(args, info, prov, logger)
     if out_dir is not None:
         files["summary"] = out_dir / f"summary{rank.file_suffix}.json"
-    prov.logger, prov.owns_logger = _logger_provider(args.logger_provider, info.resource, settings)
+    prov.logger, prov.owns_logger = _logger_provider(
+        args.logger_provider, info.resource, settings, prov.signal_stats["logs"]
+    )
     alerts_path = out_dir / f"alerts{rank.file_suffix}.jsonl" if out_dir else None
     alerts = settings.alerts if args.alerts is None else args.alerts
     engine = _alert_engine(alerts, logger, prov.logger, mp, prov.datadog, alerts_path)
@@ -263,6 +285,7 @@ def assemble(
         processor=processor,
         offset_ns=0 if args.clock is not None else epoch_offset_ns(),
         export_stats=prov.export_stats,
+        signal_export_stats=prov.signal_stats,
         slowest=slowest,
         meter_provider=mp,
     )

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from otel_tunix._current import get_current
+from otel_tunix._current import get_current, shut_down
 from otel_tunix._errors import warn_once
 from otel_tunix.run import signals
 
@@ -20,8 +20,8 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
     the current run's MetricsLogger (``metrics.jsonl``, OTel gauges, alert rules, ...).
 
     Values may be Python, numpy, JAX or torch scalars; NaN / Inf are logged and flagged, a
-    value that is not a number is skipped with one warning. Before ``configure()`` nothing
-    is logged, and one warning says so.
+    value that is not a number is skipped with one warning. Before ``configure()`` or after
+    ``shutdown()`` nothing is logged, and one warning says which.
 
     Raises:
         TypeError: ``values`` is not a mapping (``log("loss", x)`` is
@@ -33,6 +33,14 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
             "(one scalar: otel_tunix.get_metrics_logger().log(name, value, step=n))"
         )
     run = get_current()
+    if run is None and shut_down():
+        warn_once(
+            "log-after-shutdown",
+            "otel_tunix.log() was called after otel_tunix.shutdown(); nothing is logged "
+            "until the next configure()",
+            logger=_logger,
+        )
+        return
     if run is None:
         if signals.terminating():  # the run ended on SIGTERM; the loop goes on a moment
             return

@@ -8,6 +8,7 @@ can be checked against what the run did.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tunix import _tally
+from otel_tunix import attributes as attr
 from otel_tunix._current import RunInfo
 from otel_tunix._redact import redact_url
 from otel_tunix.config import PerformanceMetricsConfig
@@ -24,6 +26,7 @@ from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.processors import StepSink
 from otel_tunix.run.perfetto_trace import convert_hint
+from otel_tunix.run.signal_exports import failures
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import Settings
 
@@ -174,6 +177,19 @@ def _trace_hex(trace_id: Any) -> str:
     return f"{trace_id:032x}" if isinstance(trace_id, int) else str(trace_id)
 
 
+def _where(attributes: Mapping[str, Any]) -> str:
+    """``; evaluation 1, batch 3, after train step 199`` for an evaluation step that says
+    so in its ``tunix.eval.*`` attributes, else nothing."""
+    parts = []
+    if attr.EVAL_ROUND in attributes:
+        parts.append(f"evaluation {attributes[attr.EVAL_ROUND]}")
+    if attr.EVAL_BATCH in attributes:
+        parts.append(f"batch {attributes[attr.EVAL_BATCH]}")
+    if attr.EVAL_AFTER_STEP in attributes:
+        parts.append(f"after train step {attributes[attr.EVAL_AFTER_STEP]}")
+    return f"; {', '.join(parts)}" if parts else ""
+
+
 def end_notice(
     run_id: str,
     sessions: Sequence[ScopeSession],
@@ -186,10 +202,14 @@ def end_notice(
     slowest: Mapping[str, StepSummary],
     perfetto_left: str | None = None,
     safety: Mapping[str, int] | None = None,
+    signal_failures: Sequence[str] = (),
+    cli_installed: bool = True,
 ) -> str:
-    """The lines printed at ``shutdown()``; ``perfetto_left``: the command that makes the
+    """The lines printed at ``shutdown()``. ``perfetto_left``: the command that makes the
     Perfetto trace that did not fit in the shutdown's budget; ``safety``: what was cleaned,
-    redacted or refused (``summary.json``'s ``safety``)."""
+    redacted or refused (``summary.json``'s ``safety``); ``signal_failures``: one phrase per
+    metric or log exporter that failed exports; ``cli_installed``: whether ``otel-tunix
+    summary`` can run here (it needs the ``cli`` extra)."""
     scopes = ", ".join(f"{s.scope} {s.steps} steps ({s.sampled_steps} recorded)" for s in sessions)
     lines = [f"otel-tunix: run {run_id} finished: {scopes or 'no steps'}"]
     problems = []
@@ -200,12 +220,14 @@ def end_notice(
     for name, st in export_stats.items():
         if st.failed or st.dropped:
             problems.append(f"{name}: {st.failed} spans failed, {st.dropped} dropped")
+    problems.extend(signal_failures)
     lines.append("  " + ("; ".join(problems) if problems else "nothing dropped or failed"))
     if safety:
         said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in sorted(safety.items()))
         lines.append(f"  {said} (see summary.json)")
     if output_dir is not None and any(s.sampled_steps for s in sessions):
-        lines.append(f"  next: otel-tunix summary {output_dir}")
+        needs = "" if cli_installed else "   (needs pip install 'otel-tunix[cli]')"
+        lines.append(f"  next: otel-tunix summary {output_dir}{needs}")
     trace = files.get("perfetto")
     if trace is not None:
         lines.append(f"        open {trace} in https://ui.perfetto.dev")
@@ -213,8 +235,8 @@ def end_notice(
         lines.append(f"  the Perfetto trace did not fit in the shutdown's time: {perfetto_left}")
     for scope, s in sorted(slowest.items()):
         lines.append(
-            f"  slowest {scope} step: {s.step} ({s.step_time_sec * 1e3:.1f} ms), "
-            f"trace id {_trace_hex(s.trace_id)}"
+            f"  slowest {scope} step: {s.step} ({s.step_time_sec * 1e3:.1f} ms"
+            f"{_where(s.attributes)}), trace id {_trace_hex(s.trace_id)}"
         )
     return "\n".join(lines)
 
@@ -264,5 +286,7 @@ def at_shutdown(st: RunState, sessions: Sequence[ScopeSession]) -> None:
         if st.perfetto_left is None
         else convert_hint(st.perfetto_left, st.info.rank),
         safety=_tally.this_run(),
+        signal_failures=failures(st.signal_export_stats),
+        cli_installed=importlib.util.find_spec("rich") is not None,
     )
     emit(text, st.settings, st.info.rank.rank)

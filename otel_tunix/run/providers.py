@@ -24,6 +24,11 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
+from otel_tunix.run.signal_exports import (
+    CountingLogExporter,
+    CountingMetricExporter,
+    SignalExportStats,
+)
 from otel_tunix.settings import ConfigurationError, Settings
 
 _logger = logging.getLogger(__name__)
@@ -47,23 +52,47 @@ def _exporter_var(signal: str) -> str:
     return f"OTEL_{signal.upper()}_EXPORTER"
 
 
-def load_exporter_class(group: str, name: str, var: str) -> Any:
-    """Load an exporter class from its entry point, with a clear error when it is missing."""
+def _asked_by(settings: Settings, signal: str, name: str) -> str:
+    """What the user set that asks for exporter ``name`` of ``signal``: its
+    ``OTEL_<SIGNAL>_EXPORTER``, or, for ``otlp`` when that is unset, the OTLP endpoint."""
+    if name == "otlp" and getattr(settings, f"{signal}_exporter") is None:
+        own = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+        var = own if getattr(settings, f"otlp_{signal}_endpoint") else "OTEL_EXPORTER_OTLP_ENDPOINT"
+        return f"{var} is set, which sends {_WHAT[signal]} over OTLP"
+    return f"{_exporter_var(signal)} names {name!r}"
+
+
+_WHAT = {"traces": "spans", "metrics": "metrics", "logs": "log records"}
+
+
+def load_exporter_class(group: str, name: str, why: str) -> Any:
+    """Load an exporter class from its entry point, with a clear error when it is missing.
+
+    ``why``: what the user set that asks for it (see :func:`_asked_by`), for the message.
+    """
     found = list(entry_points(group=group, name=name))
     if not found:
         extra = _EXTRA_FOR.get(name)
-        hint = f"; install it with pip install 'otel-tunix[{extra}]'" if extra else ""
-        raise ConfigurationError(f"{var} names {name!r}, but no such exporter is installed{hint}")
-    return found[0].load()
+        hint = f": pip install 'otel-tunix[{extra}]'" if extra else ""
+        missing = (
+            "the OTLP exporter is not installed"
+            if extra == "otlp"
+            else "no such exporter is installed"
+        )
+        raise ConfigurationError(f"{why}, but {missing}{hint}")
+    try:
+        return found[0].load()
+    except ImportError as exc:  # our own entry point whose package is missing (perfetto)
+        raise ConfigurationError(f"{why}, but {exc}") from exc
 
 
 def trace_exporters(settings: Settings) -> list[tuple[str, Any]]:
     """``(name, exporter)`` for each name in ``OTEL_TRACES_EXPORTER``, built from the env."""
     out = []
-    var = _exporter_var("traces")
     for name in settings.exporters("traces"):
         ep = _otlp_entry_point(settings, "traces") if name == "otlp" else name
-        cls = load_exporter_class("opentelemetry_traces_exporter", ep, var)
+        why = _asked_by(settings, "traces", name)
+        cls = load_exporter_class("opentelemetry_traces_exporter", ep, why)
         out.append((name, cls()))
     return out
 
@@ -72,11 +101,13 @@ def metric_readers(
     settings: Settings,
     urls: dict[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
+    counts: dict[str, SignalExportStats] | None = None,
 ) -> list[MetricReader]:
     """Metric readers for ``OTEL_METRICS_EXPORTER`` (a reader class is used as is).
 
     Endpoints that serve metrics (Prometheus) put their URL into ``urls`` and put
-    ``labels`` on every series they serve.
+    ``labels`` on every series they serve. With ``counts``, each pushing exporter counts
+    its exports and failures there, by exporter name.
     """
     out: list[MetricReader] = []
     var = _exporter_var("metrics")
@@ -104,9 +135,15 @@ def metric_readers(
             out.append(endpoint.reader)
             continue
         ep = _otlp_entry_point(settings, "metrics") if name == "otlp" else name
-        cls = load_exporter_class("opentelemetry_metrics_exporter", ep, var)
+        why = _asked_by(settings, "metrics", name)
+        cls = load_exporter_class("opentelemetry_metrics_exporter", ep, why)
         obj = cls()
-        out.append(obj if isinstance(obj, MetricReader) else PeriodicExportingMetricReader(obj))
+        if isinstance(obj, MetricReader):
+            out.append(obj)
+            continue
+        if counts is not None:
+            obj = CountingMetricExporter(obj, counts.setdefault(name, SignalExportStats()))
+        out.append(PeriodicExportingMetricReader(obj))
     return out
 
 
@@ -155,10 +192,13 @@ def still_global(providers: tuple[object, ...]) -> list[object]:
     return [c for c in current if any(c is p for p in providers)]
 
 
-def build_logger_provider(resource: Resource, settings: Settings) -> Any:
+def build_logger_provider(
+    resource: Resource, settings: Settings, counts: dict[str, SignalExportStats] | None = None
+) -> Any:
     """A new SDK LoggerProvider with a batch processor per exporter named in
     ``OTEL_LOGS_EXPORTER`` (``otlp`` when only an OTLP endpoint is set), or ``None`` when
-    no exporter is configured (log records then stay in process)."""
+    no exporter is configured (log records then stay in process). With ``counts``, each
+    exporter counts its exports and failures there, by exporter name."""
     names = settings.exporters("logs")
     if not names:
         return None
@@ -166,6 +206,10 @@ def build_logger_provider(resource: Resource, settings: Settings) -> Any:
     provider = LoggerProvider(resource=resource)
     for name in names:
         ep = _otlp_entry_point(settings, "logs") if name == "otlp" else name
-        cls = load_exporter_class("opentelemetry_logs_exporter", ep, _exporter_var("logs"))
-        provider.add_log_record_processor(BatchLogRecordProcessor(cls()))
+        why = _asked_by(settings, "logs", name)
+        cls = load_exporter_class("opentelemetry_logs_exporter", ep, why)
+        exporter = cls()
+        if counts is not None:
+            exporter = CountingLogExporter(exporter, counts.setdefault(name, SignalExportStats()))
+        provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
     return provider

@@ -24,6 +24,7 @@ from otel_tunix.metrics_logger import MetricsLogger
 from otel_tunix.model import ScopeSession
 from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.run.signal_exports import SignalExportStats
 from otel_tunix.settings import Settings
 
 __all__ = ["RunState", "register_observables", "write_summary"]
@@ -48,6 +49,9 @@ class RunState:
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
     sessions: list[ScopeSession] = field(default_factory=list)
     """The per-scope totals, once the steps part has closed."""
+    signal_export_stats: dict[str, dict[str, SignalExportStats]] = field(default_factory=dict)
+    """Exports of the metrics and log records by signal (``metrics``, ``logs``), then by
+    exporter name."""
     slowest: Any = None
     """The step sink that keeps each scope's slowest step, for the end notice."""
     destinations: list[Any] = field(default_factory=list)
@@ -137,6 +141,11 @@ def write_summary(
         "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
         "failed_steps": rt.pipeline.failed_steps if rt else 0,
         "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
+        "export_by_signal": {
+            signal: {name: stats.to_json() for name, stats in by_name.items()}
+            for signal, by_name in st.signal_export_stats.items()
+            if by_name
+        },
         "scopes": [s.to_json() for s in sessions],
     }
     if timeout is not None:

@@ -58,11 +58,15 @@ def test_breakdown_matches_the_sleeps_and_the_file(known_run: Path, summary: Run
     assert near(data.mean_sec, SLEEPS.data) and data.steps == STEPS
     compute = comps[("train_step_compute", "busy")]
     compute_total = STEPS * SLEEPS.compute + SLEEPS.first_extra + SLEEPS.slow_extra
-    assert near(compute.mean_sec * STEPS, compute_total, count=STEPS)
+    assert near(compute.per_step_sec * STEPS, compute_total, count=STEPS)
+    assert compute.mean_sec == compute.per_step_sec  # it ran in every step
     assert near(compute.p50_sec, SLEEPS.compute)
     ckpt = comps[("checkpoint_save", "busy")]
     assert ckpt.steps == 1 and near(ckpt.p50_sec, SLEEPS.checkpoint)
-    assert ckpt.mean_sec == pytest.approx(ckpt.p50_sec / STEPS)
+    # one population per row: the mean is over the one step it ran in, as the p50
+    assert ckpt.mean_sec == pytest.approx(ckpt.p50_sec)
+    assert ckpt.per_step_sec == pytest.approx(ckpt.p50_sec / STEPS)
+    assert ckpt.share == pytest.approx(ckpt.per_step_sec / train.step.mean)
     assert near(train.idle.mean, 0.0)
 
     # the same numbers as the SDK's own per-step counters in spans.jsonl
