@@ -249,9 +249,9 @@ def test_step_attributes_and_sampled_flag():
 
 
 def test_step_before_configure_is_a_noop_with_one_warning(caplog):
-    from otel_tunix import _recording
+    from otel_tunix import _step
 
-    _recording._quiet = False
+    _step._quiet = False
     from otel_tunix import _errors
 
     _errors._warned.discard("not-configured")
@@ -591,14 +591,14 @@ def test_a_component_made_outside_steps_is_reused_and_follows_each_steps_samplin
 
 
 def test_stand_ins_are_kept_for_a_bounded_number_of_names(monkeypatch):
-    from otel_tunix import _recording
+    from otel_tunix import _component
 
-    monkeypatch.setattr(_recording, "_unrecorded", {})
-    monkeypatch.setattr(_recording, "_MAX_UNRECORDED", 3)
+    monkeypatch.setattr(_component, "_unrecorded", {})
+    monkeypatch.setattr(_component, "_MAX_UNRECORDED", 3)
     perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
     with capture(perf=perf), otel_tunix.step(1):
         made = [otel_tunix.component(f"layer_{i}") for i in range(5)]
-        assert sorted(_recording._unrecorded) == ["layer_0", "layer_1", "layer_2"]
+        assert sorted(_component._unrecorded) == ["layer_0", "layer_1", "layer_2"]
         assert otel_tunix.component("layer_4") is not made[4]  # past the bound: made anew
         assert otel_tunix.component("layer_0") is made[0]
         assert all(not m.recording for m in made)

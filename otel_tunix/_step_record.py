@@ -1,0 +1,242 @@
+"""What one sampled step is on the hot path (:class:`StepRecord`, also the step's proxy span),
+what the hot path needs from one ``configure()`` (:class:`Runtime`), and the context variable
+that says where the calling context stands (``_current``).
+
+How these are used, and why the innermost open component is kept where it is: the module
+docstring of :mod:`otel_tunix._recording`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanContext,
+    get_current_span,
+)
+
+from otel_tunix._ids import JobStepIds, random_bits, refill_span_ids, take_span_id
+from otel_tunix._records import (
+    MAX_PENDING_EVENTS,
+    ComponentExtras,
+    ComponentStart,
+    ScopeStepCounts,
+    StepEvent,
+)
+from otel_tunix._shortcuts import (
+    HAS_SPAN_KEY,
+    SPAN_KEY,
+    new_span_context,
+    otel_context,
+    threads_by_ident,
+)
+
+if TYPE_CHECKING:
+    from otel_tunix._component import Component
+    from otel_tunix.pipeline.worker import Pipeline
+
+_current_thread = threading.current_thread
+_get_ident = threading.get_ident
+
+_NOT_SET: Any = object()
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_tunix", default=_NOT_SET)
+"""Where the calling context stands: ``_NOT_SET`` outside any step, ``None`` in a step that
+is not sampled, the :class:`StepRecord` of a sampled step (with no component open, or with
+those open kept in ``StepRecord.top``: see :mod:`otel_tunix._recording`), else the innermost
+open :class:`~otel_tunix._component.Component` (whose ``_step`` is the step). One variable,
+so a component reads and sets at most one."""
+
+
+step_context_var = _current
+"""For code that must tell, as cheaply as can be, whether the calling context is in a
+sampled step (a patched ``ThreadPoolExecutor.submit``): it is not when the variable holds
+:data:`CONTEXT_OUTSIDE_STEPS` (no step) or ``None`` (a step that is not sampled)."""
+CONTEXT_OUTSIDE_STEPS = _NOT_SET
+
+
+class StepRecord(NonRecordingSpan):
+    """A sampled step as recorded on the hot path.
+
+    It is also the current OTel span while the step runs (the *proxy span* of the module
+    docstring): its ``get_span_context()`` answers with the innermost otel-tunix component
+    open in the calling context, else with the step itself. One object per step instead of
+    two (``NonRecordingSpan`` has empty ``__slots__``, so this one keeps its own).
+    """
+
+    __slots__ = (
+        "_ctx",
+        "attributes",
+        "end_ns",
+        "ends",
+        "error",
+        "events",
+        "extras",
+        "foreign",
+        "ident",
+        "link",
+        "nest_ident",
+        "number",
+        "parent_id",
+        "runtime",
+        "scope",
+        "span_id",
+        "spans",
+        "start_ns",
+        "submitted_at",
+        "thread",
+        "top",
+        "trace_id",
+        "view",
+    )
+
+    def __init__(self, runtime: Runtime, scope: str, number: int, start_ns: int) -> None:
+        # NonRecordingSpan.__init__ is not called: the span context is answered below.
+        self.runtime = runtime
+        self.scope = scope
+        self.number = number
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.spans: list[ComponentStart] = []
+        self.ends: dict[int, int] = {}
+        """Host end (perf_counter ns) per component span id, set as each one exits."""
+        self.extras: ComponentExtras | None = None
+        self.attributes: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.events: list[StepEvent] | None = None
+        self.submitted_at = 0.0
+        self.foreign = False
+        """True once a component of another thread was recorded into the step."""
+        ident = self.ident = _get_ident()
+        # The thread whose components outside an event loop nest in time (see Component):
+        # none while trio is loaded (its tasks interleave on one thread with no asyncio loop).
+        self.nest_ident = 0 if "trio" in sys.modules else ident
+        self.thread = threads_by_ident.get(ident) or _current_thread()
+        self.view: object = None
+        """The step's :class:`~otel_tunix._step_view.StepView`, made on first request."""
+        self.top: Component | None = None
+        """The innermost component open on the step's thread outside an event loop: such
+        components are kept here instead of in the context variable (see
+        Component.__enter__)."""
+        current: Any = otel_context().get(SPAN_KEY)
+        if current is None and not HAS_SPAN_KEY:  # no direct read: the public API
+            current = get_current_span()
+        self.link: SpanContext | None = None
+        """Where a step that starts its own trace was started from: the ended step whose
+        copy of the context its thread holds (a thread started inside that step, or a step
+        left open here and closed since)."""
+        if type(current) is StepRecord and current.end_ns:  # not a parent: a trace of its own
+            self.link = current.span_context()
+            current = None
+        parent = current.get_span_context() if current is not None else None
+        if parent is not None and parent.is_valid:
+            # Join the application's trace: the step becomes a child of its current span.
+            self.trace_id = parent.trace_id
+            self.parent_id = parent.span_id
+        elif runtime.job_ids is not None:  # one trace per step across the job's ranks
+            self.trace_id, self.parent_id = runtime.job_ids.ids(scope, number)
+        else:
+            self.trace_id = random_bits(128) or 1
+            self.parent_id = 0
+        try:
+            self.span_id = take_span_id()
+        except IndexError:  # the pool is empty
+            self.span_id = refill_span_ids()
+        self._ctx: SpanContext | None = None
+
+    def span_context(self) -> SpanContext:
+        """The OTel SpanContext of the step span (built on first use)."""
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = new_span_context(self.trace_id, self.span_id)
+        return ctx
+
+    def get_span_context(self) -> SpanContext:
+        """As the current OTel span: the innermost open component's context (the calling
+        context's, else the step thread's), else the step's: what a span started by other
+        code inside the step gets as its parent. Once the step has ended (asked from a
+        thread or task that outlived it, holding a copy of its context): no parent, so
+        what that thread starts later (its own steps, other code's spans) starts a trace of
+        its own instead of stretching this step's."""
+        if self.end_ns:
+            return INVALID_SPAN_CONTEXT
+        cur = _current.get()
+        # Anything else the variable holds is an open component (the component module
+        # sits above this one: no isinstance check against its class).
+        if (
+            cur is not _NOT_SET
+            and cur is not None
+            and type(cur) is not StepRecord
+            and cur._step.trace_id == self.trace_id
+        ):
+            ctx: SpanContext = cur.span_context()
+            return ctx
+        top = self.top
+        if top is not None:
+            return top.span_context()
+        return self.span_context()
+
+    def __repr__(self) -> str:
+        return f"StepRecord({self.scope!r}, {self.number}, {self.get_span_context()!r})"
+
+
+MAX_LOOSE = 4096
+"""Loose components waiting for the worker (it takes them when it processes a step or the
+run flushes); past this bound the oldest are dropped (a thread that records components
+forever after the last step)."""
+
+
+class Runtime:
+    """What the hot path needs from one ``configure()``: sampling, filter, the pipeline."""
+
+    __slots__ = (
+        "allowed",
+        "job_ids",
+        "job_root",
+        "last_scope",
+        "last_step",
+        "loose",
+        "open_steps",
+        "pending_events",
+        "pipeline",
+        "sampling_rate",
+        "scopes",
+    )
+
+    def __init__(
+        self,
+        sampling_rate: int,
+        components: tuple[str, ...] | None,
+        pipeline: Pipeline,
+        *,
+        job_ids: JobStepIds | None = None,
+        job_root: bool = False,
+    ) -> None:
+        self.sampling_rate = sampling_rate
+        self.job_ids = job_ids
+        """With several ranks: step n of a scope is one trace on every rank (see
+        :class:`~otel_tunix._ids.JobStepIds`), each rank's step span under its root."""
+        self.job_root = job_root
+        """This rank exports the roots of those traces (rank 0)."""
+        self.allowed = frozenset(components) if components is not None else None
+        self.pipeline = pipeline
+        self.scopes: dict[str, ScopeStepCounts] = {}
+        self.last_scope: dict[int, ScopeStepCounts] = {}
+        """Per thread, the scope of the step that ended last on it."""
+        self.open_steps: list[StepRecord] = []
+        self.last_step: StepRecord | None = None
+        """The sampled step opened last (kept after it ends)."""
+        self.loose: collections.deque[tuple[ComponentStart, StepRecord]] = collections.deque(
+            maxlen=MAX_LOOSE
+        )
+        """Components that other threads started while no sampled step was open, each
+        with the step opened last before them (``Component._enter_loose``): the worker counts them
+        in the later steps of that step's thread that they overlap."""
+        self.pending_events: collections.deque[StepEvent] = collections.deque(
+            maxlen=MAX_PENDING_EVENTS
+        )
