@@ -28,6 +28,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, overload
 
 from opentelemetry.context import Context, attach, detach, set_value
@@ -146,6 +147,23 @@ class SpanBatch(Sequence[ReadableSpan]):
         raise IndexError("span batch index out of range")  # pragma: no cover
 
 
+class StepSpanExporter(SpanExporter):
+    """A span exporter that reads otel-tunix's queued steps whole, instead of their SDK
+    spans: :class:`BatchExportProcessor` calls :meth:`export_items` with each batch as it
+    was queued (whole steps and other code's single spans). The OTLP fast path
+    (``otel_tunix.exporters.otlp``) is one: it encodes the steps' protobuf itself.
+    """
+
+    def export_items(
+        self, items: Sequence[ReadableSpan | FinishedStep], count: int
+    ) -> SpanExportResult:
+        """Export a batch of ``count`` spans: whole steps (their spans are the components
+        in start order, then the step span; :meth:`FinishedStep.spans`) and single SDK
+        spans, in order. An exporter that does not read a step's ``export_spans()`` calls
+        ``step.queued_for_export(False)`` for it. Default: :meth:`export` of their spans."""
+        return self.export(SpanBatch(list(items), count))
+
+
 class BatchExportProcessor(StepSpanProcessor):
     """Queues ended spans and exports them in batches on a daemon thread; counts them.
 
@@ -234,17 +252,23 @@ class BatchExportProcessor(StepSpanProcessor):
         """Export one batch taken from the queue (a step with more spans than a batch comes
         alone and is exported in slices)."""
         count = sum(map(_span_count, items))
+        if isinstance(self.exporter, StepSpanExporter):  # whole steps, in one request
+            self._export(partial(self.exporter.export_items, items, count), count)
+            return
         if count <= self._batch:
-            self._export(SpanBatch(items, count))
+            self._export(partial(self.exporter.export, SpanBatch(items, count)), count)
             return
         spans = _spans_of(items[0])
         for start in range(0, count, self._batch):
-            self._export(spans[start : start + self._batch])
+            part = spans[start : start + self._batch]
+            self._export(partial(self.exporter.export, part), len(part))
 
-    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+    def _export(self, export: Callable[[], SpanExportResult], n: int) -> None:
+        """Run one export of ``n`` spans with instrumentation suppressed; count them as
+        exported or failed."""
         token = attach(set_value(SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
-            result = self.exporter.export(batch)
+            result = export()
         except Exception:  # an exporter that raises counts as a failed export
             warn_once(
                 (id(self), "export raised"),
@@ -258,9 +282,9 @@ class BatchExportProcessor(StepSpanProcessor):
         finally:
             detach(token)
         if result is SpanExportResult.SUCCESS:
-            self.stats.add(exported=len(batch))
+            self.stats.add(exported=n)
         else:
-            self.stats.add(failed=len(batch))
+            self.stats.add(failed=n)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Export everything queued now, on the calling thread."""
