@@ -34,8 +34,8 @@ from otel_tunix.pipeline.span_builder import FinishedStep
 
 __all__ = ["StepEncoder", "encode_any", "encode_key_value"]
 
-_pack_ids = struct.Struct(">BBQBBQ").pack  # span id, parent id (big-endian, as OTLP's bytes)
-_pack_times = struct.Struct("<BQBQ").pack  # start, end (fixed64, little-endian)
+_pack_ids = struct.Struct(">QBBQ").pack  # span id, parent id (big-endian, as OTLP's bytes)
+_pack_times = struct.Struct("<QBQ").pack  # start, end (fixed64, little-endian)
 _pack_double = struct.Struct("<d").pack
 _pack_trace_id = struct.Struct(">BBQQ").pack
 
@@ -137,8 +137,28 @@ _TYPE_COMPONENT = _attribute(attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT)
 _BUSY_PREFIX = _len_field(0x0A, attr.COMPONENT_BUSY_TIME.encode())
 _BLOCKED_PREFIX = _len_field(0x0A, attr.COMPONENT_BLOCKED_TIME.encode())
 # A KeyValue of a double: key, then value = AnyValue{double_value} (9 bytes)
-_BUSY_KV = b"\x4a%c%b\x12\x09\x21" % (len(_BUSY_PREFIX) + 11, _BUSY_PREFIX)
-_BLOCKED_KV = b"\x4a%c%b\x12\x09\x21" % (len(_BLOCKED_PREFIX) + 11, _BLOCKED_PREFIX)
+
+
+def _double_key(key: str) -> bytes:
+    """A span attribute of a double up to its value: tag, length, key, the value's tags."""
+    k = _len_field(0x0A, key.encode())
+    return b"\x4a%c%b\x12\x09\x21" % (len(k) + 11, k)
+
+
+_BUSY_KV = _double_key(attr.COMPONENT_BUSY_TIME)
+_BLOCKED_KV = _double_key(attr.COMPONENT_BLOCKED_TIME)
+_pack_accounted = struct.Struct(f"<d{len(_BLOCKED_KV)}sd").pack  # busy, blocked's key, blocked
+_ACCOUNTED_SIZE = 8 + len(_BLOCKED_KV) + 8
+_STEP_TIME_KEYS = tuple(
+    map(
+        _double_key,
+        (attr.STEP_DURATION, attr.STEP_BUSY_TIME, attr.STEP_BLOCKED_TIME, attr.STEP_IDLE_TIME),
+    )
+)
+_DURATION_KV, _BUSY_STEP_KV, _BLOCKED_STEP_KV, _IDLE_KV = _STEP_TIME_KEYS
+_pack_step_times = struct.Struct("<" + "".join(f"{len(k)}sd" for k in _STEP_TIME_KEYS)).pack
+_SPAN_PREFIX = [b"\x12" + v for v in _SMALL]
+"""A ``Span`` field's tag and length, by length."""
 
 
 class StepEncoder:
@@ -151,7 +171,8 @@ class StepEncoder:
     def __init__(self) -> None:
         self._frame_of: tuple[Resource, InstrumentationScope] | None = None
         self._frame_bytes = (b"", b"", b"", b"")
-        self._components: dict[tuple[str, bool, Any, str], tuple[bytes, bytes]] = {}
+        self._components: dict[tuple[str, bool, Any, str], tuple[bytes, bytes, int]] = {}
+        self._steps: dict[tuple[str, Any], tuple[bytes, tuple[bytes, bytes]]] = {}
         self._attributes = _Attributes()
 
     def encode(
@@ -212,76 +233,111 @@ class StepEncoder:
 
     def _step(self, step: FinishedStep, out: list[bytes]) -> None:
         """Appends the spans of a step (``Span`` fields of ``ScopeSpans``, tags and lengths
-        included): its components in start order, then the step span."""
+        included, as several chunks each): its components in start order, then the step
+        span.
+
+        A component span is nine chunks, four of them packed (ids, times, the two accounted
+        times) and the others made once per step or per component name; the span's length
+        is the name's fixed length plus the step number's."""
         rec = step.record
         trace_id = rec.trace_id
-        tid = _pack_trace_id(0x0A, 16, trace_id >> 64, trace_id & _LOW64)
+        tidf = _pack_trace_id(0x0A, 16, trace_id >> 64, trace_id & _LOW64) + b"\x12\x08"
         number, scope = step.number, step.scope
         step_attr = _attribute(attr.STEP, number)
+        type_step = _TYPE_COMPONENT + step_attr
+        steplen = len(step_attr)
         off = step.offset
         times = step.summary.component_times
         step_thread = rec.thread
         cache = self._components
-        small = _SMALL
-        thread_of = step.thread_info
+        lp = _SPAN_PREFIX
+        add = out.extend
         for (name, blocked, sid, parent_id, start, thread), end in zip(
             step.components, step.ends, strict=True
         ):
             ck = (name, blocked, thread or step_thread, scope)
             head = cache.get(ck)
             if head is None:
-                head = self._component(ck, thread_of)
+                head = self._component(ck, step.thread_info)
             t = times.get(name)
-            if t is None:
-                extra = b""
-            else:
-                busy, blocked_s, count = t
-                extra = b"%b%b%b%b" % (_BUSY_KV, _pack_double(busy), _BLOCKED_KV,
-                                       _pack_double(blocked_s))  # fmt: skip
-                if count > 1:
-                    extra += _attribute(attr.COMPONENT_COUNT, count)
-            body = b"".join(
+            if t is None or t[2] > 1:  # the uncommon shapes: one body, then its length
+                out.append(self._component_span(tidf, sid, parent_id, head, start + off,
+                                                end + off, type_step, t))  # fmt: skip
+                continue
+            add(
                 (
-                    tid,
-                    _pack_ids(0x12, 8, sid, 0x22, 8, parent_id),
+                    lp[head[2] + steplen],
+                    tidf,
+                    _pack_ids(sid, 0x22, 8, parent_id),
                     head[0],
-                    _pack_times(0x39, start + off, 0x41, end + off),
-                    _TYPE_COMPONENT,
-                    step_attr,
+                    _pack_times(start + off, 0x41, end + off),
+                    type_step,
                     head[1],
-                    extra,
+                    _pack_accounted(t[0], _BLOCKED_KV, t[1]),
                     _STATUS_AND_FLAGS,
                 )
             )
-            n = len(body)
-            out.append(b"\x12%b%b" % (small[n] if n < 16384 else _varint(n), body))
-        s = step.summary
-        step_attrs = {**step.attributes, attr.SPAN_TYPE: attr.SPAN_TYPE_STEP, attr.STEP: number,
-                      attr.SCOPE: scope, attr.STEP_DURATION: s.step_time_sec,
-                      attr.STEP_BUSY_TIME: s.busy_time_sec,
-                      attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
-                      attr.STEP_IDLE_TIME: s.idle_time_sec}  # fmt: skip
-        ids = _pack_ids(0x12, 8, rec.span_id, 0x22, 8, rec.parent_id)
+        ids = _pack_ids(rec.span_id, 0x22, 8, rec.parent_id)
         if not rec.parent_id:
-            ids = ids[:10]  # a root: no parent id
+            ids = ids[:8]  # a root: no parent id
+        s = step.summary
+        if rec.attributes:  # the application's attributes come first: encoded one by one
+            step_attrs = {**step.attributes, attr.SPAN_TYPE: attr.SPAN_TYPE_STEP,
+                          attr.STEP: number, attr.SCOPE: scope,
+                          attr.STEP_DURATION: s.step_time_sec,
+                          attr.STEP_BUSY_TIME: s.busy_time_sec,
+                          attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
+                          attr.STEP_IDLE_TIME: s.idle_time_sec}  # fmt: skip
+            attrs = self._attributes.encode(step_attrs)
+            name_kind = _len_field(0x2A, f"{scope}_step".encode()) + _INTERNAL + b"\x39"
+        else:  # thread id and name, type, step, scope, four times
+            name_kind, step_head = self._step_head(scope, step_thread, step.thread_info)
+            attrs = b"%b%b%b%b" % (step_head[0], step_attr, step_head[1], _pack_step_times(
+                _DURATION_KV, s.step_time_sec, _BUSY_STEP_KV, s.busy_time_sec,
+                _BLOCKED_STEP_KV, s.blocked_time_sec, _IDLE_KV, s.idle_time_sec))  # fmt: skip
         body = b"".join(
             (
-                tid,
+                tidf,
                 ids,
-                _len_field(0x2A, f"{scope}_step".encode()),
-                _INTERNAL,
-                _pack_times(0x39, step.start_ns, 0x41, step.end_ns),
-                self._attributes.encode(step_attrs),
+                name_kind,
+                _pack_times(step.start_ns, 0x41, step.end_ns),
+                attrs,
                 _STATUS_AND_FLAGS,
             )
         )
         out.append(_len_field(0x12, body))
 
+    @staticmethod
+    def _component_span(
+        tidf: bytes, sid: int, parent_id: int, head: tuple[bytes, bytes, int], start: int,
+        end: int, type_step: bytes, t: tuple[float, float, int] | None,
+    ) -> bytes:  # fmt: skip
+        """A component span whose name has no accounted times, or several components."""
+        if t is None:
+            accounted = head[1][: -len(_BUSY_KV)]  # the tail without the busy time's key
+        else:
+            busy, blocked_s, count = t
+            accounted = b"%b%b%b" % (head[1], _pack_accounted(busy, _BLOCKED_KV, blocked_s),
+                                     _attribute(attr.COMPONENT_COUNT, count))  # fmt: skip
+        body = b"".join(
+            (
+                tidf,
+                _pack_ids(sid, 0x22, 8, parent_id),
+                head[0],
+                _pack_times(start, 0x41, end),
+                type_step,
+                accounted,
+                _STATUS_AND_FLAGS,
+            )
+        )
+        return _len_field(0x12, body)
+
     def _component(
         self, key: tuple[str, bool, Any, str], thread_of: Callable[[Any], tuple[int, str]]
-    ) -> tuple[bytes, bytes]:
-        """The repeated parts of a component span: (name and kind, its attributes after the
-        step number and before the accounted times)."""
+    ) -> tuple[bytes, bytes, int]:
+        """The repeated parts of a component span: its name and kind (and the start time's
+        tag); its attributes after the step number, up to the busy time's value; and the
+        length of the span without the step number's attribute."""
         name, blocked, thread, scope = key
         tid, tname = thread_of(thread)
         tail = b"".join(
@@ -294,11 +350,38 @@ class StepEncoder:
                 (attr.THREAD_NAME, tname),
             )
         )
-        head = (_len_field(0x2A, name.encode()) + _INTERNAL, tail)
+        name_kind = _len_field(0x2A, name.encode()) + _INTERNAL + b"\x39"
+        tail += _BUSY_KV
+        fixed = (18 + 2 + 8 + 2 + 8 + len(name_kind) + 8 + 1 + 8 + len(_TYPE_COMPONENT)
+                 + len(tail) + _ACCOUNTED_SIZE + len(_STATUS_AND_FLAGS))  # fmt: skip
+        head = (name_kind, tail, fixed)
         if len(self._components) >= _MAX_CACHED:  # names made up per step
             self._components.clear()
         self._components[key] = head
         return head
+
+    def _step_head(
+        self, scope: str, thread: Any, thread_of: Callable[[Any], tuple[int, str]]
+    ) -> tuple[bytes, tuple[bytes, bytes]]:
+        """A step span's name and kind, and its attributes before and after the step
+        number, for a step without the application's attributes."""
+        key = (scope, thread)
+        found = self._steps.get(key)
+        if found is None:
+            tid, tname = thread_of(thread)
+            found = (
+                _len_field(0x2A, f"{scope}_step".encode()) + _INTERNAL + b"\x39",
+                (
+                    _attribute(attr.THREAD_ID, tid)
+                    + _attribute(attr.THREAD_NAME, tname)
+                    + _attribute(attr.SPAN_TYPE, attr.SPAN_TYPE_STEP),
+                    _attribute(attr.SCOPE, scope),
+                ),
+            )
+            if len(self._steps) >= _MAX_CACHED:
+                self._steps.clear()
+            self._steps[key] = found
+        return found
 
 
 def _sdk_span_bytes(spans: Sequence[ReadableSpan]) -> list[bytes]:
