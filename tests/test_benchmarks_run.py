@@ -100,3 +100,16 @@ def test_bench_instructions_counts_grow_with_the_spans_recorded():
         none, some = pool.map(lambda n: bench_instructions.count("hot", n, 10, False), (0, 3000))
     # A recorded component costs thousands of instructions (about 15k here), never nothing.
     assert 3000 * 5_000 < some - none < 3000 * 100_000
+
+
+def test_bench_export_prints_its_ratios_and_every_span_reaches_the_collector():
+    text = _run("bench_export.py", "--steps", "40", "--rounds", "1", "--cpu-work", "200")
+    for line in (
+        "grpc: otel-tunix / SDK OTLP path = ",
+        "http: otel-tunix / SDK OTLP path = ",
+        "metrics: otel-tunix's OTLP metrics = ",
+        "gil: CPU-bound step, median ",
+    ):
+        assert line in text, text
+    # the collector counted every span each row sent (a count, not a timing)
+    assert "spans lost at the collector, all rows: 0 " in text, text
