@@ -4,9 +4,10 @@ A real rotel collector (blackhole exporter, counting what it receives) listens o
 Each row is a fresh Python process that runs the issue's loop: steps of 10 components, one
 step every 4 ms, then flushes; it reports the CPU time of the whole process (every thread)
 over the loop and the flush, after a warm-up of a tenth as many steps (connections made,
-caches filled: one-off costs that a run of hours spreads over millions of spans). A row's figure is that CPU over the bare loop's, per span;
-rows are measured in interleaved rounds and each figure is the median over the rounds (this
-VM is shared). Every span a row sends is counted at the collector.
+caches filled: one-off costs that a run of hours spreads over millions of spans) and a full
+garbage collection. A row's figure is that CPU over the bare loop's, per span; rows are
+measured in interleaved rounds and each figure is the median over the rounds (this VM is
+shared). Every span a row sends, warm-up included, is counted at the collector.
 
 Rows, for each protocol (gRPC, HTTP/protobuf):
 * ``SDK``: the OTel SDK's OTLP path: ``BatchSpanProcessor`` + ``OTLPSpanExporter``, one SDK
@@ -32,6 +33,7 @@ Run: ``.venv/bin/python bench/bench_export.py`` (``--steps``, ``--rounds``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -57,8 +59,8 @@ def _busy(n: int) -> int:
     return x
 
 
-def _loop(steps: int, step: Any, component: Any, cpu_bound: int) -> list[float]:
-    """The issue's loop; returns each step's wall time."""
+def _loop(steps: int, step: Any, component: Any, cpu_bound: int) -> list[tuple[float, float]]:
+    """The issue's loop; returns each step's start and end (``perf_counter``)."""
     names = [f"phase_{i}" for i in range(COMPONENTS)]
     times = []
     t0 = time.perf_counter()
@@ -69,7 +71,7 @@ def _loop(steps: int, step: Any, component: Any, cpu_bound: int) -> list[float]:
                 with component(name):
                     if cpu_bound:
                         _busy(cpu_bound)
-        times.append(time.perf_counter() - s)
+        times.append((s, time.perf_counter()))
         if not cpu_bound:  # paced: one step every 4 ms
             wait = t0 + (n + 1) * PERIOD_S - time.perf_counter()
             if wait > 0:
@@ -81,7 +83,7 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
     import contextlib
 
     flush: Any = None
-    batches: list[float] = []
+    batches: list[tuple[float, float, float]] = []
     if mode == "bare":
 
         def step(n: int) -> Any:
@@ -127,32 +129,64 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
     if flush is not None:
         flush()
     batches.clear()
+    gc.collect()  # every row starts from a full collection (see bench_overhead.py)
+    threads0 = _thread_cpu()
     c0 = time.process_time()
     times = _loop(steps, step, component, cpu_bound)
     if flush is not None:
         flush()
     cpu = time.process_time() - c0
-    times.sort()
+    threads1 = _thread_cpu()
+    durations = sorted(e - s for s, e in times)
+    # the steps during which the export thread was handling a batch
+    during = [e - s for s, e in times if any(bs < e and s < be for bs, be, _ in batches)]
     return {
         "cpu_s": cpu,
-        "step_s": statistics.median(times),
-        "step_p99_s": times[int(len(times) * 0.99)],
+        "step_s": statistics.median(durations),
+        "step_p99_s": durations[int(len(durations) * 0.99)],
+        "step_during_export_s": statistics.median(during) if during else None,
+        "steps_during_export": len(during),
         "spans": steps * SPANS_PER_STEP,
-        "batch_cpu_s": max(batches, default=0.0),
+        "batch_cpu_s": max((c for _, _, c in batches), default=0.0),
+        "threads": {k: v - threads0.get(k, 0.0) for k, v in threads1.items()},
+        "sent": (steps + max(10, steps // 10)) * SPANS_PER_STEP,
     }
 
 
-def _time_export_batches(out: list[float]) -> None:
-    """Note the CPU time of each export batch on the export thread (encoding and sending;
-    the most it can hold the GIL at a stretch, since the send releases it)."""
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of this process, by name (Linux; else nothing)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        name = names.get(int(tid), "native threads")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _time_export_batches(out: list[tuple[float, float, float]]) -> None:
+    """Note when each export batch was handled (start, end) and its CPU time on the export
+    thread (encoding and sending: the most it can hold the GIL, which the send releases)."""
     from otel_tunix.pipeline.export_processor import BatchExportProcessor
 
     export_batch = BatchExportProcessor._export_batch
 
     def timed(self: Any, items: Any) -> None:
-        t = time.thread_time()
+        t, s = time.thread_time(), time.perf_counter()
         export_batch(self, items)
-        out.append(time.thread_time() - t)
+        out.append((s, time.perf_counter(), time.thread_time() - t))
 
     BatchExportProcessor._export_batch = timed  # type: ignore[method-assign]
 
@@ -266,7 +300,7 @@ def _wait_received(collector: Any, at_least: int, timeout: float = 10.0) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=1000, help="steps per row and round")
+    ap.add_argument("--steps", type=int, default=2000, help="steps per row and round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument(
         "--cpu-work", type=int, default=12000, help="loop length of a CPU-bound component"
@@ -302,8 +336,8 @@ def main() -> None:
                 )  # fmt: skip
                 result = json.loads(out.stdout.strip().splitlines()[-1])
                 if row.get("T") == "otlp" or row["MODE"] == "sdk":
-                    got = _wait_received(collector, before + result["spans"]) - before
-                    lost[name] = lost.get(name, 0) + result["spans"] - got
+                    got = _wait_received(collector, before + result["sent"]) - before
+                    lost[name] = lost.get(name, 0) + result["sent"] - got
                 samples.setdefault(name, []).append(result)
 
     def cpu_us(name: str) -> float:
@@ -345,13 +379,21 @@ def main() -> None:
     gil_rows = {k.split("step, ")[-1]: samples[k] for k in ROWS if k.startswith("gil:")}
     step = {k: statistics.median(r["step_s"] for r in v) * 1e3 for k, v in gil_rows.items()}
     p99 = {k: statistics.median(r["step_p99_s"] for r in v) * 1e3 for k, v in gil_rows.items()}
-    batch = max(r["batch_cpu_s"] for r in gil_rows["otel-tunix + OTLP/gRPC"]) * 1e3
+    with_export = gil_rows["otel-tunix + OTLP/gRPC"]
+    batch = max(r["batch_cpu_s"] for r in with_export) * 1e3
+    during = [r["step_during_export_s"] for r in with_export if r["step_during_export_s"]]
+    n_during = sum(r["steps_during_export"] for r in with_export)
     a, b = "otel-tunix, no exporter", "otel-tunix + OTLP/gRPC"
     print(
         f"gil: CPU-bound step, median {step[a]:.3f} ms without export, {step[b]:.3f} ms with "
         f"OTLP/gRPC: ratio {step[b] / step[a]:.3f}  (target ~1); p99 {p99[a]:.3f} / "
         f"{p99[b]:.3f} ms; longest export batch {batch:.2f} ms of CPU"
     )
+    if during:
+        print(
+            f"  the {n_during} steps that overlapped an export batch: median "
+            f"{statistics.median(during) * 1e3:.3f} ms, against {step[b]:.3f} ms for all"
+        )
 
 
 if __name__ == "__main__":
