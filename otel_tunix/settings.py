@@ -284,11 +284,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("OTEL_BSP_SCHEDULE_DELAY", "bsp_schedule_delay_ms", _positive_int, 5000,
             "batch span processor: longest wait between exports (ms)",
             "a positive integer of milliseconds"),
-    Setting("OTEL_BSP_MAX_QUEUE_SIZE", "bsp_max_queue_size", _positive_int, 2048,
-            "batch span processor: spans queued at most (a full queue drops and counts)",
+    Setting("OTEL_BSP_MAX_QUEUE_SIZE", "bsp_max_queue_size", _positive_int, None,
+            "batch span processor: spans queued at most (a full queue drops and counts; "
+            "unset: 2048, or 4 batches for the OTLP fast path: 8192)", "a positive integer"),
+    Setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "bsp_max_export_batch_size", _positive_int, None,
+            "batch span processor: spans per export at most (unset: 512; 2048 for the OTLP "
+            "fast path, whose requests cost per request more than per span)",
             "a positive integer"),
-    Setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "bsp_max_export_batch_size", _positive_int, 512,
-            "batch span processor: spans per export at most", "a positive integer"),
     Setting("OTEL_BSP_EXPORT_TIMEOUT", "bsp_export_timeout_ms", _positive_int, 30000,
             "batch span processor: longest wait for one export (ms)",
             "a positive integer of milliseconds"),
@@ -386,8 +388,8 @@ class Settings:
     otlp_metrics_protocol: str | None = None
     otlp_logs_protocol: str | None = None
     bsp_schedule_delay_ms: int = 5000
-    bsp_max_queue_size: int = 2048
-    bsp_max_export_batch_size: int = 512
+    bsp_max_queue_size: int | None = None
+    bsp_max_export_batch_size: int | None = None
     bsp_export_timeout_ms: int = 30000
     rank: int | None = None
     ompi_rank: int | None = None

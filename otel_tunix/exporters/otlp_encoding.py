@@ -20,6 +20,7 @@ tag and a length, so serialized requests concatenate.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -188,7 +189,12 @@ class StepEncoder:
         groups: dict[tuple[int, int], list[bytes]] = {}
         frames: dict[tuple[int, int], tuple[Resource, InstrumentationScope]] = {}
         others: list[ReadableSpan] = []
-        for item in items:
+        for i, item in enumerate(items, 1):
+            if not i % _STEPS_PER_HOLD:
+                # Let a thread waiting for the GIL (the training loop) have it: the export
+                # thread then holds it for tens of microseconds at a stretch, not a batch's
+                # milliseconds (up to the interpreter's 5 ms switch interval).
+                time.sleep(0)
             if isinstance(item, ReadableSpan):
                 others.append(item)
                 continue
@@ -402,4 +408,5 @@ def _frame_span(res: Resource, scope: InstrumentationScope) -> ReadableSpan:
 
 
 _LOW64 = (1 << 64) - 1
+_STEPS_PER_HOLD = 16
 _MAX_CACHED = 4096

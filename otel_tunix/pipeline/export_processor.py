@@ -154,6 +154,10 @@ class StepSpanExporter(SpanExporter):
     (``otel_tunix.exporters.otlp``) is one: it encodes the steps' protobuf itself.
     """
 
+    batch_size: int = 512
+    """Spans per export when ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` is unset (the queue then
+    holds four batches, at least the SDK's 2048 spans)."""
+
     def export_items(
         self, items: Sequence[ReadableSpan | FinishedStep], count: int
     ) -> SpanExportResult:
@@ -170,12 +174,13 @@ class BatchExportProcessor(StepSpanProcessor):
     Args:
         exporter: Any OTel ``SpanExporter``.
         stats: Where the counts go (a new :class:`ExportStats` when omitted).
-        max_queue_size: Spans held at most (``OTEL_BSP_MAX_QUEUE_SIZE``, 2048); past it new
-            spans are dropped and counted.
+        max_queue_size: Spans held at most (``OTEL_BSP_MAX_QUEUE_SIZE``; default 2048, or
+            four batches if more); past it new spans are dropped and counted.
         schedule_delay_millis: Longest wait between exports (``OTEL_BSP_SCHEDULE_DELAY``,
             5000).
-        max_export_batch_size: Spans per ``export()`` call (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
-            512); a full batch wakes the thread early.
+        max_export_batch_size: Spans per ``export()`` call (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``;
+            default 512, or the exporter's :attr:`StepSpanExporter.batch_size`); a full batch
+            wakes the thread early.
         export_timeout_millis: How long ``shutdown`` waits for the last export
             (``OTEL_BSP_EXPORT_TIMEOUT``, 30000).
         settings: Where the ``OTEL_BSP_*`` defaults come from (default: the environment,
@@ -196,9 +201,11 @@ class BatchExportProcessor(StepSpanProcessor):
         s = settings if settings is not None else load_settings()
         self.exporter = exporter
         self.stats = stats if stats is not None else ExportStats()
-        self._max_queue = max_queue_size or s.bsp_max_queue_size
+        preferred = exporter.batch_size if isinstance(exporter, StepSpanExporter) else 512
+        batch = max_export_batch_size or s.bsp_max_export_batch_size or preferred
+        self._max_queue = max_queue_size or s.bsp_max_queue_size or max(2048, 4 * batch)
         self._delay = (schedule_delay_millis or s.bsp_schedule_delay_ms) / 1e3
-        self._batch = min(max_export_batch_size or s.bsp_max_export_batch_size, self._max_queue)
+        self._batch = min(batch, self._max_queue)
         self._timeout = (export_timeout_millis or s.bsp_export_timeout_ms) / 1e3
         self._shutdown = False
         self._queue: BatchQueue[ReadableSpan | FinishedStep] = BatchQueue(
