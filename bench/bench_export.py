@@ -236,6 +236,7 @@ def _sdk_metrics() -> tuple[Any, Any, Any]:
 
 
 # --- the parent: rows, rounds, the collector ---------------------------------------------
+# fmt: off
 ROWS: dict[str, dict[str, str]] = {
     "bare loop": {"MODE": "bare"},
     "otel-tunix, no exporter": {"MODE": "tunix"},
@@ -254,7 +255,10 @@ ROWS: dict[str, dict[str, str]] = {
     "metrics: SDK histograms, OTLP every 1 s": {"MODE": "sdk-metrics", "P": "grpc", "M": "otlp"},
     "gil: CPU-bound step, otel-tunix, no exporter": {"MODE": "tunix"},
     "gil: CPU-bound step, otel-tunix + OTLP/gRPC": {"MODE": "tunix", "P": "grpc", "T": "otlp"},
+    "gil: CPU-bound step, otel-tunix + OTLP/HTTP": {"MODE": "tunix", "P": "http/protobuf",
+                                                    "T": "otlp"},
 }
+# fmt: on
 
 
 def _env(row: dict[str, str], collector: Any) -> dict[str, str]:
@@ -379,21 +383,23 @@ def main() -> None:
     gil_rows = {k.split("step, ")[-1]: samples[k] for k in ROWS if k.startswith("gil:")}
     step = {k: statistics.median(r["step_s"] for r in v) * 1e3 for k, v in gil_rows.items()}
     p99 = {k: statistics.median(r["step_p99_s"] for r in v) * 1e3 for k, v in gil_rows.items()}
-    with_export = gil_rows["otel-tunix + OTLP/gRPC"]
-    batch = max(r["batch_cpu_s"] for r in with_export) * 1e3
-    during = [r["step_during_export_s"] for r in with_export if r["step_during_export_s"]]
-    n_during = sum(r["steps_during_export"] for r in with_export)
-    a, b = "otel-tunix, no exporter", "otel-tunix + OTLP/gRPC"
-    print(
-        f"gil: CPU-bound step, median {step[a]:.3f} ms without export, {step[b]:.3f} ms with "
-        f"OTLP/gRPC: ratio {step[b] / step[a]:.3f}  (target ~1); p99 {p99[a]:.3f} / "
-        f"{p99[b]:.3f} ms; longest export batch {batch:.2f} ms of CPU"
-    )
-    if during:
+    a = "otel-tunix, no exporter"
+    for proto in ("gRPC", "HTTP"):
+        b = f"otel-tunix + OTLP/{proto}"
+        with_export = gil_rows[b]
+        batch = max(r["batch_cpu_s"] for r in with_export) * 1e3
+        during = [r["step_during_export_s"] for r in with_export if r["step_during_export_s"]]
+        n_during = sum(r["steps_during_export"] for r in with_export)
         print(
-            f"  the {n_during} steps that overlapped an export batch: median "
-            f"{statistics.median(during) * 1e3:.3f} ms, against {step[b]:.3f} ms for all"
+            f"gil: CPU-bound step, median {step[a]:.3f} ms without export, {step[b]:.3f} ms "
+            f"with OTLP/{proto}: ratio {step[b] / step[a]:.3f}  (target ~1); p99 "
+            f"{p99[a]:.3f} / {p99[b]:.3f} ms; longest export batch {batch:.2f} ms of CPU"
         )
+        if during:
+            print(
+                f"  the {n_during} steps that overlapped an export batch: median "
+                f"{statistics.median(during) * 1e3:.3f} ms, against {step[b]:.3f} ms for all"
+            )
 
 
 if __name__ == "__main__":

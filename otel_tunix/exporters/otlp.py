@@ -72,17 +72,10 @@ def _encode(encoder: StepEncoder, items: Sequence[ReadableSpan | FinishedStep]) 
     return encoder.encode(items, FinishedStep.spans)
 
 
-_BATCH_SIZE = 2048
-"""Spans a request by default (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` unset): a request costs
-more per request than per span (HTTP: ~1.3 ms whatever its size, 0.6 us a span at 2048
-against 2.5 at 512; bench/bench_export.py), and 2048 spans are ~0.7 MB, under the 4 MiB a
-collector's gRPC receiver takes by default."""
-
-
 class GrpcStepExporter(StepSpanExporter, GrpcSpanExporter):
-    """OTLP/gRPC: the SDK's exporter, sending requests that otel-tunix encoded."""
-
-    batch_size = _BATCH_SIZE
+    """OTLP/gRPC: the SDK's exporter, sending requests that otel-tunix encoded (512 spans
+    a request by default, as the SDK: a gRPC request's CPU grows with its size, so larger
+    ones would save little and hold the GIL longer)."""
 
     def __init__(self, **kwargs: Any) -> None:
         GrpcSpanExporter.__init__(self, **kwargs)
@@ -110,9 +103,11 @@ class GrpcStepExporter(StepSpanExporter, GrpcSpanExporter):
 
 class HttpStepExporter(StepSpanExporter, HttpSpanExporter):
     """OTLP/HTTP with protobuf: the SDK's exporter, posting requests that otel-tunix
-    encoded."""
+    encoded: 2048 spans a request when ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` is unset, since a
+    request through the SDK's HTTP transport costs ~1.3 ms of CPU whatever its size (2.5 us
+    a span at 512, 0.6 at 2048; ``bench/bench_export.py``)."""
 
-    batch_size = _BATCH_SIZE
+    batch_size = 2048
 
     def __init__(self, **kwargs: Any) -> None:
         HttpSpanExporter.__init__(self, **kwargs)
