@@ -286,9 +286,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "a positive integer of milliseconds"),
     Setting("OTEL_BSP_MAX_QUEUE_SIZE", "bsp_max_queue_size", _positive_int, None,
             "batch span processor: spans queued at most (a full queue drops and counts; "
-            "unset: 2048, or 4 batches for the OTLP fast path: 8192)", "a positive integer"),
+            "unset: 2048, or four batches where that is more: 8192 for OTLP/HTTP's fast "
+            "path)", "a positive integer"),
     Setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "bsp_max_export_batch_size", _positive_int, None,
-            "batch span processor: spans per export at most (unset: 512; 2048 for the OTLP "
+            "batch span processor: spans per export at most (unset: 512; 2048 for OTLP/HTTP's "
             "fast path, whose requests cost per request more than per span)",
             "a positive integer"),
     Setting("OTEL_BSP_EXPORT_TIMEOUT", "bsp_export_timeout_ms", _positive_int, 30000,
