@@ -113,6 +113,11 @@ OTEL_TUNIX_RAISE_INTERNAL_ERRORS: Final = "OTEL_TUNIX_RAISE_INTERNAL_ERRORS"
 """``true``: an internal error of otel-tunix is re-raised instead of being reported once
 and skipped (the test suite sets it, so a swallowed bug fails a test). Default: ``false``."""
 
+OTEL_TUNIX_OTLP_FAST_PATH: Final = "OTEL_TUNIX_OTLP_FAST_PATH"
+"""``true``: with ``OTEL_TRACES_EXPORTER=otlp``, otel-tunix encodes its steps' OTLP
+protobuf itself and sends it through the SDK's OTLP exporter (:mod:`otel_tunix.exporters.otlp`);
+``false``: the SDK's OTLP span exporter as it is. Default: ``true``."""
+
 OTEL_TUNIX_PROMETHEUS_RUN_LABELS: Final = "OTEL_TUNIX_PROMETHEUS_RUN_LABELS"
 """Label every series of the ``/metrics`` endpoint with ``service`` and ``run_id``.
 Default: ``true``."""

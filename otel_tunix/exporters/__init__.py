@@ -1,1 +1,2 @@
-"""Exporters of otel-tunix: perfetto, jsonl, datadog (DogStatsD), prometheus."""
+"""Exporters of otel-tunix: perfetto, jsonl, datadog (DogStatsD), prometheus, otlp (the SDK's
+OTLP span exporters with otel-tunix's step encoder)."""

@@ -28,6 +28,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, overload
 
 from opentelemetry.context import Context, attach, detach, set_value
@@ -146,18 +147,40 @@ class SpanBatch(Sequence[ReadableSpan]):
         raise IndexError("span batch index out of range")  # pragma: no cover
 
 
+class StepSpanExporter(SpanExporter):
+    """A span exporter that reads otel-tunix's queued steps whole, instead of their SDK
+    spans: :class:`BatchExportProcessor` calls :meth:`export_items` with each batch as it
+    was queued (whole steps and other code's single spans). The OTLP fast path
+    (``otel_tunix.exporters.otlp``) is one: it encodes the steps' protobuf itself.
+    """
+
+    batch_size: int = 512
+    """Spans per export when ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` is unset (the queue then
+    holds four batches, at least the SDK's 2048 spans)."""
+
+    def export_items(
+        self, items: Sequence[ReadableSpan | FinishedStep], count: int
+    ) -> SpanExportResult:
+        """Export a batch of ``count`` spans: whole steps (their spans are the components
+        in start order, then the step span; :meth:`FinishedStep.spans`) and single SDK
+        spans, in order. An exporter that does not read a step's ``export_spans()`` calls
+        ``step.queued_for_export(False)`` for it. Default: :meth:`export` of their spans."""
+        return self.export(SpanBatch(list(items), count))
+
+
 class BatchExportProcessor(StepSpanProcessor):
     """Queues ended spans and exports them in batches on a daemon thread; counts them.
 
     Args:
         exporter: Any OTel ``SpanExporter``.
         stats: Where the counts go (a new :class:`ExportStats` when omitted).
-        max_queue_size: Spans held at most (``OTEL_BSP_MAX_QUEUE_SIZE``, 2048); past it new
-            spans are dropped and counted.
+        max_queue_size: Spans held at most (``OTEL_BSP_MAX_QUEUE_SIZE``; default 2048, or
+            four batches if more); past it new spans are dropped and counted.
         schedule_delay_millis: Longest wait between exports (``OTEL_BSP_SCHEDULE_DELAY``,
             5000).
-        max_export_batch_size: Spans per ``export()`` call (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
-            512); a full batch wakes the thread early.
+        max_export_batch_size: Spans per ``export()`` call (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``;
+            default 512, or the exporter's :attr:`StepSpanExporter.batch_size`); a full batch
+            wakes the thread early.
         export_timeout_millis: How long ``shutdown`` waits for the last export
             (``OTEL_BSP_EXPORT_TIMEOUT``, 30000).
         settings: Where the ``OTEL_BSP_*`` defaults come from (default: the environment,
@@ -178,9 +201,11 @@ class BatchExportProcessor(StepSpanProcessor):
         s = settings if settings is not None else load_settings()
         self.exporter = exporter
         self.stats = stats if stats is not None else ExportStats()
-        self._max_queue = max_queue_size or s.bsp_max_queue_size
+        preferred = exporter.batch_size if isinstance(exporter, StepSpanExporter) else 512
+        batch = max_export_batch_size or s.bsp_max_export_batch_size or preferred
+        self._max_queue = max_queue_size or s.bsp_max_queue_size or max(2048, 4 * batch)
         self._delay = (schedule_delay_millis or s.bsp_schedule_delay_ms) / 1e3
-        self._batch = min(max_export_batch_size or s.bsp_max_export_batch_size, self._max_queue)
+        self._batch = min(batch, self._max_queue)
         self._timeout = (export_timeout_millis or s.bsp_export_timeout_ms) / 1e3
         self._shutdown = False
         self._queue: BatchQueue[ReadableSpan | FinishedStep] = BatchQueue(
@@ -239,17 +264,23 @@ class BatchExportProcessor(StepSpanProcessor):
         """Export one batch taken from the queue (a step with more spans than a batch comes
         alone and is exported in slices)."""
         count = sum(map(_span_count, items))
+        if isinstance(self.exporter, StepSpanExporter):  # whole steps, in one request
+            self._export(partial(self.exporter.export_items, items, count), count)
+            return
         if count <= self._batch:
-            self._export(SpanBatch(items, count))
+            self._export(partial(self.exporter.export, SpanBatch(items, count)), count)
             return
         spans = _spans_of(items[0])
         for start in range(0, count, self._batch):
-            self._export(spans[start : start + self._batch])
+            part = spans[start : start + self._batch]
+            self._export(partial(self.exporter.export, part), len(part))
 
-    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+    def _export(self, export: Callable[[], SpanExportResult], n: int) -> None:
+        """Run one export of ``n`` spans with instrumentation suppressed; count them as
+        exported or failed."""
         token = attach(set_value(SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
-            result = self.exporter.export(batch)
+            result = export()
         except Exception:  # an exporter that raises counts as a failed export
             warn_once(
                 (id(self), "export raised"),
@@ -263,9 +294,9 @@ class BatchExportProcessor(StepSpanProcessor):
         finally:
             detach(token)
         if result is SpanExportResult.SUCCESS:
-            self.stats.add(exported=len(batch))
+            self.stats.add(exported=n)
         else:
-            self.stats.add(failed=len(batch))
+            self.stats.add(failed=n)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Export everything queued now, on the calling thread."""

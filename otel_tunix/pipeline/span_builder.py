@@ -236,6 +236,26 @@ class FinishedStep:
             for (name, blocked, _, _, start, _), end in zip(self.components, self.ends, strict=True)
         ]
 
+    @property
+    def offset(self) -> int:
+        """Add this to the recorded clock readings (``components``, ``ends``) to get Unix
+        epoch nanoseconds."""
+        return self._builder.offset
+
+    @property
+    def resource(self) -> Resource:
+        """The run's resource (every span of the step has it)."""
+        return self._builder._resource
+
+    @property
+    def instrumentation_scope(self) -> InstrumentationScope:
+        """otel-tunix's instrumentation scope (every span of the step has it)."""
+        return self._builder._scope
+
+    def thread_info(self, thread: Any) -> tuple[int, str]:
+        """(native id, name) of a thread recorded with the step or one of its components."""
+        return self._builder.thread(thread)
+
     def spans(self) -> list[ReadableSpan]:
         """The SDK spans: the components in start order, then the step span (built on
         first use and kept)."""

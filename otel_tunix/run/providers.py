@@ -93,8 +93,16 @@ def trace_exporters(settings: Settings) -> list[tuple[str, Any]]:
         ep = _otlp_entry_point(settings, "traces") if name == "otlp" else name
         why = _asked_by(settings, "traces", name)
         cls = load_exporter_class("opentelemetry_traces_exporter", ep, why)
-        out.append((name, cls()))
+        out.append((name, _otlp_span_exporter(cls, settings) if name == "otlp" else cls()))
     return out
+
+
+def _otlp_span_exporter(cls: Any, settings: Settings) -> Any:
+    """The OTLP span exporter: the SDK's class with otel-tunix's step encoder (issue #30's
+    fast path; ``OTEL_TUNIX_OTLP_FAST_PATH=false`` for the SDK's as it is)."""
+    from otel_tunix.exporters.otlp import otlp_span_exporter  # needs the otlp extra
+
+    return otlp_span_exporter(cls, settings.otlp_fast_path)
 
 
 def metric_readers(
