@@ -21,7 +21,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,8 @@ class DemoResult:
     mfu: float
     peak_flops: float
     n_params: int
+    loss_times: list[float] = field(default_factory=list)
+    """Unix seconds at which each loss was logged."""
 
 
 def _lr_lambda(cfg: DemoConfig) -> Any:
@@ -170,6 +172,7 @@ def train(cfg: DemoConfig, *, run_dir: Path | None, progress: Any = None) -> Dem
         if n >= 2:  # the first steps warm up the allocator and the worker
             busy_sec += compute_sec
         result.losses.append(value)
+        result.loss_times.append(time.time())
         metrics.log(
             n,
             logger=logger,
@@ -219,6 +222,11 @@ def _evaluate(model: Any, batches: list[Any], n: int, k: int) -> float:
     return mean
 
 
+def _spike(losses: list[float], uniform: float) -> tuple[int, float] | None:
+    late = [(n, x) for n, x in enumerate(losses) if n >= 5 and x > uniform]
+    return max(late, key=lambda p: p[1]) if late else None
+
+
 def spike_note(losses: list[float], uniform: float) -> str | None:
     """What to say about a training loss above the uniform guess (``uniform`` nats) after the
     first steps, else ``None``.
@@ -232,15 +240,48 @@ def spike_note(losses: list[float], uniform: float) -> str | None:
     weight alone brings the loss back to 3.5; a lower learning rate (1e-3) or scaled
     embeddings avoid it but end higher (2.37, 2.32 against 2.18 after 300 steps).
     """
-    late = [(n, x) for n, x in enumerate(losses) if n >= 5 and x > uniform]
-    if not late:
+    spike = _spike(losses, uniform)
+    if spike is None:
         return None
-    n, worst = max(late, key=lambda p: p[1])
+    n, worst = spike
     after = f", {losses[n + 1]:.2f} the step after" if n + 1 < len(losses) else ""
     return (
         f"loss spike: {worst:.2f} at step {n} (above the uniform guess {uniform:.2f}{after}): "
         'the tiny model at its peak learning rate, not telemetry (README, "The demo")'
     )
+
+
+SPIKE_TEXT = 'loss spike: tiny model at its peak LR, not telemetry (README "The demo")'
+"""The spike's explanation as ``otel-tunix plot`` shows it on the loss panel."""
+
+
+def record_spike(result: DemoResult, uniform: float, path: Path) -> bool:
+    """Append the loss spike (see :func:`spike_note`) to the run's alerts file ``path`` as
+    an alert on ``loss`` at its step and time, which ``otel-tunix plot`` marks on the loss
+    panel. Returns whether there was one."""
+    from otel_tunix.metrics.alerts import Alert, Severity
+    from otel_tunix.metrics.alerts.actions import JsonlAction
+
+    spike = _spike(result.losses, uniform)
+    if spike is None:
+        return False
+    n, worst = spike
+    when = result.loss_times[n] if n < len(result.loss_times) else time.time()
+    alert = Alert(
+        rule="demo_loss_spike",
+        metric="loss",
+        severity=Severity.WARNING,
+        previous=Severity.OK,
+        value=worst,
+        step=n,
+        condition=f"loss > {uniform:.2f} (the uniform guess) after step 5",
+        message=SPIKE_TEXT,
+        time_ns=int(when * 1e9),
+    )
+    writer = JsonlAction(path)  # the alert engine's own writer: one format for alerts.jsonl
+    writer.on_transition(alert)
+    writer.close()
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     note = spike_note(result.losses, math.log(256))
     if note:
         console.print(f"[yellow]{note}[/]")
+        if info.output_dir is not None:
+            alerts = info.files.get("alerts", info.output_dir / "alerts.jsonl")
+            record_spike(result, math.log(256), alerts)
     if result.eval_losses:
         console.print(
             "eval loss "

@@ -7,12 +7,19 @@ functions: :func:`~otel_tunix.analysis.readers.read_jsonl` →
 :func:`save_plot`. :func:`load_runs`, :func:`render` and :func:`watch` string them together
 for the CLI, ``--live`` included.
 
+Alerts are marked on the plot: :func:`read_marks` reads the ``alerts*.jsonl`` beside a run's
+metrics file (what the alert engine writes, one line per transition) and every alert that
+*fired* is drawn on the panel of the metric it names, at its step: a dashed vertical line and
+its message. That is also how a program explains a point of its own curve (the demo's loss
+spike): it records an alert on that metric and step.
+
 matplotlib is imported inside the functions; figures are plain
 :class:`matplotlib.figure.Figure` objects (no pyplot state) unless the caller passes one in.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -44,9 +51,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
+    "Mark",
     "PlotSpec",
     "load_runs",
     "plot_metrics",
+    "read_marks",
     "render",
     "save_plot",
     "watch",
@@ -85,6 +94,82 @@ def _thin(x: Any, y: Any, max_points: int | None) -> tuple[Any, Any]:
     return x[idx], y[idx]
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A point of a run to mark on the panel of ``metric``: an alert that fired."""
+
+    metric: str
+    step: int | None
+    time: float | None
+    """Unix seconds."""
+    text: str
+
+
+_SEVERITY_ORDER = {"ok": 0, "warning": 1, "critical": 2}
+_MARK_CHARS = 90
+"""Longer messages are cut on the plot (the whole one is in the alerts file)."""
+
+
+def alerts_file(metrics_path: Path) -> Path:
+    """The alerts file beside a metrics file: ``metrics<suffix>.jsonl[.gz]`` →
+    ``alerts<suffix>.jsonl`` (the rank suffix kept), any other name → ``alerts.jsonl``."""
+    name = metrics_path.name.removesuffix(".gz")
+    if name.startswith("metrics") and name.endswith(".jsonl"):
+        return metrics_path.with_name("alerts" + name[len("metrics") :])
+    return metrics_path.with_name("alerts.jsonl")
+
+
+def read_marks(metrics_path: str | os.PathLike[str]) -> list[Mark]:
+    """The alerts that fired in the run of ``metrics_path`` (see :func:`alerts_file`; none if
+    there is no such file: it is made only when an alert fires). Resolutions are not marks;
+    lines that are not alert records are skipped."""
+    path = alerts_file(Path(metrics_path))
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    marks = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:  # a line cut by a crash
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("tunix.alert.metric"), str):
+            continue
+        now = _SEVERITY_ORDER.get(str(rec.get("tunix.alert.severity")), 0)
+        before = _SEVERITY_ORDER.get(str(rec.get("tunix.alert.previous_severity")), 0)
+        if now <= before:
+            continue
+        step, t = rec.get("tunix.alert.step"), rec.get("time_ns")
+        text = str(rec.get("message") or rec.get("tunix.alert.rule") or "alert")
+        marks.append(
+            Mark(
+                metric=rec["tunix.alert.metric"],
+                step=step if isinstance(step, int) else None,
+                time=t / 1e9 if isinstance(t, int | float) else None,
+                text=text if len(text) <= _MARK_CHARS else text[: _MARK_CHARS - 1] + "…",
+            )
+        )
+    return marks
+
+
+def _draw_marks(ax: Any, marks: Sequence[Mark], x_key: str, t0: float) -> None:
+    for m in marks:
+        x: float | None
+        if x_key == _TIME_KEY:
+            x = None if m.time is None else m.time - t0
+        else:
+            x = m.step if x_key == "step" else None
+        if x is None:  # no position on this x axis
+            continue
+        ax.axvline(x, color="tab:red", linestyle="--", linewidth=0.9, alpha=0.8)
+        ax.annotate(
+            m.text, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+            textcoords="offset points", va="top", fontsize=7, color="tab:red",
+            wrap=True,
+        )  # fmt: skip
+
+
 def plot_metrics(
     frames: pd.DataFrame | Sequence[pd.DataFrame],
     metrics: Sequence[str],
@@ -94,6 +179,7 @@ def plot_metrics(
     fig: Figure | None = None,
     max_points: int | None = DEFAULT_MAX_POINTS,
     title: str | None = None,
+    marks: Sequence[Sequence[Mark]] | None = None,
 ) -> Figure:
     """One panel per metric, one line per run (legend: the run names), shared x axis.
 
@@ -108,9 +194,12 @@ def plot_metrics(
             default a new :class:`~matplotlib.figure.Figure`.
         max_points: Thin longer lines to about this many points (``None``: draw all).
         title: Figure title.
+        marks: Per run, points to mark (:func:`read_marks`): each on the panel of its
+            metric, at its step (``x_key="step"``) or time (``x_key="time"``).
 
     Returns:
-        The figure. ``fig.axes[i].lines[j].get_xydata()`` is exactly what was drawn.
+        The figure. ``fig.axes[i].lines[j].get_xydata()`` is exactly what was drawn; a mark
+        is a vertical line and a text (``fig.axes[i].texts``).
 
     Raises:
         AnalysisError: no metrics, or a metric that no frame has.
@@ -133,9 +222,11 @@ def plot_metrics(
         fig = Figure(figsize=(9.0, 0.8 + 2.6 * len(metrics)), layout="constrained")
     else:
         fig.clear()
+    if marks is not None and len(marks) != len(runs):
+        raise AnalysisError(f"marks for {len(marks)} runs, {len(runs)} runs")
     axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
     for ax, metric in zip(axes, metrics, strict=True):
-        for df, name in zip(runs, names, strict=True):
+        for i, (df, name) in enumerate(zip(runs, names, strict=True)):
             if metric not in df.columns or x_key not in df.columns:
                 continue
             x = df[x_key].to_numpy(dtype=float)
@@ -144,10 +235,13 @@ def plot_metrics(
             if not ok.any():
                 continue
             x, y = x[ok], y[ok]
+            t0 = float(x[0])
             if x_key == _TIME_KEY:
-                x = x - x[0]
+                x = x - t0
             xs, ys = _thin(x, y, max_points)
             ax.plot(xs, ys, label=name, linewidth=1.2)
+            if marks is not None:
+                _draw_marks(ax, [m for m in marks[i] if m.metric == metric], x_key, t0)
         ax.set_title(metric, fontsize=10, loc="left")
         ax.grid(True, alpha=0.3)
         if ax.lines:
@@ -277,6 +371,7 @@ def render(
         fig=fig,
         max_points=spec.max_points,
         title=spec.title or (f"moving average over {spec.smooth}" if spec.smooth > 1 else None),
+        marks=[read_marks(t.path) for t in tables],
     )
     return Rendered(figure, metrics, frames)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -287,3 +288,57 @@ def test_missing_extra_is_a_clear_error(
     assert main(["plot", str(path)]) == 2
     err = capsys.readouterr().err
     assert "plots need pandas and matplotlib: pip install 'otel-tunix[analysis]'" in err
+
+
+def test_fired_alerts_are_marked_on_their_metrics_panel(
+    tmp_path: Path, spy_figures: list[Any]
+) -> None:
+    """A real run whose alert engine fires on ``loss`` at step 3 (and resolves at step 4):
+    ``plot`` marks the firing on the loss panel only, at that step, with its message."""
+    import otel_tunix
+    from otel_tunix.metrics.alerts import ThresholdRule, above
+    from otel_tunix.testing import reset
+
+    reset()
+    rule = ThresholdRule("loss_high", ("loss",), warning=above(5.0), description="too high")
+    info = otel_tunix.configure(
+        output_dir=tmp_path / "run", alerts=[rule], system_metrics=False, console_interval=0
+    )
+    logger = otel_tunix.get_metrics_logger()
+    losses = [4.0, 3.0, 2.5, 9.0, 2.0, 1.5]
+    for n, v in enumerate(losses):
+        logger.log_dict({"loss": v, "learning_rate": 0.1}, step=n)
+    otel_tunix.shutdown()
+    run = info.output_dir
+    assert run is not None
+    records = [json.loads(x) for x in (run / "alerts.jsonl").read_text().splitlines()]
+    assert [r["tunix.alert.severity"] for r in records] == ["warning", "ok"]  # fired, resolved
+    fired = records[0]
+
+    assert main(["plot", str(run), "--metrics", "loss", "learning_rate"]) == 0
+    (fig,) = spy_figures
+    panels = {ax.get_title(loc="left"): ax for ax in fig.axes}
+    loss_ax, lr_ax = panels["loss"], panels["learning_rate"]
+    assert [t.get_text() for t in loss_ax.texts] == [fired["message"]]
+    assert loss_ax.texts[0].xy[0] == 3  # at the step it fired
+    marks = [ln for ln in loss_ax.lines if ln.get_label().startswith("_")]  # unlabelled: axvline
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [3, 3]
+    assert not lr_ax.texts and len(lr_ax.lines) == 1  # another metric: no mark
+
+    # on the time axis, at the time it fired: while step 3's values were logged, so after
+    # that record's time stamp and before step 4's
+    spec = PlotSpec(metrics=["loss"], x_key="time")
+    (table,) = load_runs([run], spec)
+    table.poll()
+    rendered = plotting.render([table], spec)
+    times = rendered.frames[0]["time"].to_numpy()
+    (text,) = rendered.figure.axes[0].texts
+    assert times[3] - times[0] - 1e-6 <= text.xy[0] <= times[4] - times[0] + 1e-6
+    assert text.xy[0] == pytest.approx(fired["time_ns"] / 1e9 - times[0])
+
+
+def test_alerts_file_beside_each_metrics_file() -> None:
+    d = Path("/runs/a")
+    assert plotting.alerts_file(d / "metrics.jsonl") == d / "alerts.jsonl"
+    assert plotting.alerts_file(d / "metrics-rank1.jsonl.gz") == d / "alerts-rank1.jsonl"
+    assert plotting.alerts_file(d / "train_log.jsonl") == d / "alerts.jsonl"
