@@ -84,8 +84,9 @@ def _plot_parser() -> argparse.ArgumentParser:
         "line per run, legends from the run names).",
         epilog="Inputs: a metrics JSONL file (plain or .gz), a run folder, or a folder of runs "
         "(the newest metrics file is used). Without --metrics the common ones that exist are "
-        "drawn (loss, learning rate, step time, reward). Without --out and --show the plot "
-        "goes to metrics.png next to the first input's metrics file.",
+        "drawn (loss, learning rate, step time, reward). Alerts that fired (alerts.jsonl beside "
+        "the metrics file) are marked on the panel of their metric. Without --out and --show "
+        "the plot goes to metrics.png next to the first input's metrics file.",
     )
     ap.add_argument("paths", nargs="*", metavar="PATH", help="metrics files or run folders")
     ap.add_argument("--input", "-i", nargs="+", default=[], metavar="PATH", help="more inputs")
