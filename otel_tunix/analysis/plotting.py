@@ -53,6 +53,7 @@ __all__ = [
     "DEFAULT_MAX_POINTS",
     "Mark",
     "PlotSpec",
+    "alerts_file",
     "load_runs",
     "plot_metrics",
     "read_marks",
