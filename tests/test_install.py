@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,9 +21,22 @@ README = (ROOT / "README.md").read_text()
 pytestmark = pytest.mark.slow
 
 
-def _install_lines() -> list[list[str]]:
+def _checkout_copy(dest: Path) -> Path:
+    """The files a pip install of the checkout reads, copied to ``dest``: the build writes
+    its ``build/`` and ``*.egg-info`` there, not into the repository (a stale ``build/lib``
+    there would put modules deleted since into a later wheel)."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(
+        ROOT / "otel_tunix", dest / "otel_tunix", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return dest
+
+
+def _install_lines(checkout: Path) -> list[list[str]]:
     """The ``pip install`` lines of the README's install section that install from a
-    checkout (``./otel-tunix``), as argument lists with the checkout's own path."""
+    checkout (``./otel-tunix``), as argument lists with ``checkout`` as its path."""
     section = README[README.index("## Install") : README.index("## Quick start")]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block is not None
@@ -30,7 +44,7 @@ def _install_lines() -> list[list[str]]:
     for line in block.group(1).splitlines():
         args = shlex.split(line, comments=True)
         if args[:2] == ["pip", "install"] and args[2].startswith("./otel-tunix"):
-            lines.append([*args[:2], args[2].replace("./otel-tunix", str(ROOT), 1)])
+            lines.append([*args[:2], args[2].replace("./otel-tunix", str(checkout), 1)])
     return lines
 
 
@@ -68,9 +82,10 @@ _CORE_CHECK = textwrap.dedent(
 
 
 def test_the_readme_install_lines_in_a_fresh_venv(tmp_path: Path) -> None:
-    core, with_extras = _install_lines()
-    assert core[2] == str(ROOT) and with_extras[2].startswith(f"{ROOT}[")
-    extras = with_extras[2][len(str(ROOT)) + 1 : -1].split(",")
+    checkout = _checkout_copy(tmp_path / "otel-tunix")
+    core, with_extras = _install_lines(checkout)
+    assert core[2] == str(checkout) and with_extras[2].startswith(f"{checkout}[")
+    extras = with_extras[2][len(str(checkout)) + 1 : -1].split(",")
     assert "cli" in extras
 
     venv = tmp_path / "venv"
