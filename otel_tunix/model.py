@@ -285,6 +285,8 @@ class StepSummary:
             out["device_end_ns"] = self.device_end_ns
             out["device_lag_sec"] = self.device_lag_sec
             out["device_times"] = dict(self.device_times or {})
+        if self.device_blocked_time_sec:
+            out["device_blocked_time_sec"] = self.device_blocked_time_sec
         if self.background_times:
             out["background_time_sec"] = self.background_time_sec
             out["background_times"] = dict(self.background_times)

@@ -46,6 +46,8 @@ class _ScopeAcc:
         self.busy: array[float] = array("d")
         self.blocked: array[float] = array("d")
         self.idle: array[float] = array("d")
+        self.own: array[float] = array("d")
+        """Step time minus the time the step waited (see :func:`waited_sec`)."""
         self.comp: dict[tuple[str, str], array[float]] = {}
         self.cats: dict[str, float] = {}
         self.first: tuple[int, int, dict[str, float]] | None = None  # start_ns, index, cats
@@ -66,9 +68,11 @@ class _ScopeAcc:
         start, end = _i(obj.get("start_ns")), _i(obj.get("end_ns"))
         idx = self.n
         self.step_no.append(_i(obj.get("step")))
-        self.t.append(_f(obj.get("step_time_sec")))
+        step_time, blocked = _f(obj.get("step_time_sec")), _f(obj.get("blocked_time_sec"))
+        self.t.append(step_time)
         self.busy.append(_f(obj.get("busy_time_sec")))
-        self.blocked.append(_f(obj.get("blocked_time_sec")))
+        self.blocked.append(blocked)
+        self.own.append(step_time - waited_sec(step_time, blocked, obj))
         self.idle.append(_f(obj.get("idle_time_sec")))
         comps = obj.get("components")
         if isinstance(comps, Mapping):
@@ -154,6 +158,17 @@ class _ScopeAcc:
 
     def times(self) -> np.ndarray:
         return np.frombuffer(self.t, dtype=np.float64)
+
+    def own_times(self) -> np.ndarray:
+        return np.frombuffer(self.own, dtype=np.float64)
+
+
+def waited_sec(step_time: float, blocked: float, obj: Mapping[str, Any]) -> float:
+    """The time a step waited, as the live straggler detector counts it: its blocked time,
+    or the device time of its blocked components when that is more (a NCCL collective
+    returns to the host at once and the GPU does the waiting)."""
+    on_device = min(_f(obj.get("device_blocked_time_sec")), step_time)
+    return on_device if on_device > blocked else blocked
 
 
 @dataclass

@@ -52,8 +52,9 @@ MAD_FLOOR = 1e-3
 """MAD is taken as at least this fraction of the median, so that identical step times do
 not flag nanosecond jitter."""
 STRAGGLER_MIN = 0.05
-"""A rank is a straggler when its mean step time is above the ranks' median + 3·MAD and at
-least this fraction above the median (a few ranks rarely give a meaningful MAD)."""
+"""A rank is a straggler when its mean own time (step time minus blocked) is above the ranks'
+median + 3·MAD and at least this fraction above the median (a few ranks rarely give a
+meaningful MAD)."""
 MAX_LISTED_ANOMALIES = 100
 """Anomalous steps kept in the summary (the slowest first); ``count`` has them all."""
 
@@ -182,10 +183,14 @@ class RankStats:
     p95_step_sec: float
     steps_per_sec: float
     goodput: float
+    mean_own_sec: float
+    """Mean own time: step time minus the time the step waited (blocked components, e.g. a
+    collective waiting for the other ranks). What the ranks are compared by: in a
+    synchronised job every rank's step lasts as long as the slowest one's."""
     slowdown: float
-    """Mean step time over the median of the ranks' mean step times, minus 1."""
+    """Mean own time over the median of the ranks' mean own times, minus 1."""
     straggler: bool
-    """Mean step time above the ranks' median + 3·MAD and 5% above the median (3+ ranks)."""
+    """Mean own time above the ranks' median + 3·MAD and 5% above the median (3+ ranks)."""
 
 
 @dataclass
@@ -222,6 +227,10 @@ class RunSummary:
                 "steps": [asdict(a) for a in self.anomalies],
             },
             "ranks": [asdict(r) for r in self.ranks],
+            "ranks_rule": (
+                f"by mean_own_sec (step time - blocked): straggler when > median + "
+                f"{MAD_FACTOR:g} * MAD and > median * {1 + STRAGGLER_MIN:g} (3+ ranks)"
+            ),
             "slowest_ranks": self.slowest_ranks,
             "notes": self.notes,
             "bad_lines": self.bad_lines,
@@ -430,18 +439,21 @@ def _main_scope(f: _FileAcc) -> _ScopeAcc | None:
 
 
 def _rank_table(files: Sequence[_FileAcc], goodputs: Sequence[Goodput]) -> list[RankStats]:
+    # Ranks are compared by own time (step minus blocked), as the live straggler detector
+    # does: a collective in every step makes every rank's step as long as the slowest one's.
     rows = []
     for f, g in zip(files, goodputs, strict=True):
         a = _main_scope(f)
         if a is None:
             continue
         t = a.times()
-        rows.append((f, a, float(t.mean()), _pct(t, 50), _pct(t, 95), g.goodput))
+        own = float(a.own_times().mean())
+        rows.append((f, a, float(t.mean()), _pct(t, 50), _pct(t, 95), g.goodput, own))
     if not rows:
         return []
-    means = np.array([r[2] for r in rows])
-    med = float(np.median(means))
-    thr = _threshold(means)
+    owns = np.array([r[6] for r in rows])
+    med = float(np.median(owns))
+    thr = _threshold(owns)
     out = [
         RankStats(
             rank=f.rank,
@@ -453,12 +465,13 @@ def _rank_table(files: Sequence[_FileAcc], goodputs: Sequence[Goodput]) -> list[
             p95_step_sec=p95,
             steps_per_sec=a.steps_per_sec,
             goodput=good,
-            slowdown=mean / med - 1 if med > 0 else 0.0,
-            straggler=len(rows) >= 3 and mean > thr and mean > med * (1 + STRAGGLER_MIN),
+            mean_own_sec=own,
+            slowdown=own / med - 1 if med > 0 else 0.0,
+            straggler=len(rows) >= 3 and own > thr and own > med * (1 + STRAGGLER_MIN),
         )
-        for f, a, mean, p50, p95, good in rows
+        for f, a, mean, p50, p95, good, own in rows
     ]
-    out.sort(key=lambda r: -r.mean_step_sec)
+    out.sort(key=lambda r: -r.mean_own_sec)
     return out
 
 

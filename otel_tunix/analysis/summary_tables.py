@@ -123,14 +123,16 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
 
     if summary.ranks:
         rt = table(
-            "Ranks, slowest first (mean step time of the main scope, ms): slowest "
-            + ", ".join(map(str, summary.slowest_ranks)),
-            "rank", "scope", "steps", "mean", "p50", "p95", "vs median", "goodput %",
+            "Ranks, slowest first by own time (step time minus blocked; main scope, ms): "
+            "slowest " + ", ".join(map(str, summary.slowest_ranks)),
+            "rank", "scope", "steps", "own", "step mean", "p50", "p95", "own vs median",
+            "goodput %",
         )  # fmt: skip
         for r in summary.ranks:
             rt.add_row(
                 "" if r.rank is None else str(r.rank), r.scope, str(r.sampled_steps),
-                _ms(r.mean_step_sec), _ms(r.p50_step_sec), _ms(r.p95_step_sec),
+                _ms(r.mean_own_sec), _ms(r.mean_step_sec), _ms(r.p50_step_sec),
+                _ms(r.p95_step_sec),
                 f"{r.slowdown * 100:+.1f}%", _pc(r.goodput),
                 style="bold red" if r.straggler else None,
             )  # fmt: skip

@@ -93,6 +93,30 @@ def make_run(
     return out_dir
 
 
+def make_synced_rank(
+    out_dir: Path, *, compute: float, wait: float, steps: int = 8, run_id: str = "synced"
+) -> Path:
+    """One rank of a synchronised job (the rank from ``RANK``): each train step computes
+    ``compute`` s (``train_step_compute``, busy) then waits ``wait`` s in ``all_reduce``
+    (blocked), as a rank waits there for the slowest one; the caller picks ``compute + wait``
+    alike on every rank so that the step times are equal."""
+    otel_tunix.configure(
+        service_name="analysis-test",
+        output_dir=out_dir,
+        run_id=run_id,
+        perf=otel_tunix.PerformanceMetricsConfig(perfetto_trace_dir="none"),
+    )
+    for n in range(steps):
+        with otel_tunix.step(n, scope="train"):
+            with otel_tunix.component("train_step_compute"):
+                time.sleep(compute)
+            with otel_tunix.component("all_reduce", blocked=True):
+                time.sleep(wait)
+    otel_tunix.shutdown()
+    reset()
+    return out_dir
+
+
 def write_jsonl(
     path: Path, records: Iterable[Mapping[str, object] | str], *, newline_at_end: bool = True
 ) -> Path:

@@ -17,9 +17,11 @@ from analysis_runs import (
     STEPS,
     Sleeps,
     make_run,
+    make_synced_rank,
 )
 
 from otel_tunix.analysis import goodput as gp
+from otel_tunix.analysis.accumulate import waited_sec
 from otel_tunix.analysis.breakdown import RunSummary, ScopeStats, summarize
 from otel_tunix.analysis.readers import iter_records
 from otel_tunix.cli import main
@@ -149,6 +151,51 @@ def test_ranks_name_the_slowest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert {a.rank for a in summary.anomalies} <= {0, 1, 2}
     assert not any("start-up unknown" in n for n in summary.goodput.notes)  # run lines
     assert main(["summary", str(run)]) == 0
+
+
+def test_ranks_of_a_synchronised_job_are_compared_by_own_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Every step ends in an all_reduce: the slow rank (4x the compute) waits little, the
+    others wait for it, so the step times are alike and only the own time names rank 1."""
+    run, compute, slack = tmp_path / "job", 0.010, 0.005
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        busy = 4 * compute if rank == 1 else compute
+        make_synced_rank(run, compute=busy, wait=4 * compute + slack - busy)
+    summary = summarize(run)
+    by_rank = {r.rank: r for r in summary.ranks}
+    for rank, r in by_rank.items():  # the truth: the files' own step records
+        steps = [
+            x for x in iter_records(run / f"spans-rank{rank}.jsonl") if x.get("type") == "step"
+        ]
+        own = [x["step_time_sec"] - x["blocked_time_sec"] for x in steps]
+        assert r.mean_own_sec == pytest.approx(sum(own) / len(own), rel=1e-9)
+        assert near(r.mean_own_sec, 4 * compute if rank == 1 else compute)
+    assert summary.ranks[0].rank == 1 and summary.slowest_ranks[0] == 1
+    assert [r.straggler for r in summary.ranks] == [True, False, False]
+    slowest = summary.ranks[0]
+    assert slowest.slowdown > 2  # 4x the median's own time, less the noise of sleeps
+    steps_mean = [r.mean_step_sec for r in summary.ranks]
+    # the step times tell the ranks apart far less than the own times (the blind spot)
+    assert max(steps_mean) / min(steps_mean) - 1 < slowest.slowdown / 4
+    assert main(["summary", str(run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ranks"][0]["rank"] == 1 and data["ranks"][0]["straggler"]
+    assert data["ranks"][0]["mean_own_sec"] == pytest.approx(slowest.mean_own_sec)
+    assert "mean_own_sec" in data["ranks_rule"]
+    assert main(["summary", str(run)]) == 0
+    assert "by own time" in capsys.readouterr().out
+
+
+def test_own_time_subtracts_the_device_wait_when_it_is_more() -> None:
+    """A NCCL collective returns to the host at once: the step line's device time of its
+    blocked components stands for the wait (capped at the step), as in the live detector."""
+    assert waited_sec(0.1, 0.002, {"device_blocked_time_sec": 0.06}) == 0.06
+    assert waited_sec(0.1, 0.002, {"device_blocked_time_sec": 0.5}) == 0.1
+    assert waited_sec(0.1, 0.03, {"device_blocked_time_sec": 0.01}) == 0.03
+    assert waited_sec(0.1, 0.03, {}) == 0.03
 
 
 def test_sampled_run_is_scaled(tmp_path: Path) -> None:
