@@ -12,9 +12,9 @@ Three pieces, each usable alone:
   the first call of a jitted function and every cache miss (a new shape or dtype) — nested
   under the component that triggered them. They come from JAX's own
   ``jax.monitoring`` time-span events, so the times are JAX's. Every compilation, sampled or
-  not, also counts in ``tunix.jax.compilations`` and ``tunix.jax.compile.duration``, and in
-  ``tunix.compilations`` (``framework="jax"``) with its ``cause`` (``first_call``,
-  ``new_shapes``, ``new_dtypes``, ...; see ``_jax_causes``).
+  not, also counts in ``tunix.compilations`` (``framework="jax"``, the jitted ``function``)
+  with its ``cause`` (``first_call``, ``new_shapes``, ``new_dtypes``, ...; see
+  ``_jax_causes``), and its phases' times in ``tunix.jax.compile.duration``.
 * Device memory: once per sampled step, after the step's outputs are ready, the waiter
   thread reads ``device.memory_stats()`` (backends that report it: GPU, TPU; not CPU) and
   publishes it like the other integrations (``tunix.memory.allocated`` / ``.reserved`` /
@@ -220,7 +220,7 @@ class _CompileTracker:
         self._users = 0
         self._listener_list: Any = None  # the listener list we registered into
         self._jm: Any = None  # jax._src.monitoring, once imported
-        self._instruments: tuple[Any, Any, Any] | None = None  # (provider, counter, hist)
+        self._instruments: tuple[Any, Any] | None = None  # (provider, histogram)
 
     @property
     def active(self) -> bool:
@@ -265,24 +265,18 @@ class _CompileTracker:
                 jm.register_event_time_span_listener(self._on_time_span)
             self._listener_list = jm._event_time_span_listeners
 
-    def _metrics(self) -> tuple[Any, Any]:
+    def _histogram(self) -> Any:
         provider = otel_tunix.current_run()
         inst = self._instruments
         if inst is None or inst[0] is not provider:
-            meter = run_meter()
-            counter = meter.create_counter(
-                "tunix.jax.compilations",
-                unit="{compilation}",
-                description="XLA compilations (jit cache misses), by function",
-            )
-            hist = meter.create_histogram(
+            hist = run_meter().create_histogram(
                 "tunix.jax.compile.duration",
                 unit="s",
                 description="time spent tracing, lowering and compiling, by phase",
                 explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS),
             )
-            inst = self._instruments = (provider, counter, hist)
-        return inst[1], inst[2]
+            inst = self._instruments = (provider, hist)
+        return inst[1]
 
     def _on_time_span(self, event: str, start: float, end: float, **kwargs: Any) -> None:
         phase = COMPILE_PHASES.get(event)
@@ -292,14 +286,15 @@ class _CompileTracker:
             span_name, phase_attr = phase
             offset = time.time_ns() - time.perf_counter_ns()
             record_interval(span_name, int(start * 1e9) - offset, int(end * 1e9) - offset)
-            counter, hist = self._metrics()
-            attrs: dict[str, Any] = {"phase": phase_attr, **_process.get()}
-            hist.record(max(0.0, end - start), attrs)
+            process = _process.get()
+            self._histogram().record(max(0.0, end - start), {"phase": phase_attr, **process})
             if phase_attr == "backend_compile":
                 fun = kwargs.get("fun_name")
                 function = str(fun) if fun else "unknown"
-                counter.add(1, {**_process.get(), "function": function})
-                count_compilation("jax", _causes.cause(function), _process.get())
+                # the jitted function's name (``jit(train_step)``): bounded by the program's
+                # code, as the compile cache's keys are
+                attrs = {**process, "function": function}
+                count_compilation("jax", _causes.cause(function), attrs)
         except Exception:  # our handler (record_interval and _process guard JAX's parts)
             report_internal_error("handling a JAX compile event")
 

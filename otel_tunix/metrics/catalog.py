@@ -592,7 +592,7 @@ _ROWS: list[MetricSpec] = [
         "{compilation}",
         "Compilations: XLA compilations of JAX (jit cache misses) and frames compiled by "
         "torch.compile (dynamo), by framework and cause (first_call, new_shapes, "
-        "new_dtypes, other, unknown)",
+        "new_dtypes, other, unknown); JAX's also by function",
         "compilation",
     ),
 ]

@@ -1,7 +1,8 @@
 """Compilations counted: ``tunix.compilations`` (attributes ``framework`` and ``cause``).
 
-The JAX integration counts each XLA compilation (a jit cache miss), the torch integration
-each frame torch.compile (dynamo) compiles; both say why where they can tell:
+The JAX integration counts each XLA compilation (a jit cache miss; attribute ``function``,
+``jit(train_step)``, and the process attributes), the torch integration each frame
+torch.compile (dynamo) compiles; both say why where they can tell:
 
 * ``first_call``: the function (JAX) or code (dynamo) had not been compiled before;
 * ``new_shapes``: an argument's shape differs from every earlier compilation's (JAX: the
@@ -78,5 +79,6 @@ def count_compilation(
     framework: str, cause: str, attributes: Mapping[str, Any] | None = None
 ) -> None:
     """Count one compilation of ``framework`` (``jax``, ``torch``) for ``cause`` (one of
-    :data:`CAUSES`), with extra ``attributes`` (bounded ones only: no function names)."""
+    :data:`CAUSES`), with extra ``attributes`` (bounded ones only: JAX's jitted ``function``
+    name is, as the program's jitted functions are; no per-call values)."""
     _counter.add(framework, cause, attributes)

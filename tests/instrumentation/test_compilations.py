@@ -51,7 +51,10 @@ def test_jax_compilations_counted_by_cause_with_compile_time_inside_the_call() -
                 call_sec.append(time.perf_counter() - t0)
         spans = _by_step(cap.spans())
         counts = _counts(cap, "jax")
+        points = cap.metrics().get("tunix.compilations", [])
     assert counts == {"first_call": 1, "new_shapes": 1, "new_dtypes": 1}
+    assert {dict(p.attributes)["function"] for p in points} == {"jit(shape_changes)"}
+    assert cap.metrics().get("tunix.jax.compilations") is None  # one counter, not two
     for n in range(len(inputs)):
         phases = [s for s in spans[n] if s.name in ("jax_trace", "jax_lower", "jax_compile")]
         if n not in (0, 2, 3):

@@ -47,9 +47,10 @@ def test_compile_spans_on_first_call_and_on_new_shape() -> None:
             with otel_tunix.step(n, scope="train"):
                 step_fn(x)
         steps = _by_step(cap.spans())
-        points = {
-            dict(p.attributes)["function"]: p.value for p in _points(cap, "tunix.jax.compilations")
-        }
+        points: dict[str, int] = {}  # by function, over the causes
+        for p in _points(cap, "tunix.compilations"):
+            fn = dict(p.attributes)["function"]
+            points[fn] = points.get(fn, 0) + int(p.value)
         phases = {dict(p.attributes)["phase"] for p in _points(cap, "tunix.jax.compile.duration")}
 
     for n, compiled in [(0, True), (1, False), (2, False), (3, True)]:
@@ -106,7 +107,7 @@ def test_unsampled_steps_record_no_spans_but_count_compilations() -> None:
         spans = cap.spans()
         compiles = sum(
             p.value
-            for p in _points(cap, "tunix.jax.compilations")
+            for p in _points(cap, "tunix.compilations")
             if dict(p.attributes)["function"] == "jit(<lambda>)"
         )
     assert {s.attributes[attr.STEP] for s in spans} == {0, 2}
@@ -132,10 +133,18 @@ def test_process_attributes_on_steps_and_metrics() -> None:
         with otel_tunix.step(0):
             step_fn(jnp.ones((11,)))
         step_span = next(s for s in cap.spans() if s.name == "train_step")
-        point = _points(cap, "tunix.jax.compilations")[0]
+        (point,) = [
+            p
+            for p in _points(cap, "tunix.compilations")
+            if dict(p.attributes)["function"] == "jit(<lambda>)"
+        ]
+        old = _points(cap, "tunix.jax.compilations")
     assert step_span.attributes[otj.PROCESS_INDEX] == jax.process_index() == 0
     assert step_span.attributes[otj.PROCESS_COUNT] == jax.process_count() == 1
     assert dict(point.attributes)[otj.PROCESS_INDEX] == 0
+    assert dict(point.attributes)[otj.PROCESS_COUNT] == 1
+    assert dict(point.attributes)["function"] == "jit(<lambda>)"
+    assert old == []  # one counter for compilations: tunix.compilations
 
 
 def test_compile_tracking_survives_clear_event_listeners() -> None:
