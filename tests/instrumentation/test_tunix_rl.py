@@ -290,11 +290,11 @@ def test_parity_with_tunix_perf_metrics_export(grpo_tunix_perf: RLRun) -> None:
         spread = float(np.max(np.abs(np.asarray(d) - med)))
         assert abs(med) < 1e-3 + spread, (key, med, spread)
     # Every step: the two readings of one boundary differ by at most a few thread switches
-    # (Python's switch interval is 5 ms) plus the wake-ups of the two waiters (start and
-    # end of a duration). The span counts per step are asserted above.
+    # (Python's switch interval is 5 ms) plus, for each end of a duration, how late a
+    # waiter woke (at most ``worst``, measured). The span counts per step are asserted above.
     for theirs, ours in exports:
         for key, (value, _) in theirs.items():
-            limit = max(0.015, 0.25 * float(value)) + 4 * worst
+            limit = max(0.015, 0.25 * float(value)) + 2 * worst
             assert abs(ours[key][0] - float(value)) <= limit, (key, worst)
 
 
