@@ -6,8 +6,9 @@ from __future__ import annotations
 import gzip
 import json
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import otel_tunix
@@ -36,6 +37,33 @@ GAP_AFTER = 6
 EVAL_STEPS = 2
 
 
+@dataclass
+class Measured:
+    """What :func:`make_run` measured with its own clock, as ``(low, high)`` brackets in
+    seconds: ``low`` is the sleep itself (read inside the block), ``high`` is read around
+    the ``with`` block, so the SDK's figure for that block lies between the two whatever
+    the machine's load. Keys: ``data``, ``compute`` and ``step`` (per train step),
+    ``checkpoint``, ``eval`` (per eval step, around the step) and ``startup``."""
+
+    spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> list[tuple[float, float]]:
+        return self.spans[key]
+
+    @contextmanager
+    def around(self, key: str, inner: list[float]) -> Iterator[None]:
+        """Bracket a block; ``inner`` receives the durations of its sleeps (the low end)."""
+        t0 = time.perf_counter()
+        yield
+        self.spans.setdefault(key, []).append((sum(inner), time.perf_counter() - t0))
+
+
+def _sleep(seconds: float, into: list[float]) -> None:
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    into.append(time.perf_counter() - t0)
+
+
 def loss_at(n: int) -> float:
     """The loss that :func:`make_run` logs at step ``n``."""
     return 10.0 / (n + 1)
@@ -49,6 +77,7 @@ def make_run(
     steps: int = STEPS,
     slow: float | None = None,
     sampling_rate: int | None = None,
+    measured: Measured | None = None,
 ) -> Path:
     """A real run with known sleeps; returns the run folder.
 
@@ -57,8 +86,11 @@ def make_run(
     ``slow_extra`` in step ``SLOW_STEP``); ``checkpoint_save`` in step ``CHECKPOINT_STEP``;
     a ``gap`` outside any step after step ``GAP_AFTER``; then ``EVAL_STEPS`` eval steps of
     ``eval_step_compute``. ``slow`` adds that much to every compute (a slow rank).
-    Logs ``loss`` (:func:`loss_at`) and ``learning_rate`` every step.
+    Logs ``loss`` (:func:`loss_at`) and ``learning_rate`` every step. ``measured``, if
+    given, receives the run's own clock readings around each block (:class:`Measured`).
     """
+    m = measured if measured is not None else Measured()
+    started = time.perf_counter()
     otel_tunix.configure(
         service_name="analysis-test",
         output_dir=out_dir,
@@ -68,25 +100,34 @@ def make_run(
         ),
     )
     logger = otel_tunix.get_metrics_logger()
-    time.sleep(sleeps.startup)
+    startup: list[float] = []
+    _sleep(sleeps.startup, startup)
+    m.spans["startup"] = [(startup[0], time.perf_counter() - started)]
     for n in range(steps):
-        with otel_tunix.step(n, scope="train"):
-            with otel_tunix.component("train_data_load", blocked=True):
-                time.sleep(sleeps.data)
-            with otel_tunix.component("train_step_compute"):
+        in_step: list[float] = []
+        with m.around("step", in_step), otel_tunix.step(n, scope="train"):
+            data: list[float] = []
+            with m.around("data", data), otel_tunix.component("train_data_load", blocked=True):
+                _sleep(sleeps.data, data)
+            compute: list[float] = []
+            with m.around("compute", compute), otel_tunix.component("train_step_compute"):
                 extra = sleeps.first_extra if n == 0 else 0.0
                 extra += sleeps.slow_extra if n == SLOW_STEP else 0.0
-                time.sleep(sleeps.compute + extra + (slow or 0.0))
+                _sleep(sleeps.compute + extra + (slow or 0.0), compute)
+            in_step += data + compute
             if n == CHECKPOINT_STEP:
-                with otel_tunix.component("checkpoint_save"):
-                    time.sleep(sleeps.checkpoint)
+                ckpt: list[float] = []
+                with m.around("checkpoint", ckpt), otel_tunix.component("checkpoint_save"):
+                    _sleep(sleeps.checkpoint, ckpt)
+                in_step += ckpt
         logger.log_dict({"loss": loss_at(n), "learning_rate": 1e-3 * (1 - n / steps)}, step=n)
         if n == GAP_AFTER:
             time.sleep(sleeps.gap)
     for i in range(EVAL_STEPS):
-        with otel_tunix.step(i, scope="eval"):
+        ev: list[float] = []
+        with m.around("eval", ev), otel_tunix.step(i, scope="eval"):
             with otel_tunix.component("eval_step_compute"):
-                time.sleep(sleeps.eval)
+                _sleep(sleeps.eval, ev)
     logger.log("eval/loss", 0.5, step=steps - 1)
     otel_tunix.shutdown()
     reset()

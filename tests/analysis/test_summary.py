@@ -15,14 +15,20 @@ from analysis_runs import (
     SLEEPS,
     SLOW_STEP,
     STEPS,
-    Sleeps,
+    Measured,
     make_run,
     make_synced_rank,
 )
 
 from otel_tunix.analysis import goodput as gp
 from otel_tunix.analysis.accumulate import waited_sec
-from otel_tunix.analysis.breakdown import RunSummary, ScopeStats, summarize
+from otel_tunix.analysis.breakdown import (
+    MAD_FACTOR,
+    MAD_FLOOR,
+    RunSummary,
+    ScopeStats,
+    summarize,
+)
 from otel_tunix.analysis.readers import iter_records
 from otel_tunix.cli import main
 
@@ -35,6 +41,26 @@ def near(
     """A sum of ``count`` sleeps: never shorter (``low`` for a difference of sleeps), and
     not much longer."""
     return expected - low <= value <= expected + count * slack + 0.01
+
+
+EPS = 0.0005  # clock granularity and rounding in the files
+
+
+def within(value: float, bracket: tuple[float, float]) -> bool:
+    """``value`` lies in a ``(low, high)`` bracket the run measured with its own clock (see
+    :class:`analysis_runs.Measured`): true under any load, and still tight on a quiet
+    machine, where ``high - low`` is a few microseconds per block."""
+    return bracket[0] - EPS <= value <= bracket[1] + EPS
+
+
+def total(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    return sum(lo for lo, _ in pairs), sum(hi for _, hi in pairs)
+
+
+def excess(pairs: list[tuple[float, float]], i: int) -> tuple[float, float]:
+    """Bracket of ``pairs[i]`` minus the median of ``pairs`` (the median is monotone)."""
+    lo, hi = np.array(pairs).T
+    return lo[i] - float(np.median(hi)), hi[i] - float(np.median(lo))
 
 
 def scope(summary: RunSummary, name: str) -> ScopeStats:
@@ -86,35 +112,67 @@ def test_breakdown_matches_the_sleeps_and_the_file(known_run: Path, summary: Run
     assert ev.sampled_steps == EVAL_STEPS and near(ev.step.mean, SLEEPS.eval)
 
 
-def test_goodput_and_badput(summary: RunSummary) -> None:
+def test_goodput_and_badput(summary: RunSummary, known_measured: Measured) -> None:
+    # Every figure against the run's own clock readings (brackets), not the nominal sleeps:
+    # a loaded machine stretches the sleeps, and the SDK must report what happened.
     g = summary.goodput
     bad = g.badput_sec
-    s: Sleeps = SLEEPS
-    assert s.startup - 0.0005 <= bad[gp.STARTUP] <= s.startup + 0.5  # configure() is in it
-    # the first step's time beyond the median: a difference of sleeps, so either way
-    assert near(bad[gp.COMPILATION], s.first_extra, count=3, low=0.01)
-    assert near(bad[gp.CHECKPOINTING], s.checkpoint)
-    assert near(bad[gp.EVALUATION], EVAL_STEPS * s.eval, count=EVAL_STEPS)
-    assert near(bad[gp.DATA_WAIT], STEPS * s.data, count=STEPS)
+    m = known_measured
+    assert within(bad[gp.STARTUP], m["startup"][0])  # configure() to the first step
+    # the first step's time beyond the median, taken from its productive time
+    exc_lo, exc_hi = excess(m["step"], 0)
+    (c0_lo, c0_hi) = m["compute"][0]
+    moved = (min(max(0.0, exc_lo), c0_lo), min(max(0.0, exc_hi), c0_hi))
+    assert within(bad[gp.COMPILATION], moved)
+    assert bad[gp.COMPILATION] >= SLEEPS.first_extra / 2  # the planted 60 ms shows
+    assert within(bad[gp.CHECKPOINTING], m["checkpoint"][0])
+    assert within(bad[gp.EVALUATION], total(m["eval"]))
+    assert within(bad[gp.DATA_WAIT], total(m["data"]))
     assert bad[gp.OTHER_BLOCKED] == 0.0
-    assert bad[gp.IDLE] >= s.gap - 0.0005  # the sleep outside any step
-    productive = STEPS * s.compute + s.slow_extra  # the first step's extra is compilation
-    assert near(g.productive_sec, productive, count=STEPS + 3, low=0.01)
+    assert bad[gp.IDLE] >= SLEEPS.gap - EPS  # the sleep outside any step (never shorter)
+    c_lo, c_hi = total(m["compute"])
+    assert within(g.productive_sec, (c_lo - bad[gp.COMPILATION], c_hi - bad[gp.COMPILATION]))
     assert g.productive_sec + sum(bad.values()) == pytest.approx(g.wall_time_sec)
     assert g.goodput == pytest.approx(g.productive_sec / g.wall_time_sec)
     assert not g.notes
 
 
-def test_anomalous_steps(summary: RunSummary) -> None:
+def test_anomalous_steps(known_run: Path, summary: RunSummary, known_measured: Measured) -> None:
+    # The rule (median + MAD_FACTOR * MAD of the scope's step times) applied by the test to
+    # the step times the SDK wrote: the flagged set is exact whatever the load.
+    lines = [r for r in iter_records(known_run / "spans.jsonl") if r.get("scope") == "train"]
+    times = {r["step"]: r["step_time_sec"] for r in lines if r["type"] == "step"}
+    t = np.array(list(times.values()))
+    med = float(np.median(t))
+    thr = med + MAD_FACTOR * max(float(np.median(np.abs(t - med))), MAD_FLOOR * med)
+    slow_steps = {n for n, v in times.items() if v > thr}
     found = {a.step: a for a in summary.anomalies if a.scope == "train"}
-    assert {0, SLOW_STEP, CHECKPOINT_STEP} <= set(found)
-    assert found[0].first_step and not found[SLOW_STEP].first_step
-    assert found[SLOW_STEP].component == "train_step_compute (busy)"
-    assert near(found[SLOW_STEP].component_excess_sec, SLEEPS.slow_extra)
-    assert found[CHECKPOINT_STEP].component == "checkpoint_save (busy)"
+    assert set(found) == slow_steps and summary.anomaly_count >= len(slow_steps)
+    # The planted steps are flagged: their extra sleeps (60, 80, 30 ms on ~30 ms steps) are
+    # far beyond any spread seen on the shared machine; the measured lower bounds say so.
+    m = known_measured
+    for n in (0, SLOW_STEP, CHECKPOINT_STEP):
+        if m["step"][n][0] > thr + EPS:
+            assert n in found, (n, m["step"][n], thr)
+    assert SLOW_STEP in found  # 80 ms over ~30 ms steps: needs a MAD over 26 ms to hide
+    assert not found[SLOW_STEP].first_step
+    assert 0 not in found or found[0].first_step
     slow = found[SLOW_STEP]
-    assert slow.step_time_sec > slow.threshold_sec and slow.rank is None
-    assert summary.anomaly_count >= 3
+    assert slow.step_time_sec > slow.threshold_sec == pytest.approx(thr) and slow.rank is None
+    # The component that grew most, and by how much, against the measured brackets; the
+    # attribution is asserted when the brackets decide it (the planted 80 ms vs the
+    # data load's delay, both measured in this run).
+    compute_excess = excess(m["compute"], SLOW_STEP)
+    data_excess = excess(m["data"], SLOW_STEP)
+    if compute_excess[0] > max(data_excess[1], 0.0):
+        assert slow.component == "train_step_compute (busy)"
+        assert within(slow.component_excess_sec, compute_excess)
+    if CHECKPOINT_STEP in found:
+        ckpt_lo = m["checkpoint"][0][0]  # its median over the steps is 0: it ran once
+        others = max(excess(m[k], CHECKPOINT_STEP)[1] for k in ("compute", "data"))
+        if ckpt_lo > others:
+            assert found[CHECKPOINT_STEP].component == "checkpoint_save (busy)"
+            assert within(found[CHECKPOINT_STEP].component_excess_sec, m["checkpoint"][0])
 
 
 def test_cli_tables_and_json(known_run: Path, capsys: Any) -> None:
