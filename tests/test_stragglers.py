@@ -74,22 +74,21 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow
-def test_torchrun_three_ranks_one_slow_named_during_the_run(tmp_path: Path) -> None:
-    pytest.importorskip("torch.distributed")
+def _torchrun_three_ranks(script_text: str, tmp_path: Path, **settings: str) -> None:
+    """``script_text`` on three gloo ranks under ``torchrun --standalone`` (CPU, one thread
+    each), writing to ``tmp_path/runs`` with no exporter and no system metrics, and
+    ``settings`` added to the environment; fails the test if a rank fails."""
     script = tmp_path / "ranks.py"
-    script.write_text(textwrap.dedent(RANK_SCRIPT))
+    script.write_text(textwrap.dedent(script_text))
     env = child_env(
         OTEL_TUNIX_OUTPUT_DIR=str(tmp_path / "runs"),
-        OTEL_TUNIX_STRAGGLER_WINDOW="5",
-        OTEL_TUNIX_STRAGGLER_WINDOWS="2",
         OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
         OTEL_TUNIX_QUIET="true",
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
-        SLOW_FORWARD_MS="15",
         OMP_NUM_THREADS="1",
+        **settings,
     )
     torchrun = Path(sys.executable).parent / "torchrun"
     proc = subprocess.run(
@@ -100,6 +99,18 @@ def test_torchrun_three_ranks_one_slow_named_during_the_run(tmp_path: Path) -> N
         timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_torchrun_three_ranks_one_slow_named_during_the_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    _torchrun_three_ranks(
+        RANK_SCRIPT,
+        tmp_path,
+        OTEL_TUNIX_STRAGGLER_WINDOW="5",
+        OTEL_TUNIX_STRAGGLER_WINDOWS="2",
+        SLOW_FORWARD_MS="15",
+    )
     run_dir = tmp_path / "runs"  # one folder for the job's three ranks
     assert {p.name for p in run_dir.glob("spans-rank*.jsonl")} == {
         f"spans-rank{r}.jsonl" for r in range(3)
@@ -261,28 +272,7 @@ def test_torchrun_synchronised_ranks_one_computing_4x_longer_named_with_defaults
     (windows of 50 steps, 3 in a row), during the run, with its slowest steps' trace ids."""
     pytest.importorskip("torch.distributed")
     steps = 200
-    script = tmp_path / "ranks.py"
-    script.write_text(textwrap.dedent(SYNC_RANK_SCRIPT))
-    env = child_env(
-        OTEL_TUNIX_OUTPUT_DIR=str(tmp_path / "runs"),
-        OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
-        OTEL_TUNIX_QUIET="true",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        BASE_MS="8",
-        STEPS=str(steps),
-        OMP_NUM_THREADS="1",
-    )
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "3", str(script), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _torchrun_three_ranks(SYNC_RANK_SCRIPT, tmp_path, BASE_MS="8", STEPS=str(steps))
     truth = {
         t["rank"]: t for t in (json.loads(p.read_text()) for p in tmp_path.glob("truth-*.json"))
     }
