@@ -47,7 +47,13 @@ from otel_tunix.logging_backend import (
 from otel_tunix.metrics.instruments import CatalogOTelBackend
 from otel_tunix.metrics.status import MetricsSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics
-from otel_tunix.pipeline.hooks import close_hooks, runs_user_code
+from otel_tunix.pipeline.hooks import (
+    HookRunner,
+    close_hooks,
+    closing_threads,
+    flush_hooks,
+    runs_user_code,
+)
 from otel_tunix.settings import ConfigurationError, Settings, load_settings
 
 __all__ = [
@@ -332,23 +338,15 @@ class MetricsLogger:
         """Wait until the backends that run on threads of their own (those that are not
         otel-tunix's) have been handed every value logged so far (False: ``timeout`` passed
         first)."""
-        deadline = time.monotonic() + timeout
-        ok = True
-        for backend in list(self.backends):
-            if isinstance(backend, OffThreadBackend):
-                ok = backend.runner.flush(max(0.0, deadline - time.monotonic())) and ok
-        return ok
+        return flush_hooks(self._runners(), timeout)
 
     def hooks_closing(self) -> list[tuple[str, threading.Thread]]:
         """``(name, thread)`` of each backend being closed on a thread of its own: for a
         shutdown that waits for them beside other work."""
-        out: list[tuple[str, threading.Thread]] = []
-        for backend in list(self.backends):
-            if isinstance(backend, OffThreadBackend):
-                thread = backend.runner.closing()
-                if thread is not None:
-                    out.append((f"backend {backend.runner.name}", thread))
-        return out
+        return closing_threads(self._runners(), "backend")
+
+    def _runners(self) -> list[HookRunner]:
+        return [b.runner for b in list(self.backends) if isinstance(b, OffThreadBackend)]
 
     def close(self, timeout: float | None = None) -> list[str]:
         """Flush and close every backend (idempotent). Backends on threads of their own

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -30,7 +29,13 @@ from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix.accounting import account_intervals
 from otel_tunix.model import ScopeSession, SpanInfo, StepSummary
 from otel_tunix.pipeline.background import BackgroundSpan
-from otel_tunix.pipeline.hooks import HookRunner, close_hooks, runs_user_code
+from otel_tunix.pipeline.hooks import (
+    HookRunner,
+    close_hooks,
+    closing_threads,
+    flush_hooks,
+    runs_user_code,
+)
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 _logger = logging.getLogger(__name__)
@@ -303,23 +308,15 @@ class StepAccountingProcessor(StepSpanProcessor):
     def flush_hooks(self, timeout: float) -> bool:
         """Wait until the sinks on threads of their own have run every call queued so far
         (False: ``timeout`` passed first)."""
-        deadline = time.monotonic() + timeout
-        ok = True
-        for sink in self._sinks:
-            if isinstance(sink, OffThreadSink):
-                ok = sink.runner.flush(max(0.0, deadline - time.monotonic())) and ok
-        return ok
+        return flush_hooks(self._runners(), timeout)
 
     def hooks_closing(self) -> list[tuple[str, threading.Thread]]:
         """``(name, thread)`` of each sink being closed on a thread of its own: for a
         shutdown that waits for them beside other work."""
-        out: list[tuple[str, threading.Thread]] = []
-        for sink in self._sinks:
-            if isinstance(sink, OffThreadSink):
-                thread = sink.runner.closing()
-                if thread is not None:
-                    out.append((f"step sink {sink.runner.name}", thread))
-        return out
+        return closing_threads(self._runners(), "step sink")
+
+    def _runners(self) -> list[HookRunner]:
+        return [s.runner for s in self._sinks if isinstance(s, OffThreadSink)]
 
     def sessions(
         self, step_counts: Mapping[str, tuple[int, int, int, int]] | None = None

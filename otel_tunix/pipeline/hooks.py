@@ -18,14 +18,14 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from otel_tunix import _tally
 from otel_tunix._errors import warn_once
 from otel_tunix.pipeline.batch_queue import BatchQueue
 
-__all__ = ["HookRunner", "close_hooks", "runs_user_code"]
+__all__ = ["HookRunner", "close_hooks", "closing_threads", "flush_hooks", "runs_user_code"]
 
 CAPACITY = 4096
 """Calls queued for one hook at most (a batch of the worker's steps is one call)."""
@@ -133,3 +133,25 @@ def close_hooks(
     if unfinished:
         _tally.add("hooks_unfinished", len(unfinished))
     return unfinished
+
+
+def flush_hooks(runners: Iterable[HookRunner], timeout: float) -> bool:
+    """Wait until these hooks have run every call queued so far, all within ``timeout``
+    (False: it passed first)."""
+    deadline = time.monotonic() + timeout
+    ok = True
+    for runner in runners:
+        ok = runner.flush(max(0.0, deadline - time.monotonic())) and ok
+    return ok
+
+
+def closing_threads(runners: Iterable[HookRunner], kind: str) -> list[tuple[str, threading.Thread]]:
+    """``("<kind> <name>", thread)`` of each of these hooks being closed on its thread (once
+    :meth:`HookRunner.start_closing` ran): for a shutdown that waits for them beside other
+    work."""
+    out = []
+    for runner in runners:
+        thread = runner.closing()
+        if thread is not None:
+            out.append((f"{kind} {runner.name}", thread))
+    return out
