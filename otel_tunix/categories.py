@@ -22,8 +22,11 @@ gives each rule.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Final
+
+from otel_tunix.accounting import union_ns
 
 __all__ = [
     "BADPUT",
@@ -41,6 +44,7 @@ __all__ = [
     "ROLLOUT_WAIT",
     "WASTED_PROGRESS",
     "WEIGHT_SYNC",
+    "categorize_intervals",
     "check_category",
     "classify",
     "declare",
@@ -185,3 +189,37 @@ def classify(name: str, blocked: bool, category: str | None = None) -> str:
 def is_eval_scope(scope: str) -> bool:
     """True for scopes whose steps are evaluation as a whole (``eval``, ``val``, ...)."""
     return bool(EVAL_NAMES.search(scope))
+
+
+def categorize_intervals(
+    start_ns: int,
+    end_ns: int,
+    intervals: Iterable[tuple[str, int, int]],
+    rest: str = PRODUCTIVE,
+) -> dict[str, float]:
+    """Seconds of the window ``[start_ns, end_ns]`` in each category, from intervals already
+    classified (``(category, start_ns, end_ns)``, clipped to the window here), each instant
+    by :data:`PRECEDENCE`; the instants no interval covers are ``rest`` (``productive``
+    inside a training step: its time not spent in a badput component is what it is for).
+    They add up to the window. The live ledger and ``otel-tunix goodput`` both use it."""
+    window = max(0, end_ns - start_ns)
+    by_cat: dict[str, list[tuple[int, int]]] = {}
+    for cat, s0, s1 in intervals:
+        s0, s1 = max(s0, start_ns), min(s1, end_ns)
+        if s1 > s0:
+            by_cat.setdefault(cat, []).append((s0, s1))
+    out: dict[str, float] = {}
+    covered: list[tuple[int, int]] = []
+    before = 0
+    for cat in PRECEDENCE:
+        ivs = by_cat.get(cat)
+        if not ivs:
+            continue
+        covered.extend(ivs)
+        after = union_ns(covered)
+        if after > before:
+            out[cat] = (after - before) * 1e-9
+        before = after
+    if window > before:
+        out[rest] = out.get(rest, 0.0) + (window - before) * 1e-9
+    return out

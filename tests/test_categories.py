@@ -57,3 +57,27 @@ def test_precedence_puts_waits_after_productive_work() -> None:
     assert p.index(cat.CHECKPOINT_SAVE) < p.index(cat.PRODUCTIVE) < p.index(cat.DATA_STALL)
     assert p.index(cat.PRODUCTIVE) < p.index(cat.ROLLOUT_WAIT)
     assert set(cat.BADPUT) == (set(p) - {cat.PRODUCTIVE}) | {cat.WASTED_PROGRESS, cat.RESTART_GAP}
+
+
+def test_intervals_take_the_first_category_in_precedence_and_the_rest_is_given() -> None:
+    ms = 1_000_000
+    got = cat.categorize_intervals(
+        0,
+        100 * ms,
+        [
+            (cat.DATA_STALL, 0, 30 * ms),  # 0-10 alone, 10-30 under productive work
+            (cat.PRODUCTIVE, 10 * ms, 50 * ms),
+            (cat.CHECKPOINT_SAVE, 40 * ms, 60 * ms),  # wins 40-60
+            (cat.OTHER, 90 * ms, 120 * ms),  # clipped at the window's end
+        ],
+    )
+    assert got == pytest.approx(
+        {
+            cat.DATA_STALL: 0.010,
+            cat.PRODUCTIVE: 0.030 + 0.030,
+            cat.CHECKPOINT_SAVE: 0.020,
+            cat.OTHER: 0.010,
+        }
+    )
+    between = cat.categorize_intervals(0, 10 * ms, [], rest=cat.OTHER)
+    assert between == pytest.approx({cat.OTHER: 0.010})
