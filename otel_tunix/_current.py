@@ -17,6 +17,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.resources import Resource
 
+from otel_tunix._job import JobInfo
 from otel_tunix._resource import RankInfo
 from otel_tunix._version import __version__
 
@@ -39,7 +40,8 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class RunInfo:
     """What ``configure()`` set up: the run id, the local folder and its files, the resource,
-    and the URLs of endpoints it serves (``endpoints["prometheus"]``)."""
+    the URLs of endpoints it serves (``endpoints["prometheus"]``), and the job (its id and
+    the run's attempt)."""
 
     run_id: str
     output_dir: Path | None
@@ -48,6 +50,8 @@ class RunInfo:
     enabled: bool
     files: dict[str, Path] = field(default_factory=dict)
     endpoints: dict[str, str] = field(default_factory=dict)
+    job: JobInfo | None = None
+    """The job the run is an attempt of (:class:`otel_tunix._job.JobInfo`)."""
 
     def rank_file(self, stem: str, suffix: str) -> Path | None:
         """``<output_dir>/<stem>[-rank<r>]<suffix>`` (``None`` without a local folder)."""

@@ -76,8 +76,11 @@ class JobStepIds:
 
     __slots__ = ("_bases", "_key")
 
-    def __init__(self, run_id: str) -> None:
-        self._key = hashlib.blake2b(run_id.encode(), digest_size=32).digest()
+    def __init__(self, run_id: str, attempt: int = 1) -> None:
+        """``attempt``: the run's attempt of its job, mixed into the ids after the first, so
+        two attempts never share a trace even where they share a run id (one given)."""
+        key = run_id if attempt == 1 else f"{run_id}\0attempt{attempt}"
+        self._key = hashlib.blake2b(key.encode(), digest_size=32).digest()
         self._bases: dict[str, tuple[int, int]] = {}
 
     def ids(self, scope: str, number: int) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""The OTel Resource of a run: service, run id, host, pid, rank and world size."""
+"""The OTel Resource of a run: service, run id, job id and attempt, host, pid, rank and world
+size."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
 from otel_tunix import _tally
 from otel_tunix import attributes as attr
+from otel_tunix._job import JobInfo
 from otel_tunix._redact import REDACTED, is_secret_key
 from otel_tunix.settings import Settings
 
@@ -61,16 +63,9 @@ def detect_rank(settings: Settings) -> RankInfo:
     return RankInfo(rank=rank, world_size=max(world or 1, rank + 1), local_rank=local)
 
 
-def new_run_id(settings: Settings) -> str:
-    """The run id: ``OTEL_TUNIX_RUN_ID``, else the launcher's job id, else a fresh one."""
-    if settings.run_id:
-        return settings.run_id
-    for launcher, job in (
-        ("torchelastic", settings.torchelastic_run_id),
-        ("slurm", settings.slurm_job_id),
-    ):
-        if job and job != "none":
-            return f"{launcher}-{job}"
+def new_run_id() -> str:
+    """A fresh run id, ``<date>-<time>-<random>``: a run that is no attempt of a job named
+    elsewhere (see :mod:`otel_tunix.run.job`)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{secrets.token_hex(3)}"
 
@@ -81,6 +76,7 @@ def resource_attributes(
     run_id: str,
     rank: RankInfo,
     extra: dict[str, str | int | float | bool] | None = None,
+    job: JobInfo | None = None,
 ) -> dict[str, str | int | float | bool]:
     """The attributes otel-tunix adds to the Resource (``service.name`` only if given)."""
     ours: dict[str, str | int | float | bool] = {
@@ -88,6 +84,8 @@ def resource_attributes(
         "host.name": socket.gethostname(),
         "process.pid": os.getpid(),
     }
+    if job is not None:
+        ours.update(job.resource_attributes())
     if rank.distributed or rank.rank:
         ours[attr.RANK] = rank.rank
         ours[attr.WORLD_SIZE] = rank.world_size

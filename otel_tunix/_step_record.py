@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
+    Link,
     NonRecordingSpan,
     SpanContext,
     get_current_span,
@@ -126,12 +127,13 @@ class StepRecord(NonRecordingSpan):
         current: Any = otel_context().get(SPAN_KEY)
         if current is None and not HAS_SPAN_KEY:  # no direct read: the public API
             current = get_current_span()
-        self.link: SpanContext | None = None
+        self.link: Link | None = None
         """Where a step that starts its own trace was started from: the ended step whose
         copy of the context its thread holds (a thread started inside that step, or a step
-        left open here and closed since)."""
+        left open here and closed since); or, on a later attempt's first step, the previous
+        attempt (set by the span builder)."""
         if type(current) is StepRecord and current.end_ns:  # not a parent: a trace of its own
-            self.link = current.span_context()
+            self.link = Link(current.span_context())
             current = None
         parent = current.get_span_context() if current is not None else None
         if parent is not None and parent.is_valid:

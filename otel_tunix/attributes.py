@@ -56,6 +56,20 @@ RUN_ID: Final = "tunix.run.id"
 RANK: Final = "tunix.rank"
 LOCAL_RANK: Final = "tunix.local_rank"
 WORLD_SIZE: Final = "tunix.world_size"
+JOB_ID: Final = "tunix.job.id"
+"""The job the run is an attempt of (``OTEL_TUNIX_JOB_ID``, else the launcher's job id, else
+the run id): the runs of a job share it."""
+JOB_ATTEMPT: Final = "tunix.job.attempt"
+"""Which attempt of its job the run is (int, from 1)."""
+
+# --- link attributes -------------------------------------------------------------------
+LINK_TYPE: Final = "tunix.link.type"
+"""What a link of otel-tunix's points at: ``previous_attempt`` (from a run's first step span
+to the previous attempt of its job)."""
+LINK_SOURCE: Final = "tunix.link.source"
+"""How the linked span was found: ``run_folder`` (the previous attempt's last recorded step,
+read from its spans JSONL) or ``derived`` (ids derived from the job id and attempt: no record
+of that attempt was found, so the link names no recorded span)."""
 
 # --- metric attributes -----------------------------------------------------------------
 STEP_DURATION: Final = "tunix.step.duration"

@@ -38,9 +38,22 @@ OTEL_TUNIX_EXPORT_FN: Final = "OTEL_TUNIX_EXPORT_FN"
 Default: unset."""
 
 OTEL_TUNIX_RUN_ID: Final = "OTEL_TUNIX_RUN_ID"
-"""Run id, the ``tunix.run.id`` resource attribute. Default: derived from the job id of the
-launcher (``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``) so all ranks share it, else a new
-``<date>-<time>-<random>`` id."""
+"""Run id, the ``tunix.run.id`` resource attribute. Default: derived from the job id and the
+attempt (the job id for attempt 1, ``<job id>-attempt<n>`` for a later one) so all ranks of
+an attempt share it and two attempts never do, else a new ``<date>-<time>-<random>`` id."""
+
+OTEL_TUNIX_JOB_ID: Final = "OTEL_TUNIX_JOB_ID"
+"""Job id, the ``tunix.job.id`` resource attribute: the runs that share it are attempts of
+one job (restarts, preemptions). Default: ``tunix.job.id`` of ``OTEL_RESOURCE_ATTRIBUTES``,
+else the launcher's (``torchelastic-<TORCHELASTIC_RUN_ID>``, ``slurm-<SLURM_JOB_ID>``), else
+the run id (a run is a job of its own)."""
+
+OTEL_TUNIX_JOB_ATTEMPT: Final = "OTEL_TUNIX_JOB_ATTEMPT"
+"""Which attempt of its job the run is (1-based), the ``tunix.job.attempt`` resource
+attribute. Default: ``tunix.job.attempt`` of ``OTEL_RESOURCE_ATTRIBUTES``, else the
+launcher's restart count + 1 (``TORCHELASTIC_RESTART_COUNT``, ``SLURM_RESTART_COUNT``), else
+one more than the highest attempt of the job found in the local run folders, else 1. A value
+that is not a whole number >= 1 is reported (naming the variable) and ignored."""
 
 OTEL_TUNIX_LOG_ALL_RANKS: Final = "OTEL_TUNIX_LOG_ALL_RANKS"
 """``true``: every rank's MetricsLogger logs scalars. Default: ``false`` (rank 0 only)."""

@@ -140,10 +140,13 @@ class MetricsLogger:
         rank: int | None = None,
         meter_provider: Any = None,
         settings: Settings | None = None,
+        run_identity: Mapping[str, Any] | None = None,
     ) -> None:
         """Args:
         metrics_logger_options: The options (default: all defaults).
         run_id: Written into the JSONL header.
+        run_identity: More fields of the JSONL header (run setup's: ``job_id``,
+            ``attempt``, ``process_start_ns``).
         rank: This process's rank (default: the launcher's); only rank 0 logs unless
             ``log_all_ranks``.
         meter_provider: For the OTel backend (default: the global one).
@@ -183,6 +186,7 @@ class MetricsLogger:
                             "run": opts.run_name or run_id,
                             "run_id": run_id,
                             "rank": self.rank,
+                            **(run_identity or {}),
                         },
                     )
                 )

@@ -274,6 +274,7 @@ class StepSummary:
             "start_ns": self.start_ns,
             "end_ns": self.end_ns,
             "trace_id": self.trace_id,
+            "span_id": f"{self.span_id:016x}",
             "step_time_sec": self.step_time_sec,
             "busy_time_sec": self.busy_time_sec,
             "blocked_time_sec": self.blocked_time_sec,

@@ -182,8 +182,19 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_EXPORT_FN, "export_fn", _text, None,
             "custom export function `pkg.mod:fn`", "an import path 'pkg.module:function'"),
     Setting(env.OTEL_TUNIX_RUN_ID, "run_id", _text, None,
-            "run id (`tunix.run.id`; unset: the launcher's job id, else a new id)",
+            "run id (`tunix.run.id`; unset: the job id for a job's first attempt, "
+            "`<job id>-attempt<n>` for a later one, else a new id)",
             "a non-empty id"),
+    Setting(env.OTEL_TUNIX_JOB_ID, "job_id", _text, None,
+            "job id (`tunix.job.id`): the runs that share it are attempts of one job "
+            "(unset: `tunix.job.id` of `OTEL_RESOURCE_ATTRIBUTES`, else the launcher's, "
+            "else the run id)", "a non-empty id"),
+    Setting(env.OTEL_TUNIX_JOB_ATTEMPT, "job_attempt", _text, None,
+            "which attempt of its job the run is (`tunix.job.attempt`; unset: "
+            "`tunix.job.attempt` of `OTEL_RESOURCE_ATTRIBUTES`, else the launcher's "
+            "restart count + 1, else one more than the job's runs found in the local run "
+            "folders, else 1); a value not allowed is reported and ignored",
+            "a whole number >= 1"),
     Setting(env.OTEL_TUNIX_LOG_ALL_RANKS, "log_all_ranks", parse_bool, False,
             "every rank's MetricsLogger logs scalars (default: rank 0 only)", _BOOL),
     Setting(env.OTEL_TUNIX_QUIET, "quiet", parse_bool, False,
@@ -331,10 +342,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("SLURM_LOCALID", "slurm_localid", _non_negative_int, None,
             "rank on this host under SLURM", "a non-negative integer"),
     Setting("TORCHELASTIC_RUN_ID", "torchelastic_run_id", _text, None,
-            "torchrun's job id: the run id `torchelastic-<id>` shared by all ranks",
+            "torchrun's job id: the job id `torchelastic-<id>` shared by all ranks",
             "an id"),
+    Setting("TORCHELASTIC_RESTART_COUNT", "torchelastic_restart_count", _text, None,
+            "torchrun's restarts so far: the attempt is this + 1 (a value not allowed is "
+            "reported and ignored)", "a whole number >= 0"),
     Setting("SLURM_JOB_ID", "slurm_job_id", _text, None,
-            "SLURM's job id: the run id `slurm-<id>` shared by all ranks", "an id"),
+            "SLURM's job id: the job id `slurm-<id>` shared by all ranks", "an id"),
+    Setting("SLURM_RESTART_COUNT", "slurm_restart_count", _text, None,
+            "times SLURM requeued the job: the attempt is this + 1 (a value not allowed is "
+            "reported and ignored)", "a whole number >= 0"),
     Setting("OTEL_SERVICE_NAME", "", _text, None,
             "`service.name` (an explicit `service_name=` wins; unset: "
             "`unknown_service:python`)", "a name",
@@ -368,6 +385,8 @@ class Settings:
     export_jsonl_path: str | None = None
     export_fn: str | None = None
     run_id: str | None = None
+    job_id: str | None = None
+    job_attempt: str | None = None
     log_all_ranks: bool = False
     quiet: bool = False
     console_interval: float | None = None
@@ -419,7 +438,9 @@ class Settings:
     ompi_local_rank: int | None = None
     slurm_localid: int | None = None
     torchelastic_run_id: str | None = None
+    torchelastic_restart_count: str | None = None
     slurm_job_id: str | None = None
+    slurm_restart_count: str | None = None
 
     # --- values several readers combine -------------------------------------------------
 

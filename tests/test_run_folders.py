@@ -28,7 +28,10 @@ def test_two_runs_of_one_job_id_get_two_folders(
 ) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     first, second = _one_step_run(), _one_step_run()
-    assert first.run_id == second.run_id == "slurm-77"  # the job's id, for every rank
+    assert first.job is not None and second.job is not None
+    assert first.job.job_id == second.job.job_id == "slurm-77"  # the job's id, for every rank
+    assert (first.job.attempt, second.job.attempt) == (1, 2)  # found in the first's folder
+    assert (first.run_id, second.run_id) == ("slurm-77", "slurm-77-attempt2")
     runs = Path("otel-tunix-runs")
     assert first.output_dir == runs / "slurm-77"
     assert second.output_dir == runs / "slurm-77-2"

@@ -1,10 +1,14 @@
 """The spans JSONL file: one line per sampled step, flushed as the step ends.
 
 The first line, ``type: "run"``, names the run: ``run_id``, ``start_ns`` (when
-``configure()`` ran, Unix ns), ``sampling_rate`` and the ``resource`` attributes (rank
-included). Each ``type: "step"`` line is :meth:`otel_tunix.model.StepSummary.to_json`: scope,
-step, start/end (Unix ns), the busy / blocked / idle counters, per-component times and every
-component span (name, kind, start/end, thread, span id, parent). At shutdown one
+``configure()`` ran, Unix ns), ``sampling_rate``, the ``resource`` attributes (rank
+included), the job: ``job_id``, ``attempt`` (from 1), ``process_start_ns`` (when the process
+started, Unix ns) and, in a later attempt, ``link`` (``trace_id``, ``span_id``,
+``attributes``: the first step span's link to the previous attempt, see
+:mod:`otel_tunix.run.job`); it is flushed at once. Each ``type: "step"`` line is
+:meth:`otel_tunix.model.StepSummary.to_json`: scope, step, start/end (Unix ns), trace id and
+step span id, the busy / blocked / idle counters, per-component times and every component
+span (name, kind, start/end, thread, span id, parent). At shutdown one
 ``type: "session"`` line per scope carries the totals. A ``.gz`` path writes gzip. The file
 is flushed after every batch of steps the worker processes (at most
 ``OTEL_TUNIX_PROCESS_INTERVAL_MS``, 250 ms, apart; each step on its own when steps take
@@ -44,8 +48,10 @@ class StepJsonlWriter(StepSink):
         self._lock = threading.Lock()
         self._report = ReportOnce(_logger)
         at_fork_in_child(self._after_fork_in_child)
-        if header is not None:
+        if header is not None:  # on disk at once: a later attempt of the job reads it, even
+            # from a run killed before its first step (run/job.py)
             self._write({"type": "run", **header})
+            self._file.flush()
 
     def on_step(self, summary: StepSummary) -> None:
         self.on_steps((summary,))

@@ -372,10 +372,15 @@ class SpanBuilder:
         self.background = BackgroundLedger()
         """Other threads' work that outlived its step (see
         :mod:`otel_tunix.pipeline.background`)."""
+        self.first_link: Link | None = None
+        """A link for the first step span built (run setup's: a later attempt of a job
+        links the previous one, :mod:`otel_tunix.run.job`)."""
 
     def __call__(self, records: list[StepRecord]) -> int:
         """Hand these steps to the processors; returns how many could not be read."""
         steps = []
+        if self.first_link is not None and records:
+            self._link_first(records[0])
         for rec in records:
             try:
                 steps.append(FinishedStep(self, rec))
@@ -395,6 +400,12 @@ class SpanBuilder:
         if self.background:
             self._hand_on(self.background.take_due())
         return len(records) - len(steps)
+
+    def _link_first(self, rec: StepRecord) -> None:
+        """The run's first step span gets :attr:`first_link` (one already linked keeps its
+        own: the next step gets it)."""
+        if rec.link is None:
+            rec.link, self.first_link = self.first_link, None
 
     def finish(self, force: bool) -> None:
         """Hand on the spans of background work that no later step can overlap any more
@@ -535,7 +546,7 @@ class SpanBuilder:
             status, events = _error(rec.error, rec.end_ns + off)
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
-            links = (Link(rec.link),) if rec.link is not None else ()
+            links = (rec.link,) if rec.link is not None else ()
             step_span = self._full_span(
                 name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns,
                 links,

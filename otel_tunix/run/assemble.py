@@ -24,6 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_tunix import _ids, _recording
 from otel_tunix import environment_variables as env
 from otel_tunix._current import RunInfo
+from otel_tunix._job import JobInfo
 from otel_tunix._linefile import record_write_error
 from otel_tunix._resource import RankInfo
 from otel_tunix._shortcuts import active_span_processor
@@ -44,7 +45,7 @@ from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
 from otel_tunix.run.fork_guard import ForkGuardPart, export_locks
 from otel_tunix.run.parts import Part
-from otel_tunix.run.paths import checked_dir, checked_file, path_component
+from otel_tunix.run.paths import checked_dir, checked_file
 from otel_tunix.run.perfetto_trace import PERFETTO_AT_SHUTDOWN, perfetto_dir
 from otel_tunix.run.run_parts import (
     DatadogPart,
@@ -74,7 +75,7 @@ _installed: list[object] = []  # providers otel-tunix made global (replaceable b
 def run_folder(
     args: RunArguments,
     settings: Settings,
-    run_id: str,
+    job_id: str,
     rank: RankInfo,
     config: dict[str, Any],
     *,
@@ -90,10 +91,8 @@ def run_folder(
     out_dir: Path | None
     if raw is not None and raw.strip().lower() == "none":
         out_dir = None
-    elif raw is None or not raw.strip():  # one folder per run, also for a reused job id
-        out_dir = folders.fresh_folder(
-            Path("otel-tunix-runs") / path_component(run_id), rank.file_suffix
-        )
+    elif raw is None or not raw.strip():  # one folder per run: a job's later ones get -2, ...
+        out_dir = folders.fresh_folder(folders.default_base(job_id), rank.file_suffix)
     elif forked:  # the parent's folder: the child goes in forked-<pid> below
         out_dir = Path(raw)
     else:  # never a folder a run wrote already
@@ -115,12 +114,17 @@ def run_folder(
 
 
 def disabled_run(
-    args: RunArguments, settings: Settings, run_id: str, rank: RankInfo, resource: Resource
+    args: RunArguments,
+    settings: Settings,
+    run_id: str,
+    rank: RankInfo,
+    resource: Resource,
+    job: JobInfo | None = None,
 ) -> RunState:
     """A run under ``OTEL_SDK_DISABLED``: an inactive logger, nothing else."""
     assert args.cfg is not None
     logger = _make_logger(args, None, run_id, rank, None, enabled=False, settings=settings)
-    info = RunInfo(run_id, None, resource, rank, enabled=False)
+    info = RunInfo(run_id, None, resource, rank, enabled=False, job=job)
     state = RunState(info, args.cfg, settings, logger)
     state.parts = [LoggerPart(logger, owned=args.owns_logger)]
     return state
@@ -245,7 +249,9 @@ def assemble(
     assert cfg is not None
     prov = _providers(args, settings, info.resource, ours, rid)
     tp, mp = prov.tracer, prov.meter
-    logger = _make_logger(args, out_dir, rid, rank, mp, enabled=True, settings=settings)
+    logger = _make_logger(
+        args, out_dir, rid, rank, mp, enabled=True, settings=settings, job=info.job
+    )
     if out_dir is not None and logger.backends:
         files["metrics"] = out_dir / metrics_file_name(rank.rank)
     processor, slowest = _step_processor(args, info, prov, logger)
@@ -359,6 +365,7 @@ def _step_processor(
         "start_ns": time.time_ns(),
         "sampling_rate": cfg.sampling_rate,
         "resource": dict(prov.span_resource.attributes),
+        **(info.job.header() if info.job is not None else {}),
     }
     instruments = None
     # A provider otel-tunix built with no reader (no metrics exporter configured): every
@@ -443,12 +450,15 @@ def _runtime(
         finish=builder.finish,
         interval_sec=(cfg.process_interval_ms or 250.0) / 1e3,
     )
+    if info.job is not None:  # a later attempt's first step links the previous one
+        builder.first_link = info.job.link()
     job = settings.job_traces and rank.world_size > 1
+    attempt = info.job.attempt if info.job is not None else 1
     return _recording.Runtime(
         cfg.sampling_rate or 1,
         cfg.components,
         pipeline,
-        job_ids=_ids.JobStepIds(info.run_id) if job else None,
+        job_ids=_ids.JobStepIds(info.run_id, attempt) if job else None,
         job_root=job and rank.rank == 0,
     )
 
@@ -504,6 +514,7 @@ def _make_logger(
     *,
     enabled: bool,
     settings: Settings,
+    job: JobInfo | None = None,
 ) -> MetricsLogger:
     given = args.metrics_logger
     if isinstance(given, MetricsLogger):
@@ -517,5 +528,10 @@ def _make_logger(
         )
     opts = given or MetricsLoggerOptions(log_dir=out_dir, run_name=run_id)
     return MetricsLogger(
-        opts, run_id=run_id, rank=rank.rank, meter_provider=meter_provider, settings=settings
+        opts,
+        run_id=run_id,
+        rank=rank.rank,
+        meter_provider=meter_provider,
+        settings=settings,
+        run_identity=job.header() if job is not None else None,
     )

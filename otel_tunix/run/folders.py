@@ -23,13 +23,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from otel_tunix._current import RunInfo
 from otel_tunix.model import ScopeSession
+from otel_tunix.run.paths import path_component
 
-__all__ = ["drop_if_empty", "fresh_folder", "given_folder", "note_made"]
+__all__ = [
+    "default_base",
+    "drop_if_empty",
+    "earlier_runs",
+    "fresh_folder",
+    "given_folder",
+    "note_made",
+]
 
 _lock = threading.Lock()
 _made: set[Path] = set()  # folders otel-tunix made (absolute): the only ones it removes
@@ -42,24 +50,47 @@ def _taken(folder: Path, rank_suffix: str) -> bool:
     )
 
 
+def _candidates(base: Path, given: bool) -> Iterator[Path]:
+    """The folders a run may take, in order: ``base``, then ``base-2``, ``base-3``... (a
+    default folder) or ``base/run-2``, ``base/run-3``... (a folder given)."""
+    yield base
+    n = 2
+    while True:
+        yield base / f"run-{n}" if given else base.with_name(f"{base.name}-{n}")
+        n += 1
+
+
+def _next_folder(base: Path, rank_suffix: str, given: bool) -> Path:
+    return next(f for f in _candidates(base, given) if not _taken(f, rank_suffix))
+
+
 def fresh_folder(base: Path, rank_suffix: str = "") -> Path:
     """``base``, else ``base-2``, ``base-3``...: the first that holds no spans or summary
     file of this rank (``rank_suffix``: ``-rank<r>`` in a distributed job, else empty)."""
-    folder, n = base, 1
-    while _taken(folder, rank_suffix):
-        n += 1
-        folder = base.with_name(f"{base.name}-{n}")
-    return folder
+    return _next_folder(base, rank_suffix, given=False)
 
 
 def given_folder(given: Path, rank_suffix: str = "") -> Path:
     """The folder of a run given ``given``: ``given`` itself, else ``given/run-2``,
     ``given/run-3``...: the first that holds no spans or summary file of this rank."""
-    folder, n = given, 1
-    while _taken(folder, rank_suffix):
-        n += 1
-        folder = given / f"run-{n}"
-    return folder
+    return _next_folder(given, rank_suffix, given=True)
+
+
+def default_base(key: str) -> Path:
+    """The first folder of a run with no folder given: ``./otel-tunix-runs/<key>`` (the
+    job id: the later attempts of a job go to ``<key>-2``, ...)."""
+    return Path("otel-tunix-runs") / path_component(key)
+
+
+def earlier_runs(base: Path, rank_suffix: str, *, given: bool) -> list[Path]:
+    """The spans files of this rank's earlier runs in the folders of ``base``, in the order
+    the runs took them (those before the first folder free for this rank)."""
+    out: list[Path] = []
+    for folder in _candidates(base, given):
+        if not _taken(folder, rank_suffix):
+            return out
+        out.append(folder / f"spans{rank_suffix}.jsonl")
+    return out  # pragma: no cover - the candidates never end
 
 
 def note_made(folder: Path) -> None:

@@ -24,12 +24,13 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from otel_tunix import _recording, _resource, _tally
 from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
 from otel_tunix._current import meter as current_meter
-from otel_tunix._resource import build_resource, detect_rank, new_run_id
+from otel_tunix._resource import build_resource, detect_rank
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.processors import StepSink
 from otel_tunix.run import assemble, folders, notices, signals
+from otel_tunix.run import job as job_
 from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
 from otel_tunix.run.parts import close_parts, flush_parts, parts_in_forked_child, start_parts
@@ -76,8 +77,9 @@ def configure(
         perf: What to record: sampling, component filter, JSONL path, export function.
         output_dir: Local run folder (else ``OTEL_TUNIX_OUTPUT_DIR``, else
             ``./otel-tunix-runs/<run id>``; ``"none"`` turns it off).
-        run_id: ``tunix.run.id`` (else ``OTEL_TUNIX_RUN_ID``, else the launcher's job id,
-            else a new id).
+        run_id: ``tunix.run.id`` (else ``OTEL_TUNIX_RUN_ID``, else the job id for a job's
+            first attempt and ``<job id>-attempt<n>`` for a later one, else a new id; see
+            :mod:`otel_tunix.run.job`).
         metrics_logger: A :class:`MetricsLogger` to receive the ``perf/...`` scalars, or
             options for the default one (which writes ``metrics.jsonl`` in the run folder).
         tracer_provider: An SDK TracerProvider to use. Default: the application's global SDK
@@ -144,13 +146,17 @@ def configure(
             console_interval=console_interval, run_config=run_config,
         )  # fmt: skip
         cfg = args.check(settings)
-        rid = run_id or new_run_id(settings)
         rank = detect_rank(settings)
+        job, rid = job_.identify(
+            settings, run_id=run_id, rank=rank, resource_attributes=resource_attributes,
+            output_dir=output_dir, forked=_forked_from_a_run,
+        )  # fmt: skip
         config = run_config_.take_pending(rid, run_config)
         ours = _resource.resource_attributes(
             service_name=service_name,
             run_id=rid,
             rank=rank,
+            job=job,
             extra={
                 **run_config_.config_attributes(config, settings.resource_config_keys),
                 **(resource_attributes or {}),
@@ -158,14 +164,16 @@ def configure(
         )
         resource = build_resource(ours)
         out_dir, files = assemble.run_folder(
-            args, settings, rid, rank, config, forked=_forked_from_a_run
+            args, settings, job.job_id, rank, config, forked=_forked_from_a_run
         )
         if settings.sdk_disabled:
             _recording.set_runtime(None)
-            _state = assemble.disabled_run(args, settings, rid, rank, resource)
+            _state = assemble.disabled_run(args, settings, rid, rank, resource, job)
             set_current(CurrentRun(_state.info, _state.logger, cfg.otel_scope or "tunix"))
             return _state.info
-        info = RunInfo(rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files)
+        info = RunInfo(
+            rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files, job=job
+        )
         state = assemble.assemble(args, settings, info, ours, shutdown)
         _state = state
         start_parts(state.parts)

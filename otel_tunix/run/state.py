@@ -136,6 +136,7 @@ def write_summary(
     data = {
         "complete": complete,
         "run_id": st.info.run_id,
+        **(st.info.job.header() if st.info.job is not None else {}),
         "resource": dict(st.info.resource.attributes),
         "sampling_rate": st.config.sampling_rate,
         "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
