@@ -220,22 +220,24 @@ def last_step(path: Path) -> dict[str, Any] | None:
     killed run's file may end in a torn line: it is skipped)."""
     try:
         with path.open("rb") as f:
-            end = f.seek(0, os.SEEK_END)
-            pos, tail = end, b""
-            while pos > 0:
+            pos, stop = f.seek(0, os.SEEK_END), -1
+            while pos > 0 and stop < 0:  # the newline that ends the last whole line
                 size = min(_TAIL_CHUNK, pos)
                 pos -= size
                 f.seek(pos)
-                tail = f.read(size) + tail
-                lines = tail.split(b"\n")
-                # the first piece may be cut (unless at the file's start); the last is a
-                # torn line, or empty after the final newline
-                whole = lines[1:-1] if pos > 0 else lines[:-1]
-                for line in reversed(whole):
+                i = f.read(size).rfind(b"\n")
+                stop = pos + i if i >= 0 else -1
+            pos, tail = max(stop, 0), b""
+            while pos > 0:  # bytes before pos are whole lines: read them back to front
+                size = min(_TAIL_CHUNK, pos)
+                pos -= size
+                f.seek(pos)
+                lines = (f.read(size) + tail).split(b"\n")
+                tail = lines.pop(0) if pos > 0 else b""  # maybe cut: joined to the next read
+                for line in reversed(lines):
                     step = _step_line(line)
                     if step is not None:
                         return step
-                tail = lines[0] if pos > 0 else b""
     except OSError:
         return None
     return None
