@@ -340,3 +340,16 @@ def test_the_last_step_of_a_killed_file_is_its_last_whole_step_line(tmp_path: Pa
     assert found is not None and (found["step"], found["span_id"]) == (2, steps[-1]["span_id"])
     path.write_text(text[: text.index('{"type":"step"') + 10])  # no whole step line at all
     assert last_step(path) is None
+
+
+def test_the_start_notice_names_the_job_and_the_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_TUNIX_JOB_ID", "rl-9")
+    _run(tmp_path)
+    monkeypatch.setenv("OTEL_TUNIX_QUIET", "false")
+    capsys.readouterr()
+    _run(tmp_path)
+    err = capsys.readouterr().err
+    assert "otel-tunix: run rl-9-attempt2 " in err
+    assert "  job rl-9, attempt 2 (from run folders), after attempt 1; linking its step 0" in err

@@ -20,6 +20,7 @@ from typing import Any
 from otel_tunix import _tally
 from otel_tunix import attributes as attr
 from otel_tunix._current import RunInfo
+from otel_tunix._job import JobInfo
 from otel_tunix._redact import redact_url
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.model import ScopeSession, StepSummary
@@ -140,12 +141,15 @@ def start_notice(
     sampling_rate: int,
     components: Sequence[str] | None,
     dests: Sequence[Destination],
+    job: JobInfo | None = None,
 ) -> str:
     """The lines printed at ``configure()``."""
     who = f"service {service_name}"
     if world_size is not None and world_size > 1:
         who += f", rank {rank if rank is not None else 0} of {world_size}"
     lines = [f"otel-tunix: run {run_id} ({who})"]
+    if job is not None and (job.job_id != run_id or job.attempt > 1):
+        lines.append(_job_line(job))
     if not dests:
         lines.append("  nowhere: no run folder and no exporter (spans are counted only)")
     for d in dests:
@@ -156,6 +160,19 @@ def start_notice(
     lines.append(f"  recording {every} (sampling_rate={sampling_rate}), {which}")
     lines.append("  (OTEL_TUNIX_QUIET=true silences these notes)")
     return "\n".join(lines)
+
+
+def _job_line(job: JobInfo) -> str:
+    """Which attempt of which job the run is, and what its first step span links."""
+    line = f"  job {job.job_id}, attempt {job.attempt} (from {job.attempt_from})"
+    if job.previous is not None:
+        line += f", after attempt {job.previous.attempt}"
+    prev = job.previous
+    if prev is None:
+        return line
+    if prev.step is not None:
+        return f"{line}; linking its step {prev.step}"
+    return f"{line}; linking it by derived ids (no local record of it)"
 
 
 class SlowestSteps(StepSink):
@@ -263,6 +280,7 @@ def at_configure(
         sampling_rate=cfg.sampling_rate or 1,
         components=cfg.components,
         dests=dests,
+        job=info.job,
     )
     emit(text, settings, info.rank.rank)
 
