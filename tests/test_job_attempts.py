@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -353,3 +354,33 @@ def test_the_start_notice_names_the_job_and_the_attempt(
     err = capsys.readouterr().err
     assert "otel-tunix: run rl-9-attempt2 " in err
     assert "  job rl-9, attempt 2 (from run folders), after attempt 1; linking its step 0" in err
+
+
+def test_a_forked_child_run_keeps_its_parents_job_and_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child forked from attempt 2 that configures a run of its own is no new attempt:
+    its folder (``forked-<pid>``) is in its parent's, which it must not count."""
+    monkeypatch.setenv("OTEL_TUNIX_JOB_ID", "dpo-1")
+    monkeypatch.setenv("OTEL_TUNIX_JOB_ATTEMPT", "2")
+    out = tmp_path / "out"
+    parent = otel_tunix.configure(output_dir=out, system_metrics=False)
+    pid = os.fork()
+    if pid == 0:  # the child: its run's job identity to a file, then out at once
+        code = 1
+        try:
+            monkeypatch.delenv("OTEL_TUNIX_JOB_ATTEMPT")  # it would not count anyway
+            child = otel_tunix.configure(output_dir=out, system_metrics=False)
+            job = child.job
+            assert job is not None
+            (tmp_path / "child.json").write_text(
+                json.dumps([job.job_id, job.attempt, job.previous is None])
+            )
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert json.loads((tmp_path / "child.json").read_text()) == ["dpo-1", 2, True]
+    assert parent.job is not None and parent.job.previous is not None
+    otel_tunix.shutdown()
