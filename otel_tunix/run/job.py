@@ -92,7 +92,7 @@ def identify(
     global _last
     given = _given_attributes(resource_attributes)
     job_id = settings.job_id or _text(given.get(attr.JOB_ID)) or launcher_job_id(settings)
-    if forked and _last is not None:
+    if forked and _last is not None:  # the parent's attempt, its process start included
         rid = run_id or settings.run_id or new_run_id()
         parent = _last
         info = JobInfo(parent.job_id, parent.attempt, parent.attempt_from, parent.process_start_ns)
