@@ -174,6 +174,9 @@ def test_every_span_and_metric_arrives_over_tls_with_the_ca_certificate(
     assert summary["export"]["otlp"]["spans_failed"] == 0
     assert summary["export_by_signal"]["metrics"]["otlp"] == {"exports": 1, "exports_failed": 0}
     assert "nothing dropped or failed" in stderr
+    metric_requests, logs = len(receiver.of("metrics")), len(receiver.logs())
+    print(f"TLS {protocol} fast={fast} {variables}: {len(spans)} spans, "
+          f"{metric_requests} metric requests, {logs} log records")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -229,6 +232,8 @@ def test_an_untrusted_collector_gets_nothing_and_the_loop_goes_on(
     assert spans["spans_failed"] > 0
     assert spans["spans_failed"] + spans["spans_dropped"] == spans["spans_offered"]
     assert summary["export_by_signal"]["metrics"]["otlp"] == {"exports": 1, "exports_failed": 1}
+    print(f"TLS {protocol} fast={fast} {trust}: {steps} steps, {spans['spans_failed']} spans "
+          f"failed, {spans['spans_dropped']} dropped")  # fmt: skip
     # Said: the end notice counts it, the shutdown warning names the endpoint, neither
     # holds the credentials (the SDK's own log lines are its own).
     ours = [line for line in stderr.splitlines() if "otel-tunix" in line or line[:2] == "  "]
