@@ -152,8 +152,9 @@ def _signal_of(path: str) -> str:
     return path
 
 
-def grpc_receiver(tls: ServerTls | None = None) -> OtlpReceiver:
-    """The OTLP/gRPC services on a free loopback port (``https://`` with ``tls``)."""
+def grpc_receiver(tls: ServerTls | None = None, port: int = 0) -> OtlpReceiver:
+    """The OTLP/gRPC services on loopback, on ``port`` (0: a free one; ``https://`` with
+    ``tls``)."""
     import grpc
 
     receiver = OtlpReceiver(endpoint="")
@@ -172,14 +173,14 @@ def grpc_receiver(tls: ServerTls | None = None) -> OtlpReceiver:
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
     server.add_generic_rpc_handlers((Handler(),))
     if tls is None:
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port(f"127.0.0.1:{port}")
     else:
         credentials = grpc.ssl_server_credentials(
             [(tls.key.read_bytes(), tls.cert.read_bytes())],
             root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
             require_client_auth=tls.client_ca is not None,
         )
-        port = server.add_secure_port("127.0.0.1:0", credentials)
+        port = server.add_secure_port(f"127.0.0.1:{port}", credentials)
     server.start()
     receiver.endpoint = f"{'http' if tls is None else 'https'}://127.0.0.1:{port}"
     receiver._stop = lambda: server.stop(0)

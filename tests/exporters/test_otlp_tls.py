@@ -9,7 +9,7 @@ process configured from the environment only. With the CA every span and the met
 arrive, decoded and checked; without it (or with another CA, or without the client
 certificate a receiver asks for) nothing arrives, the loop runs to its end, and the failure
 is counted in ``summary.json`` and said at shutdown with the endpoint, its credentials
-redacted.
+redacted. And the gRPC fast path's new channel after a failed export is a TLS one.
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 from certificates import Pki, make_pki, openssl_missing
+from collector import free_port
 from otlp_receiver import OtlpReceiver, ServerTls, attributes, grpc_receiver, http_receiver
 from processes import child_env
+
+import otel_tunix
 
 pytestmark = pytest.mark.skipif(openssl_missing() is not None, reason=str(openssl_missing()))
 
@@ -248,3 +251,34 @@ def test_an_untrusted_collector_gets_nothing_and_the_loop_goes_on(
         assert f"{endpoint}/v1/traces?[REDACTED] (http/protobuf)" in warning
     assert "TLS certificate" in warning
     assert SECRET not in notice
+
+
+def test_the_fast_path_reconnects_over_tls_when_the_collector_comes_up(
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gRPC fast path swaps the SDK's stub for its own, and the SDK makes a new channel
+    (and stub) after a failed export: the new one must be a TLS channel with the same
+    credentials. In process: the run starts before its collector does."""
+    port = free_port()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"https://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(pki.ca))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
+    otel_tunix.configure(output_dir=tmp_path / "run")
+    for n in range(3):
+        with otel_tunix.step(n), otel_tunix.component("forward"):
+            pass
+    otel_tunix.force_flush(timeout=5)  # nothing listens: this export fails
+    receiver = grpc_receiver(ServerTls(pki.server_cert, pki.server_key), port=port)
+    try:
+        for n in range(100, 103):
+            with otel_tunix.step(n), otel_tunix.component("forward"):
+                pass
+        otel_tunix.shutdown()
+    finally:
+        receiver.close()
+    steps = [attributes(s.attributes)["tunix.step"] for s in receiver.spans()]
+    assert sorted(steps) == [100, 100, 101, 101, 102, 102]
+    export = json.loads((tmp_path / "run" / "summary.json").read_text())["export"]["otlp"]
+    assert (export["spans_failed"], export["spans_exported"]) == (6, 6)
