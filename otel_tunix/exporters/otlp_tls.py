@@ -5,12 +5,12 @@ names the CA an OTLP/HTTP exporter trusts. The SDK's HTTP transport (since the
 ``opentelemetry-exporter-http-transport`` package) puts it on its ``requests`` session as
 ``session.verify`` and sends without a ``verify`` argument; ``requests`` then takes
 ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` from the environment over the session's value
-(psf/requests#3829). Those two are set on many machines (conda, Nix, corporate images), and
-there every export to a collector with a private CA failed certificate verification, the
-certificate variable silently ignored. Earlier SDKs passed ``verify=`` with each request,
-which the environment does not override; :func:`keep_certificate` makes the session do so
-again. Nothing changes where no certificate is given: the environment's bundle then applies,
-as ``requests`` means it to.
+(psf/requests#3829, #4726). Those two are set on many machines (conda, Nix, corporate
+images), and there every export to a collector with a private CA failed certificate
+verification, the certificate variable silently ignored. Earlier SDKs passed ``verify=``
+with each request, which the environment does not override; :func:`keep_certificate` makes
+the session do so again. Nothing changes where no certificate is given: the environment's
+bundle then applies, as ``requests`` means it to.
 
 Duck-typed, without importing ``requests`` or the SDK's exporters: the core imports without
 the ``otlp`` extra, and an exporter laid out otherwise (gRPC, another SDK version) is left
