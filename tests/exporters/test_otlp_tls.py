@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -257,8 +258,8 @@ def test_the_fast_path_reconnects_over_tls_when_the_collector_comes_up(
     pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The gRPC fast path swaps the SDK's stub for its own, and the SDK makes a new channel
-    (and stub) after a failed export: the new one must be a TLS channel with the same
-    credentials. In process: the run starts before its collector does."""
+    (and stub) after an export fails as unavailable: the new one must be a TLS channel with
+    the same credentials. In process: the run starts before its collector does."""
     port = free_port()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"https://127.0.0.1:{port}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(pki.ca))
@@ -272,13 +273,23 @@ def test_the_fast_path_reconnects_over_tls_when_the_collector_comes_up(
     otel_tunix.force_flush(timeout=5)  # nothing listens: this export fails
     receiver = grpc_receiver(ServerTls(pki.server_cert, pki.server_key), port=port)
     try:
-        for n in range(100, 103):
+        # The first export after that may still fail on the old channel (gRPC waits out
+        # its reconnect back-off there; the SDK's retry on the new one may not fit in the
+        # 1 s deadline); a step at a time until one arrives.
+        n, deadline = 100, time.monotonic() + 20
+        while not receiver.spans() and time.monotonic() < deadline:
             with otel_tunix.step(n), otel_tunix.component("forward"):
                 pass
+            otel_tunix.force_flush(timeout=5)
+            n += 1
         otel_tunix.shutdown()
     finally:
         receiver.close()
-    steps = [attributes(s.attributes)["tunix.step"] for s in receiver.spans()]
-    assert sorted(steps) == [100, 100, 101, 101, 102, 102]
+    arrived = [attributes(s.attributes)["tunix.step"] for s in receiver.spans()]
+    assert arrived, "nothing arrived once the TLS collector was up"
+    assert min(arrived) >= 100  # those sent while it was down are counted failed, not resent
     export = json.loads((tmp_path / "run" / "summary.json").read_text())["export"]["otlp"]
-    assert (export["spans_failed"], export["spans_exported"]) == (6, 6)
+    assert export["spans_exported"] == len(arrived)
+    assert export["spans_failed"] >= 6
+    print(f"TLS reconnect: {len(arrived)} spans arrived of {2 * (n - 100)} sent after the "
+          f"collector came up; {export['spans_failed']} failed before")  # fmt: skip
