@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc")  # the otlp extra (and grpcio)
+
 from certificates import Pki, make_pki, openssl_missing
 from collector import free_port
 from otlp_receiver import OtlpReceiver, ServerTls, attributes, grpc_receiver, http_receiver
