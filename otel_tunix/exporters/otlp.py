@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tunix.exporters.otlp_encoding import StepEncoder
+from otel_tunix.exporters.otlp_tls import keep_certificate
 from otel_tunix.pipeline.export_processor import StepSpanExporter
 from otel_tunix.pipeline.span_builder import FinishedStep
 
@@ -153,7 +154,14 @@ attributes of the SDK's that the subclass uses."""
 def otlp_span_exporter(sdk_class: type[SpanExporter], fast: bool = True) -> SpanExporter:
     """The exporter for ``OTEL_TRACES_EXPORTER=otlp``, whose entry point gave ``sdk_class``:
     otel-tunix's subclass of it (with ``fast``, for the SDK's two OTLP classes whose private
-    transport is where the subclass expects it), else ``sdk_class()``."""
+    transport is where the subclass expects it), else ``sdk_class()``; over HTTP, keeping
+    the CA certificate it was given (:func:`~otel_tunix.exporters.otlp_tls.keep_certificate`)."""
+    exporter = _built(sdk_class, fast)
+    keep_certificate(exporter)
+    return exporter
+
+
+def _built(sdk_class: type[SpanExporter], fast: bool) -> SpanExporter:
     found = _FAST.get(sdk_class) if fast else None
     if found is None:
         return sdk_class()

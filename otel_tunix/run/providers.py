@@ -23,6 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_tunix._shortcuts import reset_global_providers
+from otel_tunix.exporters.otlp_tls import keep_certificate
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.run.signal_exports import (
     CountingLogExporter,
@@ -146,6 +147,7 @@ def metric_readers(
         why = _asked_by(settings, "metrics", name)
         cls = load_exporter_class("opentelemetry_metrics_exporter", ep, why)
         obj = cls()
+        keep_certificate(obj)  # OTLP/HTTP: its CA over REQUESTS_CA_BUNDLE's
         if isinstance(obj, MetricReader):
             out.append(obj)
             continue
@@ -217,6 +219,7 @@ def build_logger_provider(
         why = _asked_by(settings, "logs", name)
         cls = load_exporter_class("opentelemetry_logs_exporter", ep, why)
         exporter = cls()
+        keep_certificate(exporter)  # OTLP/HTTP: its CA over REQUESTS_CA_BUNDLE's
         if counts is not None:
             exporter = CountingLogExporter(exporter, counts.setdefault(name, SignalExportStats()))
         provider.add_log_record_processor(BatchLogRecordProcessor(exporter))

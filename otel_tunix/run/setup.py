@@ -291,16 +291,19 @@ def _shutdown(timeout: float | None) -> list[ScopeSession]:
 
 def _report(st: RunState, unfinished: list[str], budget: float) -> None:
     """Warn of spans not sent and of what the shutdown left behind."""
+    # where each went, as the start notice said it (credentials redacted there)
+    targets = {d.name: d.target for d in st.destinations if d.signal == "spans" and d.target}
     for name, stats in st.export_stats.items():
         if stats.failed or stats.dropped:
             _logger.warning(
-                "otel-tunix: exporter %s: %d spans failed and %d were dropped (%s)",
+                "otel-tunix: exporter %s%s: %d spans failed and %d were dropped (%s)",
                 name,
+                f" to {targets[name]}" if name in targets else "",
                 stats.failed,
                 stats.dropped,
                 "the trace file could not be written"
                 if name == "perfetto"
-                else "collector down or slow?",
+                else "collector down or slow, or its TLS certificate not trusted?",
             )
     unfinished = [u for u in unfinished if u != "perfetto translation"]
     if unfinished:

@@ -18,6 +18,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from otlp_receiver import grpc_receiver, http_receiver
 
 import otel_tunix
 from otel_tunix._shortcuts import span_processors_of
@@ -175,76 +176,20 @@ def test_otel_traces_exporter_otlp_takes_the_fast_path_unless_told_not_to(
     assert [type(e) for e in exporters] == [expected]
 
 
-class _Capture:
-    """What an OTLP receiver got: each request's headers (or gRPC metadata) and its body."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[dict[str, str], bytes]] = []
-        self.received = threading.Event()
-
-    def add(self, headers: dict[str, str], body: bytes) -> None:
-        self.requests.append((headers, body))
-        self.received.set()
-
-
-def _http_receiver(capture: _Capture) -> tuple[Any, str]:
-    import http.server
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            capture.add({k.lower(): v for k, v in self.headers.items()}, body)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: object) -> None:
-            return None
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
-def _grpc_receiver(capture: _Capture) -> tuple[Any, str]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    import grpc
-
-    def export(request: bytes, context: Any) -> bytes:
-        seen = dict(context.invocation_metadata())
-        seen["deadline-in"] = str(context.time_remaining())  # OTEL_..._TIMEOUT
-        capture.add(seen, request)
-        return b""  # an empty ExportTraceServiceResponse
-
-    server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    handler = grpc.method_handlers_generic_handler(
-        "opentelemetry.proto.collector.trace.v1.TraceService",
-        {"Export": grpc.unary_unary_rpc_method_handler(export)},  # bytes in and out
-    )
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_the_otlp_settings_reach_the_wire_through_the_fast_path(
     monkeypatch: pytest.MonkeyPatch, protocol: str
 ) -> None:
     """Endpoint, protocol, headers, compression and timeout from the signal's own
-    ``OTEL_EXPORTER_OTLP_TRACES_*`` variables, as a receiver sees them."""
-    import gzip
-
+    ``OTEL_EXPORTER_OTLP_TRACES_*`` variables, as a receiver sees them (certificates:
+    test_otlp_tls.py)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
 
-    capture = _Capture()
-    server, endpoint = (_grpc_receiver if protocol == "grpc" else _http_receiver)(capture)
+    receiver = (grpc_receiver if protocol == "grpc" else http_receiver)()
     try:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint
                            + ("" if protocol == "grpc" else "/v1/traces"))  # fmt: skip
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
         monkeypatch.setenv(
@@ -259,17 +204,16 @@ def test_the_otlp_settings_reach_the_wire_through_the_fast_path(
             with otel_tunix.component("forward"):
                 pass
         otel_tunix.shutdown()
-        assert capture.received.wait(10)
+        assert receiver.wait("traces", 10)
     finally:
-        server.stop(0) if protocol == "grpc" else server.shutdown()
-    headers, body = capture.requests[0]
+        receiver.close()
+    request = receiver.of("traces")[0]
+    headers = request.headers
     assert headers["x-team"] == "ml"
     assert headers["authorization"] == "Bearer t0k"
     if protocol == "grpc":
-        assert 0 < float(headers["deadline-in"]) <= 3
+        assert request.deadline_s is not None and 0 < request.deadline_s <= 3
     else:  # (gRPC's compression is undone by the server's library)
         assert headers["content-encoding"] == "gzip"
-        body = gzip.decompress(body)
-    request = ExportTraceServiceRequest.FromString(body)
-    spans = request.resource_spans[0].scope_spans[0].spans
-    assert sorted(s.name for s in spans) == ["forward", "train_step"]
+    spans = ExportTraceServiceRequest.FromString(request.payload).resource_spans[0]
+    assert sorted(s.name for s in spans.scope_spans[0].spans) == ["forward", "train_step"]
