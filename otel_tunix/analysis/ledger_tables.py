@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from otel_tunix.analysis.ledger import Ledger
@@ -27,14 +28,19 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
         rt = rich_table(
             f"{name}: {len(job.runs)} run(s), {job.restarts} restart(s), "
             f"{job.redone_steps} redone step(s), {job.compilations} compilation(s)",
-            "folder", "attempt", "steps", "redone", "gap before (s)", "wall (s)", "goodput %",
+            "folder", "attempt", "steps", "redone", "gap before s", "wall s", "goodput %",
         )  # fmt: skip
         for r in job.runs:
+            attempt = "" if r.attempt is None else str(r.attempt)
             rt.add_row(
-                r.folder, "" if r.attempt is None else str(r.attempt), str(r.steps),
-                str(r.redone_steps), f"{r.restart_gap_sec:.3f}",
-                f"{r.goodput.wall_time_sec:.3f}", f"{r.goodput.goodput * 100:.1f}",
-            )  # fmt: skip
+                _relative(r.folder, ledger.source),
+                attempt,
+                str(r.steps),
+                str(r.redone_steps),
+                f"{r.restart_gap_sec:.3f}",
+                f"{r.goodput.wall_time_sec:.3f}",
+                f"{r.goodput.goodput * 100:.1f}",
+            )
         con.print(rt)
         con.print(goodput_table(g, f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s"))
     if len(ledger.jobs) > 1:
@@ -48,3 +54,12 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
         )
     for n in [*ledger.notes, *ledger.goodput.notes]:
         con.print(f"[dim]note: {n}[/]")
+
+
+def _relative(folder: str, source: str) -> str:
+    """A run's folder as given under the path the user named (``.``, ``run-2``)."""
+    try:
+        rel = os.path.relpath(folder, source if os.path.isdir(source) else os.path.dirname(source))
+    except ValueError:  # another drive (Windows)
+        return folder
+    return folder if rel.startswith("..") else rel

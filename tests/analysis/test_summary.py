@@ -112,9 +112,7 @@ def test_breakdown_matches_the_sleeps_and_the_file(known_run: Path, summary: Run
     assert ev.sampled_steps == EVAL_STEPS and near(ev.step.mean, SLEEPS.eval)
 
 
-def test_goodput_and_badput(
-    known_run: Path, summary: RunSummary, known_measured: Measured
-) -> None:
+def test_goodput_and_badput(known_run: Path, summary: RunSummary, known_measured: Measured) -> None:
     # Every figure against the run's own clock readings (brackets), not the nominal sleeps:
     # a loaded machine stretches the sleeps, and the SDK must report what happened.
     g = summary.goodput
