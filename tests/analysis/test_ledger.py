@@ -374,3 +374,51 @@ def test_compilations_are_the_outermost_compile_components(tmp_path: Path) -> No
     data = job_ledger(path).to_json()
     assert data["compilations"] == 3
     assert data["badput_sec"][cat.COMPILATION] == pytest.approx((34 + 4) * 1e-3, abs=1e-12)
+
+
+def test_jax_compilations_with_new_shapes(tmp_path: Path) -> None:
+    """A real jitted step called with three shapes: three compilations, and compilation
+    time as JAX's own compile events (a listener of the test) say."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    import otel_tunix
+    from otel_tunix.instrumentation import jax as otj
+    from otel_tunix.testing import reset
+
+    phases = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration")
+    seen: list[tuple[str, float]] = []
+    listening = [False]
+
+    def listener(event: str, duration: float, **_: Any) -> None:
+        if listening[0] and event.startswith("/jax/core/compile/"):
+            seen.append((event.rsplit("/", 1)[-1], duration))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+
+    def body(x: Any) -> Any:
+        for _ in range(3):
+            x = jnp.tanh(x @ x.T)
+        return x.sum()
+
+    inputs = [jnp.ones((k, k)) for k in (32, 32, 64, 32, 96, 96)]  # made outside the steps
+    reset()
+    otel_tunix.configure(
+        output_dir=tmp_path / "run",
+        perf=otel_tunix.PerformanceMetricsConfig(perfetto_trace_dir="none"),
+    )
+    step_fn = otj.instrument_jit(jax.jit(body), component="train_step_compute")
+    listening[0] = True
+    try:
+        for n, x in enumerate(inputs):
+            with otel_tunix.step(n, scope="train"):
+                step_fn(x).block_until_ready()
+    finally:
+        listening[0] = False
+        otel_tunix.shutdown()
+        reset()
+    data = job_ledger(tmp_path / "run").to_json()
+    compiles = [d for name, d in seen if name == "backend_compile_duration"]
+    assert len(compiles) == 3  # shapes 32, 64, 96
+    assert data["compilations"] == len(compiles)
+    compile_time = sum(d for name, d in seen if name in phases)
+    assert data["badput_sec"][cat.COMPILATION] == pytest.approx(compile_time, abs=1e-4)
