@@ -170,7 +170,7 @@ class _Run:
         return out
 
 
-def _read_runs(path: Path) -> tuple[list[_Run], int]:
+def _read_runs(path: Path) -> tuple[list[_Run], int, list[str]]:
     if not path.exists():
         raise AnalysisError(f"{path}: no such file or directory")
     if path.is_file():
@@ -179,18 +179,21 @@ def _read_runs(path: Path) -> tuple[list[_Run], int]:
         groups = [(d, folder_spans_files(d)) for d in run_folders(path)]
     runs: list[_Run] = []
     bad = 0
+    empty: list[str] = []
     for folder, paths in groups:
         timelines = [read_timeline(p, spans_rank(p)) for p in paths]
         bad += sum(t.stats.bad_lines for t in timelines)
         timelines = [t for t in timelines if t.steps or t.i_start]
         if timelines:
             runs.append(_Run(folder, timelines))
+        else:
+            empty.append(str(folder))
     if not runs:
         raise AnalysisError(
             f"{path}: no run with a recorded step or component here (looked for spans.jsonl "
             "and spans-rank<N>.jsonl, plain or .gz, up to 2 levels down)"
         )
-    return runs, bad
+    return runs, bad, empty
 
 
 def _job(job_id: str | None, runs: Sequence[_Run]) -> JobLedger:
@@ -244,7 +247,7 @@ def job_ledger(path: str | os.PathLike[str]) -> Ledger:
     Raises:
         AnalysisError: nothing to read there.
     """
-    runs, bad = _read_runs(Path(path))
+    runs, bad, empty = _read_runs(Path(path))
     by_job: dict[str, list[_Run]] = {}
     for r in runs:
         key = f"job:{r.job_id}" if r.job_id else f"run:{r.run_id or r.folder}:{r.folder}"
@@ -252,6 +255,10 @@ def job_ledger(path: str | os.PathLike[str]) -> Ledger:
     jobs = [_job(rs[0].job_id, rs) for rs in by_job.values()]
     jobs.sort(key=lambda j: j.runs[0].start_ns)
     notes = []
+    if empty:
+        notes.append(
+            f"not counted (no recorded step or component in a spans file): {', '.join(empty)}"
+        )
     if bad:
         notes.append(f"{bad} line(s) were not JSON and were skipped (a kill cut them short?)")
     return Ledger(source=str(path), jobs=jobs, notes=notes, bad_lines=bad)

@@ -422,3 +422,13 @@ def test_jax_compilations_with_new_shapes(tmp_path: Path) -> None:
     assert data["compilations"] == len(compiles)
     compile_time = sum(d for name, d in seen if name in phases)
     assert data["badput_sec"][cat.COMPILATION] == pytest.approx(compile_time, abs=1e-4)
+
+
+def test_errors_give_status_2(tmp_path: Path, capsys: Any) -> None:
+    assert main(["goodput", str(tmp_path / "missing")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "metrics.jsonl").write_text('{"type": "meta", "time": 1.0}\n')
+    assert main(["goodput", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("otel-tunix goodput: error: ") and "no run with a recorded" in err
