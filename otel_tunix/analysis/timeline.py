@@ -54,6 +54,9 @@ _EVALUATION_CODE: Final = _CODE[cat.EVALUATION]
 
 # What each stretch of the run is when no component decides it (``rest`` of
 # categorize_intervals); a wasted stretch is wasted_progress whatever ran in it.
+_Windows = tuple["array[int]", "array[int]"]
+"""Sorted disjoint windows: their starts and their ends."""
+
 _IN_STEP, _BEFORE_FIRST, _BETWEEN, _WASTED = (
     cat.PRODUCTIVE,
     cat.INITIALIZATION,
@@ -308,7 +311,7 @@ class RunTimeline:
             start = min(firsts)
         end = max(self.last_ns, start)
         kept, wasted, redone = self._windows(redo or {}, g)
-        regions = _regions(start, end, first_step, _merge(kept), _merge(wasted))
+        regions = _regions(start, end, first_step, kept, wasted)
         totals = self._categorize(regions)
         g.wall_time_sec = (end - start) * _NS
         if self.device_end_ns > self.host_end_ns:
@@ -320,12 +323,9 @@ class RunTimeline:
 
     def _windows(
         self, redo: Mapping[str, Sequence[tuple[int, int]]], g: Goodput
-    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], int]:
-        """The step windows kept and wasted (unsampled steps between sampled ones included
-        with ``sampling_rate`` > 1), and the number of steps wasted."""
-        kept: list[tuple[int, int]] = []
-        wasted: list[tuple[int, int]] = []
-        redone = 0
+    ) -> tuple[_Windows, _Windows, int]:
+        """The step windows kept and wasted, each as their union (unsampled steps between
+        sampled ones included with ``sampling_rate`` > 1), and the number of steps wasted."""
         evals = [cat.is_eval_scope(s) for s in self.scopes]
 
         def is_redone(scope: int, step: int) -> bool:
@@ -333,10 +333,13 @@ class RunTimeline:
                 return False
             return any(lo <= step <= hi for lo, hi in redo.get(self.scopes[scope], ()))
 
-        for i in range(len(self.w_step)):
-            w = is_redone(self.w_scope[i], self.w_step[i])
-            (wasted if w else kept).append((self.w_start[i], self.w_end[i]))
-            redone += w
+        mask = np.zeros(len(self.w_step), dtype=bool)
+        if redo:
+            for i in range(len(self.w_step)):
+                mask[i] = is_redone(self.w_scope[i], self.w_step[i])
+        redone = int(mask.sum())
+        extra_kept: list[tuple[int, int]] = []
+        extra_wasted: list[tuple[int, int]] = []
         if self.sampling_rate > 1 and self.w_step:
             # Between two sampled steps of a scope ran the unsampled ones: step time too.
             by_scope: dict[int, list[int]] = {}
@@ -348,16 +351,20 @@ class RunTimeline:
                     gap = self.w_step[b] - self.w_step[a] - 1
                     if gap > 0 and self.w_start[b] > self.w_end[a]:
                         w = is_redone(sc, self.w_step[a] + 1)
-                        (wasted if w else kept).append((self.w_end[a], self.w_start[b]))
+                        (extra_wasted if w else extra_kept).append((self.w_end[a], self.w_start[b]))
                         redone += gap if w else 0
                 session = self.sessions.get(self.scopes[sc])
                 if session is not None:  # unsampled steps before the first, after the last
-                    kept.append((session[0], self.w_start[idx[0]]))
-                    kept.append((self.w_end[idx[-1]], session[1]))
+                    extra_kept.append((session[0], self.w_start[idx[0]]))
+                    extra_kept.append((self.w_end[idx[-1]], session[1]))
             g.notes.append(
                 "sampling_rate > 1: the time between two sampled steps of a scope counts as "
                 "step time (the unsampled steps ran there); their components are not seen"
             )
+        starts = np.frombuffer(self.w_start, dtype=np.int64)
+        ends = np.frombuffer(self.w_end, dtype=np.int64)
+        kept = _merge(starts[~mask], ends[~mask], extra_kept)
+        wasted = _merge(starts[mask], ends[mask], extra_wasted)
         return kept, wasted, redone
 
     def _categorize(self, regions: Iterable[tuple[int, int, str]]) -> dict[str, float]:
@@ -397,31 +404,34 @@ class RunTimeline:
                 yield names[c], s0, s1
 
 
-def _merge(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The union of windows, as sorted disjoint intervals."""
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(w for w in windows if w[1] > w[0]):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return out
+def _merge(starts: np.ndarray, ends: np.ndarray, more: list[tuple[int, int]]) -> _Windows:
+    """The union of windows (and ``more``), as sorted disjoint intervals: two arrays of
+    8 bytes an interval, for a run of any length."""
+    if more:
+        starts = np.concatenate([starts, np.array([w[0] for w in more], dtype=np.int64)])
+        ends = np.concatenate([ends, np.array([w[1] for w in more], dtype=np.int64)])
+    keep = ends > starts
+    s, e = starts[keep], ends[keep]
+    if not len(s):
+        return array("q"), array("q")
+    order = s.argsort(kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
+    last = np.concatenate([first[1:] - 1, [len(s) - 1]])
+    return array("q", s[first].tobytes()), array("q", reach[last].tobytes())
 
 
 def _regions(
-    start: int,
-    end: int,
-    first_step: int | None,
-    kept: list[tuple[int, int]],
-    wasted: list[tuple[int, int]],
+    start: int, end: int, first_step: int | None, kept: _Windows, wasted: _Windows
 ) -> Iterator[tuple[int, int, str]]:
     """``[start, end]`` cut into stretches labelled by what they are when no component
     decides: wasted, in a step, before the first step, between steps (made as they are
     walked: memory stays with the windows)."""
+    (ks, ke), (ws, we) = kept, wasted
     edges = heapq.merge(
-        (x for w in kept for x in w),
-        (x for w in wasted for x in w),
+        (x for i in range(len(ks)) for x in (ks[i], ke[i])),
+        (x for i in range(len(ws)) for x in (ws[i], we[i])),
         () if first_step is None else (first_step,),
     )
     ki = wi = 0
@@ -430,13 +440,13 @@ def _regions(
     for b in itertools.chain((x for x in edges if start < x < end), (end,)):
         if b <= a:
             continue
-        while ki < len(kept) and kept[ki][1] <= a:
+        while ki < len(ks) and ke[ki] <= a:
             ki += 1
-        while wi < len(wasted) and wasted[wi][1] <= a:
+        while wi < len(ws) and we[wi] <= a:
             wi += 1
-        if wi < len(wasted) and wasted[wi][0] <= a:
+        if wi < len(ws) and ws[wi] <= a:
             label = _WASTED
-        elif ki < len(kept) and kept[ki][0] <= a:
+        elif ki < len(ks) and ks[ki] <= a:
             label = _IN_STEP
         elif first_step is None or a < first_step:
             label = _BEFORE_FIRST
