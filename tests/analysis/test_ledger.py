@@ -433,3 +433,28 @@ def test_errors_give_status_2(tmp_path: Path, capsys: Any) -> None:
     assert main(["goodput", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("otel-tunix goodput: error: ") and "no run with a recorded" in err
+
+
+def test_the_ranks_of_a_run_are_one_run_their_time_summed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from analysis_runs import make_synced_rank
+
+    run = tmp_path / "job"
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        make_synced_rank(run, compute=0.004, wait=0.002, steps=5)
+    data = job_ledger(run).to_json()
+    assert (data["runs"], data["restarts"], data["redone_steps"]) == (1, 0, 0)
+    walls = 0.0
+    blocked = 0.0
+    for rank in range(3):  # each rank's header start to its last step's end, from its file
+        records = list(iter_records(run / f"spans-rank{rank}.jsonl"))
+        header = next(r for r in records if r["type"] == "run")
+        steps = [r for r in records if r["type"] == "step"]
+        start = header.get("process_start_ns", header["start_ns"])
+        walls += (max(s["end_ns"] for s in steps) - start) * 1e-9
+        blocked += sum(s["blocked_time_sec"] for s in steps)
+    assert data["wall_time_sec"] == pytest.approx(walls, abs=1e-6)
+    assert data["badput_sec"][cat.OTHER] >= blocked - 1e-6  # the all_reduce waits
