@@ -203,7 +203,9 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=100.0, help="size of each file (100)")
     ap.add_argument("--gzip", action="store_true", help="write the files gzip-compressed")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
-    ap.add_argument("--task", choices=["plot", "summary", "goodput", "baseline"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--task", choices=["plot", "summary", "goodput", "baseline"], help=argparse.SUPPRESS
+    )
     ap.add_argument("--file", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.task:  # the child process
