@@ -8,6 +8,7 @@ process so that the peak resident memory is that of the one task:
 * ``plot``: ``otel-tunix plot``'s path (read two metrics, moving average over 20, draw,
   write a PNG);
 * ``summary``: ``otel-tunix summary``'s path (breakdown, goodput, anomalies);
+* ``goodput``: ``otel-tunix goodput``'s path (the job ledger of the run);
 * ``baseline``: the same imports and nothing read, to show what the reading itself adds.
 
 Prints rows per second, MB per second and peak RSS, measured in this one run::
@@ -159,6 +160,7 @@ def task(name: str, path: Path, out_dir: Path) -> dict[str, Any]:
     import pandas  # noqa: F401
 
     from otel_tunix.analysis.breakdown import summarize
+    from otel_tunix.analysis.ledger import job_ledger
     from otel_tunix.analysis.plotting import PlotSpec, load_runs, render, save_plot
 
     rss0 = _peak_rss_mb()
@@ -175,6 +177,9 @@ def task(name: str, path: Path, out_dir: Path) -> dict[str, Any]:
     elif name == "summary":
         summary = summarize(path)
         rows = sum(s.sampled_steps for s in summary.scopes)
+    elif name == "goodput":
+        ledger = job_ledger(path)
+        rows = sum(r.steps for j in ledger.jobs for r in j.runs)
     elapsed = time.perf_counter() - t
     return {
         "task": name,
@@ -198,7 +203,9 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=100.0, help="size of each file (100)")
     ap.add_argument("--gzip", action="store_true", help="write the files gzip-compressed")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
-    ap.add_argument("--task", choices=["plot", "summary", "baseline"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--task", choices=["plot", "summary", "goodput", "baseline"], help=argparse.SUPPRESS
+    )
     ap.add_argument("--file", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.task:  # the child process
@@ -222,7 +229,7 @@ def main() -> None:
         print(f"baseline (imports only): peak RSS {base['peak_rss_mb']:.0f} MB")
         print(f"{'task':<8} {'file MB':>8} {'rows':>10} {'s':>7} {'rows/s':>10} {'MB/s':>7} "
               f"{'peak RSS MB':>12} {'over baseline':>14}")  # fmt: skip
-        for name, path in (("plot", metrics), ("summary", spans)):
+        for name, path in (("plot", metrics), ("summary", spans), ("goodput", spans)):
             r = _child(name, path, d)
             mb = sizes[path]
             print(

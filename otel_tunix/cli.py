@@ -1,4 +1,4 @@
-"""The ``otel-tunix`` command: ``demo``, ``plot``, ``summary``, ``convert``.
+"""The ``otel-tunix`` command: ``demo``, ``plot``, ``summary``, ``goodput``, ``convert``.
 
 Each subcommand imports what it needs only when it runs, so ``otel-tunix --help`` is instant
 and ``summary`` / ``convert`` work without pandas or matplotlib. Every error that the user
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_tunix.analysis.breakdown import summarize
+from otel_tunix.analysis.ledger import job_ledger
+from otel_tunix.analysis.ledger_tables import render_ledger
 from otel_tunix.analysis.plotting import (
     DEFAULT_MAX_POINTS,
     PlotSpec,
@@ -39,6 +41,7 @@ commands:
             (--rl: an asynchronous GRPO-style loop with rollout workers and a learner)
   plot      plot metrics of one or more runs (metrics.jsonl, plain or .gz) to a PNG
   summary   step-time breakdown, goodput, anomalous steps and ranks of a finished run
+  goodput   the job's goodput ledger over its runs (restarts, redone steps, badput)
   convert   convert a run's spans JSONL to a Perfetto trace
 
 Run 'otel-tunix COMMAND --help' for a command's options.
@@ -253,6 +256,37 @@ def _summary(argv: Sequence[str]) -> int:
     return _run(prog, run)
 
 
+# --- goodput -----------------------------------------------------------------------------------
+
+
+def _goodput(argv: Sequence[str]) -> int:
+    prog = "otel-tunix goodput"
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="The goodput ledger of a job across its runs (restarts): productive time "
+        "over wall time, and the badput by category (initialization, compilation, data "
+        "stall, checkpoint save / restore, evaluation, wasted progress, restart gap, ...).",
+        epilog="PATH is a run folder, a folder of runs (a folder given to a resumed job, or "
+        "otel-tunix-runs) or a spans JSONL file. Runs with the same tunix.job.id are one job. "
+        "Rules: docs/goodput.md.",
+    )
+    ap.add_argument("path", metavar="PATH", help="run folder, folder of runs, or spans file")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = _parse(ap, argv)
+    if isinstance(args, int):
+        return args
+
+    def run() -> int:
+        ledger = job_ledger(args.path)
+        if args.json:
+            print(json.dumps(ledger.to_json(), indent=2))
+        else:
+            render_ledger(ledger)
+        return 0
+
+    return _run(prog, run)
+
+
 # --- convert -----------------------------------------------------------------------------------
 
 
@@ -298,6 +332,7 @@ def _convert(argv: Sequence[str]) -> int:
 _COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "plot": _plot,
     "summary": _summary,
+    "goodput": _goodput,
     "convert": _convert,
 }
 

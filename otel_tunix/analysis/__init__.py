@@ -1,4 +1,4 @@
-"""Local-first analysis of a run folder: metric plots, the run summary, goodput.
+"""Local-first analysis of a run folder: metric plots, the run summary, the goodput ledger.
 
 The same functions back ``otel-tunix plot`` / ``otel-tunix summary`` and
 ``notebooks/metrics_viewer.ipynb``::
@@ -10,6 +10,7 @@ The same functions back ``otel-tunix plot`` / ``otel-tunix summary`` and
     df = moving_average(filter_metrics(df, ["loss"]), window=20)
     save_plot(plot_metrics([df], ["loss"]), "loss.png")
     print(summarize("otel-tunix-runs/<run id>").goodput.goodput)
+    print(job_ledger("otel-tunix-runs").to_json())              # every job, across restarts
 
 Plots need pandas and matplotlib (``pip install 'otel-tunix[analysis]'``); importing this
 package does not import them.
@@ -18,6 +19,7 @@ package does not import them.
 from __future__ import annotations
 
 from otel_tunix.analysis.breakdown import RunSummary, summarize
+from otel_tunix.analysis.ledger import Ledger, job_ledger
 from otel_tunix.analysis.metrics import (
     default_metrics,
     filter_metrics,
@@ -38,6 +40,7 @@ from otel_tunix.analysis.summary_tables import render_summary
 
 __all__ = [
     "AnalysisError",
+    "Ledger",
     "MetricsTable",
     "PlotSpec",
     "RunSummary",
@@ -45,6 +48,7 @@ __all__ = [
     "filter_metrics",
     "flatten_record",
     "iter_records",
+    "job_ledger",
     "load_runs",
     "metric_names",
     "moving_average",

@@ -3,8 +3,8 @@
 :func:`~otel_tunix.analysis.breakdown.summarize` builds its statistics on what is gathered
 here. :class:`_FileAcc` reads one spans file once; per scope, :class:`_ScopeAcc` keeps a handful
 of floats per sampled step (step, busy, blocked, idle and each component's time), never
-the lines or the spans. :func:`_metrics_start` reads the run's start from the
-``metrics.jsonl`` header next to a spans file.
+the lines or the spans; the same pass feeds the file's
+:class:`~otel_tunix.analysis.timeline.RunTimeline`, from which the goodput ledger is made.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from otel_tunix.analysis import goodput as gp
-from otel_tunix.analysis.readers import AnalysisError, ReadStats, iter_records
-from otel_tunix.attributes import DEVICE_END
+from otel_tunix.analysis.readers import ReadStats, iter_records
+from otel_tunix.analysis.timeline import RunTimeline, metrics_start_ns
 
 _NS = 1e-9
 
@@ -49,16 +48,10 @@ class _ScopeAcc:
         self.own: array[float] = array("d")
         """Step time minus the time the step waited (see :func:`waited_sec`)."""
         self.comp: dict[tuple[str, str], array[float]] = {}
-        self.cats: dict[str, float] = {}
-        self.first: tuple[int, int, dict[str, float]] | None = None  # start_ns, index, cats
+        self.first: tuple[int, int] | None = None  # start_ns, index
         self.min_start: int | None = None
         self.max_end: int | None = None
         self.session: Mapping[str, Any] | None = None
-        self.device_end = 0
-        """The latest device completion of any step (0: no device-ended component)."""
-        self.device_tail: list[tuple[str, int, int]] = []
-        """Device-ended components' time past the host end of their step, classified
-        (category, start, end): only those that may outlast the last host step are kept."""
 
     @property
     def n(self) -> int:
@@ -87,38 +80,10 @@ class _ScopeAcc:
         for col in self.comp.values():
             if len(col) <= idx:
                 col.append(math.nan)
-        spans = obj.get("spans")
-        cats = gp.categorize_step(
-            self.scope,
-            start,
-            end,
-            [s for s in spans if isinstance(s, Mapping)] if isinstance(spans, list) else (),
-        )
-        for k, v in cats.items():
-            self.cats[k] = self.cats.get(k, 0.0) + v
         if self.first is None or start < self.first[0]:
-            self.first = (start, idx, cats)
+            self.first = (start, idx)
         self.min_start = start if self.min_start is None else min(self.min_start, start)
         self.max_end = end if self.max_end is None else max(self.max_end, end)
-        device_end = _i(obj.get("device_end_ns"))
-        if device_end > end and isinstance(spans, list):
-            self._device_run_on(end, spans)
-        self.device_end = max(self.device_end, device_end)
-
-    def _device_run_on(self, end: int, spans: list[Any]) -> None:
-        eval_scope = gp.is_eval_scope(self.scope)
-        for s in spans:
-            if not isinstance(s, Mapping) or not isinstance(s.get("attributes"), Mapping):
-                continue
-            s1 = _i(s.get("end_ns"))
-            if s["attributes"].get(DEVICE_END) is not True or s1 <= end:
-                continue
-            name, kind = str(s.get("name", "")), str(s.get("kind", ""))
-            cat = gp.EVALUATION if eval_scope else gp.classify_component(name, kind)
-            self.device_tail.append((cat, max(_i(s.get("start_ns")), end), s1))
-        if len(self.device_tail) > 256:  # what ends before the host's latest end cannot
-            last = self.max_end or 0  # outlast the last host step: memory stays bounded
-            self.device_tail = [iv for iv in self.device_tail if iv[2] > last]
 
     def _comp(self, name: str, kind: str, idx: int) -> array[float]:
         col = self.comp.get((name, kind))
@@ -176,13 +141,17 @@ class _FileAcc:
     path: Path
     rank: int | None
     scopes: dict[str, _ScopeAcc] = field(default_factory=dict)
-    start_ns: int | None = None
-    start_source: str = ""
     run_id: str | None = None
     stats: ReadStats = field(default_factory=ReadStats)
+    timeline: RunTimeline = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timeline = RunTimeline(self.path, self.rank)
 
     def read(self) -> None:
+        timeline = self.timeline
         for obj in iter_records(self.path, self.stats):
+            timeline.add(obj)
             kind = obj.get("type")
             if kind == "step":
                 scope = str(obj.get("scope") or "default")
@@ -196,42 +165,13 @@ class _FileAcc:
                 if acc is None:
                     acc = self.scopes[scope] = _ScopeAcc(scope)
                 acc.session = obj
-            elif kind in ("run", "meta"):
-                self._run_line(obj)
-
-    def _run_line(self, obj: Mapping[str, Any]) -> None:
-        if isinstance(obj.get("start_ns"), int):
-            self.start_ns, self.start_source = int(obj["start_ns"]), "spans file header"
-        elif isinstance(obj.get("time"), int | float):
-            self.start_ns, self.start_source = int(obj["time"] * 1e9), "spans file header"
-        resource = obj.get("resource")
-        if isinstance(resource, Mapping):
-            rid = resource.get("tunix.run.id")
-            self.run_id = rid if isinstance(rid, str) and rid else self.run_id
-            if self.rank is None:
-                r = resource.get("tunix.rank")
-                self.rank = r if isinstance(r, int) else None
+        self.run_id = timeline.run_id
+        self.rank = timeline.rank
+        if timeline.start_ns is None:
+            start = metrics_start_ns(self.path.parent, self.rank)
+            if start is not None:
+                timeline.start_ns, timeline.start_source = start, "metrics.jsonl header"
 
     @property
     def n(self) -> int:
         return sum(a.n for a in self.scopes.values())
-
-
-def _metrics_start(folder: Path, rank: int | None) -> int | None:
-    """The ``time`` of the ``metrics.jsonl`` header in the folder (the run's configure
-    time), if that header is this rank's."""
-    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
-        p = folder / name
-        if not p.is_file():
-            continue
-        try:
-            for obj in iter_records(p):
-                if obj.get("type") != "meta" or not isinstance(obj.get("time"), int | float):
-                    return None
-                meta_rank = obj.get("rank")
-                if rank is not None and isinstance(meta_rank, int) and meta_rank != rank:
-                    return None
-                return int(obj["time"] * 1e9)
-        except AnalysisError:
-            return None
-    return None

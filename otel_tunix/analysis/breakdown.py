@@ -6,9 +6,9 @@ floats (step, busy, blocked, idle and each component's time: 8 bytes each), neve
 lines or the spans, so memory grows with the number of steps, not with the file's size.
 
 The counters are those the SDK wrote (computed by :func:`otel_tunix.accounting.account_step`);
-the goodput categories are derived from the component spans by
-:func:`otel_tunix.analysis.goodput.categorize_step`. The rules are in
-``docs/local-analysis.md``.
+the goodput is the run's ledger (:class:`otel_tunix.analysis.timeline.RunTimeline`, the
+categories of :mod:`otel_tunix.categories`), as ``otel-tunix goodput`` gives it for a run on
+its own. The rules are in ``docs/local-analysis.md`` and ``docs/goodput.md``.
 
 The streaming readers are in :mod:`otel_tunix.analysis.accumulate`; the terminal tables
 (:func:`~otel_tunix.analysis.summary_tables.render_summary`) in
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from otel_tunix.analysis import goodput as gp
-from otel_tunix.analysis.accumulate import _NS, _FileAcc, _i, _metrics_start, _ScopeAcc
+from otel_tunix.analysis.accumulate import _FileAcc, _i, _ScopeAcc
+from otel_tunix.analysis.ledger import run_goodput
 from otel_tunix.analysis.readers import (
     AnalysisError,
     resolve_spans_files,
@@ -34,6 +34,8 @@ from otel_tunix.analysis.readers import (
     runs_note,
     spans_rank,
 )
+from otel_tunix.analysis.timeline import Goodput
+from otel_tunix.categories import is_eval_scope
 
 __all__ = [
     "Anomaly",
@@ -103,56 +105,6 @@ class ScopeStats:
     blocked: Dist
     idle: Dist
     components: list[ComponentStats]
-
-
-@dataclass(slots=True)
-class Goodput:
-    """Productive step time over wall time, and the badput by category (seconds).
-
-    ``wall_time_sec`` runs from the run's start (the ``time`` of ``metrics.jsonl``'s header,
-    else the first step) to the end of its last step, or to the device completion of the
-    work its steps dispatched when that is later (``device_run_on_sec`` after the last host
-    step: an asynchronous loop). When scopes ran concurrently their categories add up to
-    more than the wall time; the fractions are then taken of that sum (see ``notes``).
-    """
-
-    wall_time_sec: float = 0.0
-    device_run_on_sec: float = 0.0
-    productive_sec: float = 0.0
-    badput_sec: dict[str, float] = field(default_factory=lambda: dict.fromkeys(gp.BADPUT, 0.0))
-    denominator_sec: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def goodput(self) -> float:
-        """``productive_sec`` over the wall time (0 for an empty run)."""
-        return self.productive_sec / self.denominator_sec if self.denominator_sec > 0 else 0.0
-
-    def share(self, category: str) -> float:
-        """A badput category's fraction of the wall time."""
-        d = self.denominator_sec
-        return self.badput_sec.get(category, 0.0) / d if d > 0 else 0.0
-
-    def add(self, other: Goodput) -> None:
-        """Pool another rank's figures into these."""
-        self.wall_time_sec += other.wall_time_sec
-        self.device_run_on_sec += other.device_run_on_sec
-        self.productive_sec += other.productive_sec
-        self.denominator_sec += other.denominator_sec
-        for k, v in other.badput_sec.items():
-            self.badput_sec[k] = self.badput_sec.get(k, 0.0) + v
-        self.notes.extend(n for n in other.notes if n not in self.notes)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "wall_time_sec": self.wall_time_sec,
-            "device_run_on_sec": self.device_run_on_sec,
-            "productive_sec": self.productive_sec,
-            "goodput": self.goodput,
-            "badput_sec": dict(self.badput_sec),
-            "badput_share": {k: self.share(k) for k in self.badput_sec},
-            "notes": list(self.notes),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,76 +272,8 @@ def _is_first_step(acc: _ScopeAcc) -> bool:
     s = acc.session
     if not s or not _i(s.get("first_start_ns")):
         return True
-    first_start, idx, _ = acc.first
+    first_start, idx = acc.first
     return first_start - _i(s["first_start_ns"]) <= acc.t[idx] * 1e9
-
-
-def _file_goodput(f: _FileAcc) -> Goodput:
-    g = Goodput()
-    accs = [a for a in f.scopes.values() if a.n or a.session]
-    if not accs:
-        return g
-    first = min((a.first_start_ns for a in accs if a.first_start_ns), default=0)
-    host_end = max(a.last_end_ns for a in accs)
-    end = max(host_end, max(a.device_end for a in accs))  # the device's run-on included
-    start = first
-    if f.start_ns is not None and 0 < f.start_ns <= first:
-        start = f.start_ns
-        g.badput_sec[gp.STARTUP] = (first - start) * _NS
-    else:
-        g.notes.append(
-            "start-up unknown (no metrics.jsonl header for this rank, or one later than its "
-            "first step): wall time starts at the first step"
-        )
-    g.wall_time_sec = max(0, end - start) * _NS
-    totals = dict.fromkeys(gp.CATEGORIES, 0.0)
-    for a in accs:
-        if not a.n:
-            continue
-        cats = dict(a.cats)
-        if a.steps > a.n:  # sampling: scale the recorded steps up to all steps
-            assert a.first is not None
-            first_cats = a.first[2]
-            if a.n > 1:  # the first step stands for itself, the others for the rest
-                scale = (a.steps - 1) / (a.n - 1)
-                cats = {
-                    k: first_cats.get(k, 0.0) + scale * (v - first_cats.get(k, 0.0))
-                    for k, v in cats.items()
-                }
-            else:
-                cats = {k: v * a.steps for k, v in cats.items()}
-            note = "sampled steps scaled up to every step of their scope (sampling_rate > 1)"
-            if note not in g.notes:
-                g.notes.append(note)
-        if not gp.is_eval_scope(a.scope) and a.n >= 2 and _is_first_step(a):
-            assert a.first is not None
-            _, idx, first_cats = a.first
-            excess = a.t[idx] - float(np.median(a.times()))
-            moved = min(max(0.0, excess), first_cats.get(gp.PRODUCTIVE, 0.0))
-            cats[gp.PRODUCTIVE] = cats.get(gp.PRODUCTIVE, 0.0) - moved
-            cats[gp.COMPILATION] = cats.get(gp.COMPILATION, 0.0) + moved
-        for k, v in cats.items():
-            totals[k] = totals.get(k, 0.0) + v
-    if end > host_end:  # dispatched work the device still ran after the last host step
-        tail = [iv for a in accs for iv in a.device_tail]
-        for k, v in gp.categorize_intervals(host_end, end, tail).items():
-            totals[k] = totals.get(k, 0.0) + v
-        g.device_run_on_sec = (end - host_end) * _NS
-    measured = sum(totals.values()) + g.badput_sec[gp.STARTUP]
-    gap = g.wall_time_sec - measured
-    if gap >= 0:
-        totals[gp.IDLE] += gap
-        g.denominator_sec = g.wall_time_sec
-    else:
-        g.denominator_sec = measured
-        g.notes.append(
-            f"scopes overlap in time ({-gap:.3f} s counted more than once): shares are of "
-            "the summed step time, not of the wall time"
-        )
-    g.productive_sec = totals.pop(gp.PRODUCTIVE)
-    for k, v in totals.items():
-        g.badput_sec[k] = g.badput_sec.get(k, 0.0) + v
-    return g
 
 
 def _anomalies(f: _FileAcc) -> tuple[list[Anomaly], int]:
@@ -433,7 +317,7 @@ def _anomalies(f: _FileAcc) -> tuple[list[Anomaly], int]:
 
 
 def _main_scope(f: _FileAcc) -> _ScopeAcc | None:
-    cands = [a for a in f.scopes.values() if a.n and not gp.is_eval_scope(a.scope)]
+    cands = [a for a in f.scopes.values() if a.n and not is_eval_scope(a.scope)]
     cands = cands or [a for a in f.scopes.values() if a.n]
     return max(cands, key=lambda a: float(a.times().sum()), default=None)
 
@@ -493,10 +377,6 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
     for p in paths:
         f = _FileAcc(p, spans_rank(p))
         f.read()
-        if f.start_ns is None:
-            start = _metrics_start(p.parent, f.rank)
-            if start is not None:
-                f.start_ns, f.start_source = start, "metrics.jsonl header"
         files.append(f)
     bad = sum(f.stats.bad_lines for f in files)
     if bad:
@@ -519,7 +399,7 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
             if a.n:
                 by_scope.setdefault(a.scope, []).append(a)
     scopes = [_scope_stats(accs) for accs in by_scope.values()]
-    goodputs = [_file_goodput(f) for f in files]
+    goodputs = run_goodput([f.timeline for f in files])
     pooled = Goodput()
     for g in goodputs:
         pooled.add(g)

@@ -33,6 +33,7 @@ __all__ = [
     "AnalysisError",
     "MetricsTable",
     "flatten_record",
+    "folder_spans_files",
     "iter_records",
     "open_text",
     "read_jsonl",
@@ -504,12 +505,24 @@ def resolve_spans_files(path: str | os.PathLike[str]) -> list[Path]:
             f"plain or .gz, up to {_SEARCH_DEPTH} levels down)"
         )
     run_dir = newest.parent
-    mine = [f for f in files if f.parent == run_dir]
-    # one file per rank: prefer the plain file when both forms exist
+    return _one_per_rank([f for f in files if f.parent == run_dir])
+
+
+def _one_per_rank(files: Iterable[Path]) -> list[Path]:
+    """One spans file per rank, sorted by rank: the plain file when both forms exist."""
     by_rank: dict[int | None, Path] = {}
-    for f in sorted(mine, key=lambda f: f.name.endswith(".gz")):
+    for f in sorted(files, key=lambda f: f.name.endswith(".gz")):
         by_rank.setdefault(spans_rank(f), f)
     return sorted(by_rank.values(), key=lambda f: (spans_rank(f) or -1, f.name))
+
+
+def folder_spans_files(folder: Path) -> list[Path]:
+    """The spans files directly in ``folder`` (one run's), one per rank; ``[]`` if none."""
+    try:
+        names = [e.name for e in os.scandir(folder) if e.is_file()]
+    except OSError:
+        return []
+    return _one_per_rank(folder / n for n in names if _SPANS_RE.match(n))
 
 
 _RUN_FILE_RE = re.compile(r"^(?:spans|metrics)(?:-rank\d+)?\.jsonl(?:\.gz)?$")

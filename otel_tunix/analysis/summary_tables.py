@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_tunix.analysis import goodput as gp
 from otel_tunix.analysis.breakdown import MAD_FACTOR, RunSummary
 from otel_tunix.analysis.readers import AnalysisError
+from otel_tunix.analysis.timeline import Goodput
+from otel_tunix.categories import BADPUT
 
-__all__ = ["render_summary"]
+__all__ = ["goodput_table", "render_summary", "rich_table"]
 
 
 # --- terminal rendering ------------------------------------------------------------------------
@@ -26,23 +27,40 @@ def _pc(x: float) -> str:
     return f"{x * 100:.1f}"
 
 
+_LEFT = frozenset({"kind", "scope", "grew most (ms)", "folder", "run id"})
+
+
+def rich_table(title: str, *cols: str) -> Any:
+    """A ``rich`` table in the style of the summary's (the ``cli`` extra): the first column
+    and the text columns left-aligned, the numbers right-aligned."""
+    try:
+        from rich import box
+        from rich.table import Table
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise AnalysisError("the tables need rich: pip install 'otel-tunix[cli]'") from exc
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
+    for i, col in enumerate(cols):
+        t.add_column(col, justify="left" if i == 0 or col in _LEFT else "right", no_wrap=i == 0)
+    return t
+
+
+def goodput_table(g: Goodput, title: str) -> Any:
+    """Productive time and each badput category: seconds and % of the wall time."""
+    gt = rich_table(title, "where the time went", "seconds", "% of wall")
+    gt.add_row("productive", f"{g.productive_sec:.3f}", _pc(g.goodput), style="green")
+    for k in BADPUT:
+        gt.add_row(k.replace("_", " "), f"{g.badput_sec.get(k, 0.0):.3f}", _pc(g.share(k)))
+    return gt
+
+
 def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: int = 10) -> None:
     """Print the summary as ``rich`` tables (the ``cli`` extra); fits 80 columns."""
     try:
-        from rich import box
         from rich.console import Console
-        from rich.table import Table
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AnalysisError("the summary tables need rich: pip install 'otel-tunix[cli]'") from exc
     con = console or Console()
-
-    left = {"kind", "scope", "grew most (ms)"}
-
-    def table(title: str, *cols: str) -> Table:
-        t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
-        for i, col in enumerate(cols):
-            t.add_column(col, justify="left" if i == 0 or col in left else "right", no_wrap=i == 0)
-        return t
+    table = rich_table
 
     ids = f" (run id {', '.join(summary.run_ids)})" if summary.run_ids else ""
     con.print(f"[bold]run[/]: {summary.source}{ids}")
@@ -87,16 +105,11 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
 
     g = summary.goodput
     run_on = f" ({g.device_run_on_sec:.2f} s of it device run-on)" if g.device_run_on_sec else ""
-    gt = table(
-        f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time{run_on}",
-        "where the time went", "seconds", "% of wall",
-    )  # fmt: skip
-    denom = g.denominator_sec
-    gt.add_row("productive", f"{g.productive_sec:.3f}", _pc(g.goodput), style="green")
-    for k in gp.BADPUT:
-        v = g.badput_sec.get(k, 0.0)
-        gt.add_row(gp.LABELS[k], f"{v:.3f}", _pc(v / denom if denom > 0 else 0.0))
-    con.print(gt)
+    con.print(
+        goodput_table(
+            g, f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time{run_on}"
+        )
+    )
 
     if summary.anomaly_count and max_anomalies:
         shown = min(max_anomalies, len(summary.anomalies))
