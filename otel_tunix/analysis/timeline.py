@@ -31,7 +31,7 @@ import numpy as np
 
 from otel_tunix import categories as cat
 from otel_tunix.analysis.readers import AnalysisError, ReadStats, iter_records
-from otel_tunix.attributes import KIND_BLOCKED
+from otel_tunix.attributes import BACKGROUND, KIND_BLOCKED
 
 __all__ = [
     "COUNTED_COMPILE",
@@ -51,6 +51,11 @@ outermost counts). ``jax_trace`` / ``jax_lower`` (the same compilation's earlier
 
 _CODE: Final = {c: i for i, c in enumerate(cat.PRECEDENCE)}
 _EVALUATION_CODE: Final = _CODE[cat.EVALUATION]
+_BACKGROUND: Final = 64
+"""Added to the code of a background component's interval (another thread's work open at an
+edge of a step's window, ``tunix.background`` in its attributes: an asynchronous checkpoint
+writer): it counts as its category only where no training step runs; inside a training
+step's window the step's own time stands (the training went on beside it)."""
 
 # What each stretch of the run is when no component decides it (``rest`` of
 # categorize_intervals); a wasted stretch is wasted_progress whatever ran in it.
@@ -275,7 +280,9 @@ class RunTimeline:
             # rest (initialization before the first step, other after it).
             return None
         if s1 > s0:
-            self.i_code.append(_CODE[category])
+            attrs = s.get("attributes")
+            background = isinstance(attrs, Mapping) and attrs.get(BACKGROUND) is True
+            self.i_code.append(_CODE[category] + (_BACKGROUND if background else 0))
             self.i_start.append(s0)
             self.i_end.append(s1)
         return category
@@ -368,9 +375,10 @@ class RunTimeline:
         return kept, wasted, redone
 
     def _categorize(self, regions: Iterable[tuple[int, int, str]]) -> dict[str, float]:
-        """Seconds per category over the regions, each by the components open in it."""
+        """Seconds per category over the regions, each by the components open in it
+        (background components not inside training steps)."""
         totals: dict[str, float] = {}
-        active: list[tuple[str, int, int]] = []
+        active: list[tuple[str, int, int, bool]] = []
         pending = self._sorted_intervals()
         nxt = next(pending, None)
         for a, b, label in regions:
@@ -381,16 +389,18 @@ class RunTimeline:
                 totals[label] = totals.get(label, 0.0) + (b - a) * _NS
                 continue
             active = [iv for iv in active if iv[2] > a]
-            if not any(iv[1] < b for iv in active):
+            counted = [iv[:3] for iv in active if iv[1] < b and not (iv[3] and label == _IN_STEP)]
+            if not counted:
                 totals[label] = totals.get(label, 0.0) + (b - a) * _NS
                 continue
-            for k, v in cat.categorize_intervals(a, b, active, rest=label).items():
+            for k, v in cat.categorize_intervals(a, b, counted, rest=label).items():
                 totals[k] = totals.get(k, 0.0) + v
         return totals
 
-    def _sorted_intervals(self) -> Iterator[tuple[str, int, int]]:
-        """The intervals by start, made into tuples a block at a time (memory stays at the
-        arrays' 17 bytes an interval and numpy's sort order)."""
+    def _sorted_intervals(self) -> Iterator[tuple[str, int, int, bool]]:
+        """The intervals by start (category, start, end, background), made into tuples a
+        block at a time (memory stays at the arrays' 17 bytes an interval and numpy's sort
+        order)."""
         starts = np.frombuffer(self.i_start, dtype=np.int64)
         ends = np.frombuffer(self.i_end, dtype=np.int64)
         codes = np.frombuffer(self.i_code, dtype=np.int8)
@@ -401,7 +411,7 @@ class RunTimeline:
             for c, s0, s1 in zip(
                 codes[idx].tolist(), starts[idx].tolist(), ends[idx].tolist(), strict=True
             ):
-                yield names[c], s0, s1
+                yield names[c % _BACKGROUND], s0, s1, c >= _BACKGROUND
 
 
 def _merge(starts: np.ndarray, ends: np.ndarray, more: list[tuple[int, int]]) -> _Windows:
