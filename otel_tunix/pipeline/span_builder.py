@@ -14,57 +14,34 @@ import logging
 import operator
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix._recording import StepRecord, now_ns
 from otel_tunix._records import ComponentExtras, ComponentStart, step_extras
 from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
-from otel_tunix._text import clean_value
 from otel_tunix.accounting import account_components
+from otel_tunix.categories import declared
 from otel_tunix.model import Interval, SpanInfo
 from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
+from otel_tunix.pipeline.outside import OutsideSpan, outside_spans
+from otel_tunix.pipeline.span_errors import error_text
+from otel_tunix.pipeline.span_errors import span_error as _error
 
 _logger = logging.getLogger(__name__)
-_UNSET = Status(StatusCode.UNSET)
 
 
 def epoch_offset_ns() -> int:
     """Add this to a ``perf_counter_ns()`` reading to get Unix epoch nanoseconds."""
     return time.time_ns() - time.perf_counter_ns()
-
-
-def _error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Event, ...]]:
-    if exc is None:
-        return _UNSET, ()
-    event = Event(
-        "exception",
-        {
-            "exception.type": type(exc).__qualname__,
-            "exception.message": clean_value(str(exc)),
-            "exception.stacktrace": clean_value(
-                "".join(traceback.format_exception(exc)), _MAX_STACKTRACE
-            ),
-            "exception.escaped": True,
-        },
-        timestamp=end_ns,
-    )
-    return Status(StatusCode.ERROR, error_text(exc)), (event,)
-
-
-def error_text(exc: BaseException) -> str:
-    """``"Type: message"``: the error status description of a span, and the ``error`` of
-    its spans JSONL entry (cleaned as a text value: an exception's message is any text)."""
-    return clean_value(f"{type(exc).__qualname__}: {exc}")
 
 
 def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
@@ -100,6 +77,13 @@ class StepSpanProcessor(SpanProcessor):
         """Spans of background work that ended after their step was handed on (an async
         checkpoint writer's): each in its step's trace, with its real length. Default: each
         one's SDK span to ``on_end``."""
+        for span in spans:
+            self.on_end(span.span())
+
+    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
+        """Spans of components recorded outside any step (:mod:`otel_tunix.pipeline.outside`):
+        an outside record's nested components, then its root. Default: each one's SDK span
+        to ``on_end``."""
         for span in spans:
             self.on_end(span.span())
 
@@ -362,11 +346,13 @@ class SpanBuilder:
         self._targets: list[tuple[SpanProcessor, Callable[[list[FinishedStep]], object]]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
         self._attributes: dict[
-            str, tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None]
-        ] = {}
+            str,
+            tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None,
+                  str | None],
+        ] = {}  # fmt: skip
         """Per component name: (blocked, thread, scope, step, the attributes of its spans,
-        the name's times in that step) as last made (never changed once made: spans and other
-        threads may hold them)."""
+        the name's times in that step, its declared category) as last made (never changed
+        once made: spans and other threads may hold them)."""
         self._report = ReportOnce(_logger)
         self.cleaner = NameCleaner()
         self.background = BackgroundLedger()
@@ -376,9 +362,16 @@ class SpanBuilder:
     def __call__(self, records: list[StepRecord]) -> int:
         """Hand these steps to the processors; returns how many could not be read."""
         steps = []
+        outside: list[OutsideSpan] = []
+        read = 0
         for rec in records:
             try:
-                steps.append(FinishedStep(self, rec))
+                if type(rec) is StepRecord:
+                    steps.append(FinishedStep(self, rec))
+                else:  # an outside component's record
+                    self.cleaner.step(rec)
+                    outside.extend(outside_spans(self, rec))
+                read += 1
             except Exception:
                 report_internal_error("reading a recorded step")
         procs = span_processors_of(self._processor)
@@ -394,7 +387,9 @@ class SpanBuilder:
                 )  # fmt: skip
         if self.background:
             self._hand_on(self.background.take_due())
-        return len(records) - len(steps)
+        if outside:
+            self._deliver(outside, lambda proc: proc.on_outside_spans(outside))
+        return len(records) - read
 
     def finish(self, force: bool) -> None:
         """Hand on the spans of background work that no later step can overlap any more
@@ -406,15 +401,21 @@ class SpanBuilder:
             report_internal_error("handing on background spans")
 
     def _hand_on(self, due: list[tuple[Carried, int, bool]]) -> None:
-        """Background spans to every processor: whole to a :class:`StepSpanProcessor`, as
-        SDK spans to the others."""
-        if not due:
-            return
-        spans = [BackgroundSpan(self, c, end, incomplete) for c, end, incomplete in due]
+        """Background spans to every processor (see :meth:`_deliver`)."""
+        if due:
+            spans = [BackgroundSpan(self, c, end, incomplete) for c, end, incomplete in due]
+            self._deliver(spans, lambda proc: proc.on_background_spans(spans))
+
+    def _deliver(
+        self, spans: Sequence[BackgroundSpan | OutsideSpan],
+        whole: Callable[[StepSpanProcessor], None],
+    ) -> None:  # fmt: skip
+        """Spans handed on apart from a step: ``whole`` (them all at once) to a
+        :class:`StepSpanProcessor`, each SDK span to ``on_end`` of the others."""
         for proc in span_processors_of(self._processor):
             try:
                 if isinstance(proc, StepSpanProcessor):
-                    proc.on_background_spans(spans)
+                    whole(proc)
                 else:
                     for span in spans:
                         proc.on_end(span.span())
@@ -423,6 +424,20 @@ class SpanBuilder:
                     id(proc), "otel-tunix: span processor %s raised (reported once)",
                     type(proc).__name__,
                 )  # fmt: skip
+
+    def outside_span(self, s: OutsideSpan) -> ReadableSpan:
+        """The SDK span of a component recorded outside any step."""
+        attributes = {**s.attributes, _SPAN_TYPE: _COMPONENT, _COMPONENT_NAME: s.name,
+                      _TIME_KIND: s.kind, _THREAD_ID: s.thread_id,
+                      _THREAD_NAME: s.thread_name}  # fmt: skip
+        if s.category is not None:
+            attributes[attr.GOODPUT_CATEGORY] = s.category
+        parent = new_span_context(s.trace_id, s.parent_id) if s.parent_id else None
+        status, events = _error(s.error, s.end_ns)
+        return self._full_span(
+            s.name, new_span_context(s.trace_id, s.span_id), parent, attributes, events, status,
+            s.start_ns, s.end_ns,
+        )  # fmt: skip
 
     def background_span(self, c: Carried, end: int, attrs: dict[str, object]) -> ReadableSpan:
         """The SDK span of a background component handed on after its step."""
@@ -476,6 +491,9 @@ class SpanBuilder:
                 extra = _extra_attributes(ex, rec, sid, start_pc, own=False)
                 if extra:
                     d["attributes"] = extra
+            category = declared(name)
+            if category is not None:
+                d["category"] = category
             out.append(d)
         return out
 
@@ -568,6 +586,7 @@ class SpanBuilder:
         number and the name's times in a later step: the run's steps repeat the same
         components, and a copy of a dict costs a third of building one (about 0.3 us a span
         in bench_overhead). ``times``: the name's ``(busy, blocked, count)`` in the step."""
+        category = declared(name)
         if extra is None:
             found = self._attributes.get(name)
             if (
@@ -575,13 +594,16 @@ class SpanBuilder:
                 and found[0] is blocked
                 and found[1] is thread
                 and (found[2] == scope)
+                and found[6] == category
             ):
                 attrs = found[4]
                 if found[3] != number or found[5] != times:  # made in another step
                     attrs = attrs.copy()
                     attrs[_STEP] = number
                     _set_times(attrs, times)
-                    self._attributes[name] = (blocked, thread, scope, number, attrs, times)
+                    self._attributes[name] = (
+                        blocked, thread, scope, number, attrs, times, category
+                    )  # fmt: skip
                 return attrs
         tid, tname = self.thread(thread)
         attrs = {
@@ -593,12 +615,14 @@ class SpanBuilder:
             _THREAD_ID: tid,
             _THREAD_NAME: tname,
         }
+        if category is not None:
+            attrs[attr.GOODPUT_CATEGORY] = category
         _set_times(attrs, times)
         if extra is not None:
             return {**extra, **attrs}
         if len(self._attributes) >= _MAX_CACHED:  # names made up per step
             self._attributes.clear()
-        self._attributes[name] = (blocked, thread, scope, number, attrs, times)
+        self._attributes[name] = (blocked, thread, scope, number, attrs, times, category)
         return attrs
 
     def _full_span(
@@ -663,7 +687,6 @@ def _extra_attributes(
 
 
 _start_ns = operator.itemgetter(4)
-_MAX_STACKTRACE = 32768
 _exports_lock = threading.Lock()
 _MAX_CACHED = 4096
 _INTERNAL = SpanKind.INTERNAL
