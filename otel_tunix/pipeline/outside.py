@@ -25,20 +25,29 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import SpanContext, Status
 
 from otel_tunix._recording import StepRecord, now_ns
+from otel_tunix._shortcuts import new_span_context
 from otel_tunix.attributes import (
+    COMPONENT,
     DEVICE_END,
+    GOODPUT_CATEGORY,
     HOST_DURATION,
     INCOMPLETE,
     KIND_BLOCKED,
     KIND_BUSY,
     OUTSIDE,
+    SPAN_TYPE,
+    SPAN_TYPE_COMPONENT,
+    THREAD_ID,
+    THREAD_NAME,
+    TIME_KIND,
 )
 from otel_tunix.categories import declared
 from otel_tunix.model import SpanInfo
-from otel_tunix.pipeline.span_errors import error_text
+from otel_tunix.pipeline.span_errors import error_text, span_error
 
 __all__ = ["OutsideSpan", "outside_spans"]
 
@@ -50,7 +59,10 @@ class _Builder(Protocol):
 
     def thread(self, thread: Any) -> tuple[int, str]: ...
 
-    def outside_span(self, span: OutsideSpan) -> ReadableSpan: ...
+    def full_span(
+        self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],
+        events: tuple[Event, ...], status: Status, start: int, end: int,
+    ) -> ReadableSpan: ...  # fmt: skip
 
 
 class OutsideSpan:
@@ -118,7 +130,18 @@ class OutsideSpan:
         """The SDK span (built on first use and kept)."""
         span = self._span
         if span is None:
-            span = self._span = self._builder.outside_span(self)
+            attributes = {**self.attributes, SPAN_TYPE: SPAN_TYPE_COMPONENT, COMPONENT: self.name,
+                          TIME_KIND: self.kind, THREAD_ID: self.thread_id,
+                          THREAD_NAME: self.thread_name}  # fmt: skip
+            if self.category is not None:
+                attributes[GOODPUT_CATEGORY] = self.category
+            trace, parent = self.trace_id, self.parent_id
+            status, events = span_error(self.error, self.end_ns)
+            span = self._span = self._builder.full_span(
+                self.name, new_span_context(trace, self.span_id),
+                new_span_context(trace, parent) if parent else None, attributes, events, status,
+                self.start_ns, self.end_ns,
+            )  # fmt: skip
         return span
 
     def info(self) -> SpanInfo:

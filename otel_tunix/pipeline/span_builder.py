@@ -10,6 +10,7 @@ processors and exporters can rely on that order.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import threading
@@ -360,20 +361,31 @@ class SpanBuilder:
         :mod:`otel_tunix.pipeline.background`)."""
 
     def __call__(self, records: list[StepRecord]) -> int:
-        """Hand these steps to the processors; returns how many could not be read."""
-        steps = []
-        outside: list[OutsideSpan] = []
+        """Hand these steps (and outside components' records, in their order) to the
+        processors; returns how many could not be read."""
+        steps: list[FinishedStep] = []
         read = 0
         for rec in records:
             try:
                 if type(rec) is StepRecord:
                     steps.append(FinishedStep(self, rec))
-                else:  # an outside component's record
+                else:  # an outside component's record: the steps before it go first
                     self.cleaner.step(rec)
-                    outside.extend(outside_spans(self, rec))
+                    spans = outside_spans(self, rec)
+                    if steps:
+                        self._deliver_steps(steps)
+                        steps = []
+                    self._deliver(spans, functools.partial(_on_outside_spans, spans=spans))
                 read += 1
             except Exception:
                 report_internal_error("reading a recorded step")
+        if steps:
+            self._deliver_steps(steps)
+        if self.background:
+            self._hand_on(self.background.take_due())
+        return len(records) - read
+
+    def _deliver_steps(self, steps: list[FinishedStep]) -> None:
         procs = span_processors_of(self._processor)
         if procs is not self._targets_key:  # the SDK replaces the tuple when one is added
             self._targets, self._targets_key = _dispatch_targets(procs), procs
@@ -385,11 +397,6 @@ class SpanBuilder:
                     id(proc), "otel-tunix: span processor %s raised (reported once)",
                     type(proc).__name__,
                 )  # fmt: skip
-        if self.background:
-            self._hand_on(self.background.take_due())
-        if outside:
-            self._deliver(outside, lambda proc: proc.on_outside_spans(outside))
-        return len(records) - read
 
     def finish(self, force: bool) -> None:
         """Hand on the spans of background work that no later step can overlap any more
@@ -425,20 +432,6 @@ class SpanBuilder:
                     type(proc).__name__,
                 )  # fmt: skip
 
-    def outside_span(self, s: OutsideSpan) -> ReadableSpan:
-        """The SDK span of a component recorded outside any step."""
-        attributes = {**s.attributes, _SPAN_TYPE: _COMPONENT, _COMPONENT_NAME: s.name,
-                      _TIME_KIND: s.kind, _THREAD_ID: s.thread_id,
-                      _THREAD_NAME: s.thread_name}  # fmt: skip
-        if s.category is not None:
-            attributes[attr.GOODPUT_CATEGORY] = s.category
-        parent = new_span_context(s.trace_id, s.parent_id) if s.parent_id else None
-        status, events = _error(s.error, s.end_ns)
-        return self._full_span(
-            s.name, new_span_context(s.trace_id, s.span_id), parent, attributes, events, status,
-            s.start_ns, s.end_ns,
-        )  # fmt: skip
-
     def background_span(self, c: Carried, end: int, attrs: dict[str, object]) -> ReadableSpan:
         """The SDK span of a background component handed on after its step."""
         home = c.home
@@ -450,7 +443,7 @@ class SpanBuilder:
         ex = home.extras
         error = ex.errors.get(c.sid) if ex is not None else None
         status, events = _error(error, end + off)
-        return self._full_span(
+        return self.full_span(
             c.name, new_span_context(c.trace, c.sid), parent, attributes, events, status,
             c.start + off, end + off,
         )  # fmt: skip
@@ -533,7 +526,7 @@ class SpanBuilder:
             if ex is not None and sid in ex.errors:
                 status, events = _error(ex.errors[sid], rec.ends.get(sid, start_pc) + off)
                 out.append(
-                    self._full_span(
+                    self.full_span(
                         name, ctx, parent_ctx, attrs, events, status, start_pc + off, end + off
                     )
                 )
@@ -554,7 +547,7 @@ class SpanBuilder:
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
             links = (Link(rec.link),) if rec.link is not None else ()
-            step_span = self._full_span(
+            step_span = self.full_span(
                 name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns,
                 links,
             )  # fmt: skip
@@ -625,7 +618,7 @@ class SpanBuilder:
         self._attributes[name] = (blocked, thread, scope, number, attrs, times, category)
         return attrs
 
-    def _full_span(
+    def full_span(
         self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],
         events: tuple[Event, ...], status: Status, start: int, end: int,
         links: tuple[Link, ...] = (),
@@ -636,6 +629,10 @@ class SpanBuilder:
             self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status,
             links,
         )  # fmt: skip
+
+
+def _on_outside_spans(proc: StepSpanProcessor, spans: list[OutsideSpan]) -> None:
+    proc.on_outside_spans(spans)
 
 
 def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) -> None:
