@@ -28,6 +28,7 @@ from otel_tunix import categories
 from otel_tunix.exporters.perfetto.converter import convert_jsonl_to_perfetto
 from otel_tunix.pipeline.outside import OutsideSpan
 from otel_tunix.processors import StepSink
+from otel_tunix.testing import capture
 
 clock = time.perf_counter_ns
 OUTSIDE_NAMES = ("checkpoint_restore", "read_shard", "evaluate", "eval_batch", "final_save",
@@ -314,3 +315,53 @@ def test_a_bad_category_is_a_value_error_naming_it() -> None:
     with pytest.raises(ValueError, match="'ckpt'"):
         otel_tunix.record_component("save", 0, 1, category="ckpt")
     assert categories.declared("evaluate") is None and categories.declared("save") is None
+
+
+def test_sampling_picks_steps_and_outside_components_are_all_recorded() -> None:
+    """With ``sampling_rate=3``: every outside component is recorded (between sampled and
+    unsampled steps alike, on the loop's thread or another); one of a thread without a step
+    in its context while a step that is not sampled runs belongs to that step (nothing)."""
+
+    def record(name: str) -> None:
+        with otel_tunix.component(name):
+            pass
+
+    def on_a_thread(name: str) -> None:
+        t = threading.Thread(target=record, args=(name,))
+        t.start()
+        t.join()
+
+    perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=3)
+    with capture(perf=perf) as cap:
+        for n in range(6):
+            with otel_tunix.step(n):
+                on_a_thread(f"beside_{n}")  # in step n: recorded iff n is sampled
+            with otel_tunix.component(f"after_{n}"):
+                on_a_thread(f"thread_after_{n}")  # no step open anywhere: outside
+        spans = cap.spans()
+    names = sorted(s.name for s in spans)
+    assert names == sorted(
+        [f"after_{n}" for n in range(6)] + [f"thread_after_{n}" for n in range(6)]
+        + ["beside_0", "beside_3", "train_step", "train_step"]
+    )  # fmt: skip
+    by_name = {s.name: s for s in spans}
+    for n in range(6):
+        after, thread = by_name[f"after_{n}"], by_name[f"thread_after_{n}"]
+        assert after.attributes[attr.OUTSIDE] is True and after.parent is None
+        # a thread started without the context: a trace of its own, not a child
+        assert thread.parent is None and thread.context.trace_id != after.context.trace_id
+    for n in (0, 3):  # a sampled step's: into that step
+        beside = by_name[f"beside_{n}"]
+        assert beside.attributes[attr.STEP] == n and attr.OUTSIDE not in beside.attributes
+
+
+def test_a_filtered_outside_component_records_nothing() -> None:
+    perf = otel_tunix.PerformanceMetricsConfig(components=("kept",))
+    with capture(perf=perf) as cap:
+        with otel_tunix.component("dropped"), otel_tunix.component("kept"):
+            pass  # the filtered one's child is an outside component of its own
+        with otel_tunix.component("dropped"):
+            pass
+        spans = cap.spans()
+    (kept,) = spans
+    assert kept.name == "kept" and kept.parent is None and kept.attributes[attr.OUTSIDE]
