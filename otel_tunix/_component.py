@@ -292,10 +292,10 @@ class Component:
     def _enter_outside(self, rt: Runtime) -> Component:
         """Record a component opened while no step is open in the calling context nor
         (for a thread without one) anywhere, sampled or not: the root of an
-        :class:`OutsideRecord`, a trace
-        of its own, which goes to the pipeline when it exits; the components nested in it
-        record into that record. Another thread's, after a first step, also counts in the
-        steps of the loop's thread that it overlaps (``rt.loose``: background work)."""
+        :class:`OutsideRecord`, a trace of its own, which goes to the pipeline when it
+        exits; the components nested in it record into that record. Another thread's,
+        after a first step, also counts in the steps of the loop's thread that it overlaps
+        (``rt.loose``: background work)."""
         allowed = rt.allowed
         name = self._name
         if (allowed is not None and name not in allowed) or (
