@@ -90,20 +90,23 @@ def component(
             that learn of it after the fact; default: now.
         category: The goodput category of every component of this name (one of
             :data:`otel_tunix.categories.COMPONENT_CATEGORIES`, e.g. ``"evaluation"``,
-            ``"checkpoint_restore"``), declared now (:func:`otel_tunix.categories.declare`);
-            default: the one its name gives.
+            ``"checkpoint_restore"``), declared now (:func:`otel_tunix.categories.declare`;
+            in a step that is not sampled, only when the name's shared stand-in is made,
+            which keeps such a component's cost); default: the one its name gives.
 
     Raises:
         ValueError: ``category`` is not a goodput category (the message names it and the
             allowed ones).
     """
-    if category is not None:  # declared when given only: no cost per component otherwise
-        categories.declare(name, category)
     if _current.get() is None:  # inside a step that is not sampled
         u = _unrecorded.get(name)
         if u is None or u._blocked is not blocked or u._device_end is not device_end:
+            if category is not None:  # (the stand-in of a name made once: checked then)
+                categories.declare(name, category)
             u = _new_unrecorded(name, blocked, device_end)
         return u
+    if category is not None:  # declared when given only: no cost per component otherwise
+        categories.declare(name, category)
     # What a constructor would do, without its Python frame: a class with no __init__ of
     # its own is made in C (the hot path; this function is the only place one is made).
     c = Component()
@@ -298,10 +301,8 @@ class Component:
         (``rt.loose``: background work)."""
         allowed = rt.allowed
         name = self._name
-        if (allowed is not None and name not in allowed) or (
-            rt.unsampled and rt.in_unsampled_step()
-        ):  # filtered out, or a thread beside a step that is not sampled: not recorded
-            return self
+        if (allowed is not None and name not in allowed) or rt.step_open():
+            return self  # filtered out, or beside a step that is not sampled: not recorded
         try:
             sid = take_span_id()
         except IndexError:

@@ -124,7 +124,7 @@ class step:
                 stats.first_start_ns = start
             if n % rt.sampling_rate:  # not sampled
                 self._token = _current.set(None)
-                rt.unsampled.add(self)  # (threads without its context: in a step)
+                stats.last_start_ns = start  # open till it ends (Runtime.step_open)
                 return self
             rec = StepRecord(rt, self._scope, n, start)
             if rt.pending_events:  # events raised while no sampled step was open
@@ -147,8 +147,6 @@ class step:
                 start = self._start_ns
                 _add_active_time(stats, end if start is None else start, end)
             rec = self._record
-            if rec is None and stats is not None and _runtime is not None:  # not sampled
-                _runtime.unsampled.discard(self)
             if rec is not None and rec.end_ns:  # abandoned: closed when the next step began
                 self._record = None  # its context is restored only where it is still on top
                 if self._token is not None and _current.get() is rec:

@@ -267,7 +267,6 @@ class Runtime:
         "pipeline",
         "sampling_rate",
         "scopes",
-        "unsampled",
     )
 
     def __init__(
@@ -304,17 +303,14 @@ class Runtime:
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
         )
-        self.unsampled: set[Any] = set()
-        """The steps open that are not sampled (``otel_tunix._step.step`` objects): while
-        one is, a component of a thread without a step in its context belongs to it (and
-        records nothing), as it would belong to an open sampled step."""
 
-    def in_unsampled_step(self) -> bool:
-        """Whether a step that is not sampled is open (on any thread). One left open for
-        good (a generator abandoned inside it) stops counting once a later step of its
-        scope has ended."""
-        for st in list(self.unsampled):
-            stats = st._stats
-            if stats is not None and stats.last_end_ns > (st._start_ns or 0):
-                self.unsampled.discard(st)  # a later step of its scope ended: left open
-        return bool(self.unsampled)
+    def step_open(self) -> bool:
+        """Whether a step, sampled or not, is open on any thread: a sampled one in
+        ``open_steps``, or a scope's step that is not sampled started after the scope's
+        last step ended (``last_start_ns``, stored by such a step only: no cost per step
+        beyond that store). While one is, a component of a thread without a step in its
+        context belongs to it. A step left open for good (a generator abandoned inside it)
+        stops counting once a later step of its scope has ended."""
+        return bool(self.open_steps) or any(
+            s.last_start_ns > s.last_end_ns for s in list(self.scopes.values())
+        )
