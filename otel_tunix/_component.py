@@ -1,10 +1,11 @@
 """``component()``: one phase of a step, as the context manager (and decorator) it returns.
 
-:class:`Component` records the phase into the step open in the calling context (or, between
-steps, apart from any step: ``Runtime.loose``); :class:`Unrecorded` is the shared stand-in
-returned inside a step that is not sampled. Where the innermost open component is kept, and
-how other threads' components find their step: the module docstring of
-:mod:`otel_tunix._recording`.
+:class:`Component` records the phase into the step open in the calling context (or, while
+no step is open, as an outside component: the root of an
+:class:`~otel_tunix._step_record.OutsideRecord`, a trace of its own); :class:`Unrecorded`
+is the shared stand-in returned inside a step that is not sampled. Where the innermost open
+component is kept, and how other threads' components find their step: the module docstring
+of :mod:`otel_tunix._recording`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry.trace import SpanContext, get_current_span
 
-from otel_tunix import _step_record
+from otel_tunix import _step_record, categories
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import refill_span_ids, take_span_id
 from otel_tunix._records import step_extras
@@ -33,7 +34,7 @@ from otel_tunix._shortcuts import (
     running_loop,
     threads_by_ident,
 )
-from otel_tunix._step_record import _NOT_SET, Runtime, StepRecord
+from otel_tunix._step_record import _NOT_SET, OutsideRecord, Runtime, StepRecord
 
 _current = _step_record._current
 """The context variable (:mod:`otel_tunix._step_record`), assigned here rather than imported by
@@ -56,15 +57,21 @@ def component(
     device_end: Any = None,
     *,
     start_ns: int | None = None,
+    category: str | None = None,
 ) -> Component | Unrecorded:
     """One phase of a step: ``with otel_tunix.component("train_data_load"): ...``.
 
     Also a decorator, for plain and ``async`` functions: ``@otel_tunix.component("rollout")``.
     Components nest, and work in threads and asyncio tasks started inside the step (they read
     the step from ``contextvars``; a thread started without a copy of the context records
-    into the most recently opened step, and between steps as background work counted in the
-    steps it overlaps). Outside a sampled step, or when the name is filtered out by
-    ``components=``, it records nothing.
+    into the most recently opened step). Inside a step that is not sampled, or when the name
+    is filtered out by ``components=``, it records nothing.
+
+    Opened while no step is open (before the first step, between steps, after the last
+    one), it is an *outside component*, recorded whatever the sampling rate: the root span
+    of a trace of its own, with the components nested in it as its children (a checkpoint
+    restore before the loop, an evaluation between steps). One that another thread runs
+    beside the loop's later steps also counts in them as background work.
 
     Made outside any step, the returned :class:`Component` can be kept and entered in every
     step. Made inside a step that is not sampled, it is an :class:`Unrecorded` stand-in
@@ -81,12 +88,25 @@ def component(
             :meth:`Component.end_on_device` once the outputs exist.
         start_ns: When the component started (``time.perf_counter_ns()``), for integrations
             that learn of it after the fact; default: now.
+        category: The goodput category of every component of this name (one of
+            :data:`otel_tunix.categories.COMPONENT_CATEGORIES`, e.g. ``"evaluation"``,
+            ``"checkpoint_restore"``), declared now (:func:`otel_tunix.categories.declare`;
+            in a step that is not sampled, only when the name's shared stand-in is made,
+            which keeps such a component's cost); default: the one its name gives.
+
+    Raises:
+        ValueError: ``category`` is not a goodput category (the message names it and the
+            allowed ones).
     """
     if _current.get() is None:  # inside a step that is not sampled
         u = _unrecorded.get(name)
         if u is None or u._blocked is not blocked or u._device_end is not device_end:
+            if category is not None:  # (the stand-in of a name made once: checked then)
+                categories.declare(name, category)
             u = _new_unrecorded(name, blocked, device_end)
         return u
+    if category is not None:  # declared when given only: no cost per component otherwise
+        categories.declare(name, category)
     # What a constructor would do, without its Python frame: a class with no __init__ of
     # its own is made in C (the hot path; this function is the only place one is made).
     c = Component()
@@ -213,8 +233,8 @@ class Component:
                 rt = _runtime
                 if rt is None:
                     return self
-                if not rt.open_steps:  # between steps
-                    return self._enter_loose(rt)
+                if not rt.open_steps:  # no step open: a component of its own
+                    return self._enter_outside(rt)
                 st = rt.open_steps[-1]
                 outer_id = st.span_id
             else:  # the component open around this one (set in the context variable)
@@ -237,8 +257,8 @@ class Component:
                 rt = _runtime
                 if rt is None:
                     return self
-                if not rt.open_steps:  # between steps
-                    return self._enter_loose(rt)
+                if not rt.open_steps:  # no step open: a component of its own
+                    return self._enter_outside(rt)
                 st = rt.open_steps[-1]
                 outer_id = st.span_id
                 fast = False
@@ -272,33 +292,33 @@ class Component:
             report_internal_error("component() (the component is not recorded)")
         return self
 
-    def _enter_loose(self, rt: Runtime) -> Component:
-        """Record a component that another thread starts while no sampled step is open:
-        apart from any step (``rt.loose``), as a span of its own, with its end stored in the
-        step opened last before it; the worker counts it in the later steps of that step's
-        thread that it overlaps (background work). On that step's own thread, between two
-        of its steps, nothing is recorded."""
-        st = rt.last_step
-        ident = _get_ident()
-        if st is None or ident == st.ident:
-            return self
+    def _enter_outside(self, rt: Runtime) -> Component:
+        """Record a component opened while no step is open in the calling context nor
+        (for a thread without one) anywhere, sampled or not: the root of an
+        :class:`OutsideRecord`, a trace of its own, which goes to the pipeline when it
+        exits; the components nested in it record into that record. Another thread's,
+        after a first step, also counts in the steps of the loop's thread that it overlaps
+        (``rt.loose``: background work)."""
         allowed = rt.allowed
         name = self._name
-        if allowed is not None and name not in allowed:
-            return self
-        span: Any = otel_context().get(SPAN_KEY)
-        # The ended step as the current span answers no parent: spans that other code
-        # starts inside this component start traces of their own, as the component does.
-        self._token = None if span is st else attach_span(st)
+        if (allowed is not None and name not in allowed) or rt.step_open():
+            return self  # filtered out, or beside a step that is not sampled: not recorded
         try:
             sid = take_span_id()
         except IndexError:
             sid = refill_span_ids()
-        thread = threads_by_ident.get(ident) or _current_thread()
-        self._step = st
+        start = self._start_ns or _clock()
+        rec = OutsideRecord(rt, sid, start)
+        self._step = rec
+        self._token = None  # the record's own (detached by _close_outside)
+        rec.otel_token = attach_span(rec)
         self._ctoken = _current.set(self)
         self._sid = self._span_id = sid
-        rt.loose.append(((name, self._blocked, sid, 0, self._start_ns or _clock(), thread), st))
+        comp = (name, self._blocked, sid, rec.parent_id, start, None)
+        rec.spans.append(comp)
+        last = rt.last_step
+        if last is not None and last.ident != rec.ident:  # beside the loop's steps
+            rt.loose.append((comp, rec, last.ident))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -331,6 +351,8 @@ class Component:
             ctoken = self._ctoken
             if ctoken is None:
                 st.top = self._outer
+            elif sid == st.span_id:  # the root of an outside component: its record is done
+                _close_outside(st, end_ns, ctoken)
             else:
                 _current.reset(ctoken)
         except ValueError:  # reset() in another context than the one entered: the caller's
@@ -411,15 +433,18 @@ def record_component(
     *,
     blocked: bool = False,
     attributes: dict[str, Any] | None = None,
+    category: str | None = None,
 ) -> None:
     """Record a component that already happened, over ``[start_ns, end_ns]``
     (``time.perf_counter_ns()``), in the step open in the calling context.
 
     For integrations that learn of a phase after the fact (a compile event, a callback pair).
-    It nests under the component open in the calling context; outside a sampled step, or
-    when ``name`` is filtered out, it records nothing. Never raises.
+    It nests under the component open in the calling context; with no step open it is an
+    outside component (see :func:`component`); in a step that is not sampled, or when
+    ``name`` is filtered out, it records nothing. ``category`` as for :func:`component`
+    (a bad one raises ``ValueError``); nothing else raises.
     """
-    c = component(name, blocked, start_ns=start_ns)
+    c = component(name, blocked, start_ns=start_ns, category=category)
     if type(c) is not Component:  # a step that is not sampled
         return
     c.__enter__()
@@ -429,5 +454,26 @@ def record_component(
     st = c._step
     if attributes:
         step_extras(st).attributes[sid] = dict(attributes)
+    end = max(end_ns, start_ns)
+    if sid == st.span_id:  # an outside component of its own: it ends at end_ns
+        c._sid = 0
+        st.ends[sid] = end
+        try:
+            _close_outside(st, end, c._ctoken)
+        except Exception:
+            report_internal_error("closing an outside component")
+        return
     c.__exit__(None, None, None)
-    st.ends[sid] = max(end_ns, start_ns)
+    st.ends[sid] = end
+
+
+def _close_outside(rec: StepRecord, end_ns: int, ctoken: Any) -> None:
+    """The root of an outside component ended (its end stored): its record goes to the
+    pipeline, then the calling context is restored (which can fail: a block left in another
+    context than it was entered in)."""
+    rec.end_ns = end_ns
+    rec.runtime.pipeline.submit(rec)
+    token = getattr(rec, "otel_token", None)
+    if token is not None:
+        detach(token)
+    _current.reset(ctoken)

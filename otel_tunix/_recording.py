@@ -29,10 +29,16 @@ Where the innermost open component is kept:
   no asyncio loop to tell them apart).
 
 Work on other threads: a thread whose context holds no open step (or a step that has ended)
-records into the latest open step; between steps, into ``Runtime.loose``, apart from any
-step (the worker counts such background work in the steps it overlaps:
-``pipeline/background.py``). A step that has ended answers no parent as the current OTel
-span, so a thread started inside it that outlives it starts traces of its own.
+records into the latest open step. A step that has ended answers no parent as the current
+OTel span, so a thread started inside it that outlives it starts traces of its own.
+
+Outside any step (no step open in the calling context, nor anywhere for a thread without
+one): a component is the root of an :class:`OutsideRecord`, a trace of its own, recorded
+whatever the sampling rate; the components nested in it record into that record (their
+innermost open one in the context variable), which goes to the pipeline when the root
+exits. Another thread's, started after a first step, is also put in ``Runtime.loose``: the
+worker counts its time in the loop's later steps that it overlaps
+(``pipeline/background.py``).
 
 The parts, one module each (this one keeps the helpers that read the calling context and
 installs the runtime and the clock in the others, which keep them as module globals of their
@@ -64,6 +70,7 @@ from otel_tunix._step_record import (
     _NOT_SET,
     CONTEXT_OUTSIDE_STEPS,
     MAX_LOOSE,
+    OutsideRecord,
     Runtime,
     StepRecord,
     step_context_var,
@@ -74,6 +81,7 @@ __all__ = [
     "MAX_LOOSE",
     "UNRECORDED",
     "Component",
+    "OutsideRecord",
     "Runtime",
     "StepRecord",
     "Unrecorded",
@@ -101,10 +109,14 @@ _clock = time.perf_counter_ns
 
 
 def _step_of(cur: Any) -> StepRecord | None:
-    """The sampled step of a value of ``_current`` (``None`` outside one)."""
+    """The sampled step of a value of ``_current`` (``None`` outside one, an outside
+    component's context included)."""
     if type(cur) is StepRecord:
         return cur
-    return cur._step if isinstance(cur, Component) else None
+    if isinstance(cur, Component):
+        st = cur._step
+        return st if type(st) is StepRecord else None
+    return None
 
 
 def context_step(rt: Runtime | None = None) -> StepRecord | None:
@@ -159,9 +171,11 @@ def now_ns() -> int:
 
 
 def may_record() -> bool:
-    """False when a component opened now in the calling context would surely record nothing
-    (in a step that is not sampled; outside any step with no sampled step open anywhere): a
-    cheap check (~60 ns) for integrations that wrap frequent calls."""
+    """False when a component opened now in the calling context would record nothing (in a
+    step that is not sampled), or would be an outside component of its own (outside any step
+    and any outside component, with no sampled step open anywhere): a cheap check (~60 ns)
+    for integrations that wrap frequent calls (a batch fetch, a forward pass, a collective),
+    whose calls outside the steps are recorded only inside a component that is."""
     cur = _current.get()
     if cur is None:
         return False
@@ -178,8 +192,12 @@ def in_step() -> bool:
     cur = _current.get()
     if cur is _NOT_SET:
         return False
+    if cur is None:  # a step that is not sampled
+        return True
     st = _step_of(cur)
-    if st is not None and st.end_ns:
+    if st is None:  # inside an outside component: no step
+        return False
+    if st.end_ns:
         rt = _runtime
         return rt is not None and bool(rt.open_steps)
     return True

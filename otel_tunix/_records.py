@@ -50,11 +50,13 @@ class ScopeStepCounts:
     between: a scope that runs now and then (eval between training steps) gets its
     throughput from its own time, not from the span of the whole run."""
 
-    __slots__ = ("active_ns", "count", "first_start_ns", "last_end_ns")
+    __slots__ = ("active_ns", "count", "first_start_ns", "last_end_ns", "last_start_ns")
 
     def __init__(self) -> None:
         self.count = 0
         self.first_start_ns = 0
+        self.last_start_ns = 0
+        """The start of the scope's latest step that is not sampled."""
         self.last_end_ns = 0
         self.active_ns = 0
 

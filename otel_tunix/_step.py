@@ -124,6 +124,7 @@ class step:
                 stats.first_start_ns = start
             if n % rt.sampling_rate:  # not sampled
                 self._token = _current.set(None)
+                stats.last_start_ns = start  # open till it ends (Runtime.step_open)
                 return self
             rec = StepRecord(rt, self._scope, n, start)
             if rt.pending_events:  # events raised while no sampled step was open

@@ -187,6 +187,67 @@ class StepRecord(NonRecordingSpan):
         return f"StepRecord({self.scope!r}, {self.number}, {self.get_span_context()!r})"
 
 
+class OutsideRecord(StepRecord):
+    """A component recorded outside any step, with the components nested in it: what the
+    hot path records while no step is open (a checkpoint restore before the loop, an eval
+    loop between steps, a writer after the last step).
+
+    The root component is the root of a trace of its own (or, when an application's span is
+    current, its child, as a step would be); the components nested in it are its children.
+    The record plays the step's part for them (spans, ends, extras; the proxy span while the
+    root is open, so that other code's spans started inside nest under it) and goes to the
+    pipeline when the root exits. It is no step: ``scope`` is ``""``, ``number`` ``-1``, and
+    ``span_id`` is the root component's. Only ``type(x) is StepRecord`` tells a step (the
+    checks of the hot path use it), so a record like this is never taken for one.
+    """
+
+    __slots__ = ("otel_token",)
+
+    def __init__(self, runtime: Runtime, span_id: int, start_ns: int) -> None:
+        # StepRecord.__init__ is not called: it takes the current span as a step's parent.
+        self.runtime = runtime
+        self.scope = ""
+        self.number = -1
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.spans = []
+        self.ends = {}
+        self.extras = None
+        self.attributes = {}
+        self.error = None
+        self.events = None
+        self.submitted_at = 0.0
+        self.foreign = False
+        ident = self.ident = _get_ident()
+        self.nest_ident = 0  # nesting inside is kept in the context variable
+        self.thread = threads_by_ident.get(ident) or _current_thread()
+        self.view = None
+        self.top = None
+        self.link = None
+        self.otel_token: object = None
+        """The token of the record made the current OTel span (detached with the root)."""
+        current: Any = otel_context().get(SPAN_KEY)
+        if current is None and not HAS_SPAN_KEY:
+            current = get_current_span()
+        # An ended step or record (a thread that outlived it) answers an invalid context.
+        parent = current.get_span_context() if current is not None else None
+        if parent is not None and parent.is_valid:  # the application's span: its child
+            self.trace_id = parent.trace_id
+            self.parent_id = parent.span_id
+        else:  # made from the span id, drawn already: a seeded run's step ids stay the same
+            self.trace_id = ((span_id << 64) | ((span_id * _ID_STRIDE) & _MASK64)) or 1
+            self.parent_id = 0
+        self.span_id = span_id
+        self._ctx = None
+
+    def __repr__(self) -> str:
+        return f"OutsideRecord({self.get_span_context()!r})"
+
+
+_ID_STRIDE = 0x9E3779B97F4A7C15  # odd: the low half is a 1:1 function of the span id
+_MASK64 = (1 << 64) - 1
+
+
 MAX_LOOSE = 4096
 """Loose components waiting for the worker (it takes them when it processes a step or the
 run flushes); past this bound the oldest are dropped (a thread that records components
@@ -233,12 +294,25 @@ class Runtime:
         self.open_steps: list[StepRecord] = []
         self.last_step: StepRecord | None = None
         """The sampled step opened last (kept after it ends)."""
-        self.loose: collections.deque[tuple[ComponentStart, StepRecord]] = collections.deque(
+        self.loose: collections.deque[tuple[ComponentStart, StepRecord, int]] = collections.deque(
             maxlen=MAX_LOOSE
         )
-        """Components that other threads started while no sampled step was open, each
-        with the step opened last before them (``Component._enter_loose``): the worker counts them
-        in the later steps of that step's thread that they overlap."""
+        """Outside components that other threads started after a first step, each with its
+        :class:`OutsideRecord` and the thread of the step opened last before it
+        (``Component._enter_outside``): the worker counts their time in the later steps of
+        that thread that they overlap (background work; their spans go out with their
+        records)."""
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
+        )
+
+    def step_open(self) -> bool:
+        """Whether a step, sampled or not, is open on any thread: a sampled one in
+        ``open_steps``, or a scope's step that is not sampled started after the scope's
+        last step ended (``last_start_ns``, stored by such a step only: no cost per step
+        beyond that store). While one is, a component of a thread without a step in its
+        context belongs to it. A step left open for good (a generator abandoned inside it)
+        stops counting once a later step of its scope has ended."""
+        return bool(self.open_steps) or any(
+            s.last_start_ns > s.last_end_ns for s in list(self.scopes.values())
         )

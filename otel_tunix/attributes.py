@@ -45,6 +45,13 @@ EVAL_BATCH: Final = "tunix.eval.batch"
 """On an evaluation step: its batch within the evaluation (0, 1, ...)."""
 EVAL_AFTER_STEP: Final = "tunix.eval.train_step"
 """On an evaluation step: the training step after which the evaluation ran."""
+OUTSIDE: Final = "tunix.outside"
+"""True on a component recorded outside any step (a checkpoint restore before the loop, an
+evaluation between steps, a writer after the last step): the root of a trace of its own,
+its nested components its children; it has no ``tunix.step`` or ``tunix.scope``."""
+GOODPUT_CATEGORY: Final = "tunix.goodput.category"
+"""On a component whose name has a declared goodput category (``component(name,
+category=...)``, :func:`otel_tunix.categories.declare`): that category."""
 
 SPAN_TYPE_STEP: Final = "step"
 SPAN_TYPE_COMPONENT: Final = "component"

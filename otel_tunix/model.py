@@ -44,7 +44,8 @@ class SpanInfo:
     """One component span of a step, in the form the local files and user functions see.
 
     Times are Unix epoch nanoseconds. ``span_id`` and ``parent`` are 16-hex-digit span ids;
-    ``parent`` is the step span's id for top-level components.
+    ``parent`` is the step span's id for top-level components. ``category`` is the goodput
+    category declared for its name (``component(name, category=...)``), if any.
     """
 
     name: str
@@ -57,6 +58,7 @@ class SpanInfo:
     parent: str | None = None
     error: str | None = None
     attributes: Mapping[str, object] = field(default_factory=dict)
+    category: str | None = None
 
     @property
     def duration_sec(self) -> float:
@@ -79,6 +81,8 @@ class SpanInfo:
             out["error"] = self.error
         if self.attributes:
             out["attributes"] = dict(self.attributes)
+        if self.category is not None:
+            out["category"] = self.category
         return out
 
 

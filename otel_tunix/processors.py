@@ -36,6 +36,7 @@ from otel_tunix.pipeline.hooks import (
     flush_hooks,
     runs_user_code,
 )
+from otel_tunix.pipeline.outside import OutsideSpan
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 _logger = logging.getLogger(__name__)
@@ -95,6 +96,16 @@ class StepSink:
         checkpoint writer's), each with its step's scope, number and trace id; their time
         is already in the steps they overlap. Default: nothing."""
 
+    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
+        """Components recorded outside any step (a checkpoint restore before the loop, an
+        evaluation between steps, a writer after the last step), each ended record at once:
+        its nested components in start order, then its root
+        (:class:`~otel_tunix.pipeline.outside.OutsideSpan`: name, kind, Unix-ns times,
+        trace / span / parent ids, thread, declared ``category``; ``info()``, ``span()``).
+        No step counts them: a sink that keeps time by goodput category (the live ledger)
+        takes the time outside the steps from here. Called on the worker thread (a user's
+        sink: on its own thread, in order with its other calls). Default: nothing."""
+
     def flush(self) -> None:
         """After each batch of steps: hand buffered output on. Default: nothing."""
 
@@ -119,6 +130,9 @@ class OffThreadSink(StepSink):
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         self.runner.call(self.sink.on_session, sessions)
+
+    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
+        self.runner.call(self.sink.on_outside_spans, spans)
 
     def flush(self) -> None:
         self.runner.call(self.sink.flush)
@@ -148,7 +162,12 @@ def span_info(span: ReadableSpan) -> SpanInfo:
         parent=f"{parent.span_id:016x}" if parent else None,
         error=error,
         attributes={k: a[k] for k in _EXTRA_SPAN_ATTRS if k in a},
+        category=_as_category(a.get(attr.GOODPUT_CATEGORY)),
     )
+
+
+def _as_category(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class StepAccountingProcessor(StepSpanProcessor):
@@ -196,7 +215,7 @@ class StepAccountingProcessor(StepSpanProcessor):
             return
         a = span.attributes
         kind = a.get(attr.SPAN_TYPE) if a else None
-        if kind is None or a is None:
+        if kind is None or a is None or attr.OUTSIDE in a:  # no step's (outside: its own)
             return
         try:
             trace_id = span.context.trace_id if span.context else 0
@@ -239,6 +258,16 @@ class StepAccountingProcessor(StepSpanProcessor):
                 sink.on_background_spans(spans)
             except Exception:
                 self._failed(sink, "on_background_spans")
+
+    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
+        """Components recorded outside any step: to every sink (no step counts them)."""
+        if self._closed:
+            return
+        for sink in self._sinks:
+            try:
+                sink.on_outside_spans(spans)
+            except Exception:
+                self._failed(sink, "on_outside_spans")
 
     def _finish_step(self, span: ReadableSpan, components: Sequence[ReadableSpan]) -> None:
         components = sorted(components, key=lambda c: c.start_time or 0)  # arrival order varies

@@ -260,7 +260,7 @@ def test_an_actor_thread_started_in_a_step_has_traces_of_its_own() -> None:
 
 def test_work_on_another_thread_after_the_last_step_is_a_span_of_its_own() -> None:
     """A final checkpoint written on a thread after the loop's last step: no step counts
-    it, and its span (a trace of its own) goes out when the run flushes."""
+    it, and its span (an outside component: a trace of its own) goes out when it ends."""
 
     def final_save() -> None:
         with otel_tunix.component("ckpt_write"):
@@ -277,7 +277,7 @@ def test_work_on_another_thread_after_the_last_step_is_a_span_of_its_own() -> No
         spans = cap.spans()
     (save,) = [s for s in spans if s.name == "ckpt_write"]
     steps = [s for s in spans if s.name == "train_step"]
-    assert save.parent is None and save.attributes[attr.BACKGROUND] is True
+    assert save.parent is None and save.attributes[attr.OUTSIDE] is True
     assert save.context.trace_id not in {s.context.trace_id for s in steps}
     assert (save.end_time or 0) - (save.start_time or 0) >= 10_000_000
     assert all("ckpt_write" not in s.component_times for s in cap.summaries)

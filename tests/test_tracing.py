@@ -225,13 +225,14 @@ def test_sync_decorator_keeps_function_and_records_each_call():
         return x + 1
 
     with capture() as cap:
-        assert save(1) == 2  # outside a step: runs, records nothing
+        assert save(1) == 2  # outside a step: an outside component of its own
         with otel_tunix.step(0):
             assert save(2) == 3
             assert save(3) == 4
-        names = [s.name for s in cap.spans()]
+        spans = cap.spans()
     assert save.__doc__ == "Docstring kept."
-    assert names == ["checkpoint_save", "checkpoint_save", "train_step"]
+    assert [s.name for s in spans] == ["checkpoint_save"] * 3 + ["train_step"]
+    assert [bool(s.attributes.get(attr.OUTSIDE)) for s in spans] == [True, False, False, False]
 
 
 def test_step_attributes_and_sampled_flag():

@@ -8,7 +8,10 @@ started, Unix ns) and, in a later attempt, ``link`` (``trace_id``, ``span_id``,
 :mod:`otel_tunix.run.job`); it is flushed at once. Each ``type: "step"`` line is
 :meth:`otel_tunix.model.StepSummary.to_json`: scope, step, start/end (Unix ns), trace id and
 step span id, the busy / blocked / idle counters, per-component times and every component
-span (name, kind, start/end, thread, span id, parent). At shutdown one
+span (name, kind, start/end, thread, span id, parent; ``category`` when its name has a
+declared goodput category). A ``type: "span"`` line is a component handed on apart from its
+step's line (background work that ended after it), or, with ``outside: true`` and no
+``scope`` or ``step``, one recorded outside any step. At shutdown one
 ``type: "session"`` line per scope carries the totals. A ``.gz`` path writes gzip. The file
 is flushed after every batch of steps the worker processes (at most
 ``OTEL_TUNIX_PROCESS_INTERVAL_MS``, 250 ms, apart; each step on its own when steps take
@@ -32,6 +35,7 @@ from otel_tunix._json import all_finite, dumps_line
 from otel_tunix._linefile import LineFile
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.pipeline.background import BackgroundSpan
+from otel_tunix.pipeline.outside import OutsideSpan
 from otel_tunix.processors import StepSink
 
 _logger = logging.getLogger(__name__)
@@ -72,6 +76,18 @@ class StepJsonlWriter(StepSink):
         """A ``type: "span"`` line each: a background span that ended after its step's
         line was written."""
         self._write_lines([dumps_line(s.to_json(), finite=True) for s in spans])
+
+    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
+        """A ``type: "span"``, ``outside: true`` line each: a component recorded outside
+        any step (its own attributes may be any number: checked)."""
+        lines = []
+        for s in spans:
+            obj = s.to_json()
+            try:
+                lines.append(dumps_line(obj, finite=all_finite(s.attributes.values())))
+            except Exception:
+                self._report("encode", "otel-tunix: a span could not be written to %s", self.path)
+        self._write_lines(lines)
 
     def on_session(self, sessions: list[ScopeSession]) -> None:
         for s in sessions:

@@ -31,6 +31,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
 from otel_tunix import attributes as attr
+from otel_tunix.categories import declared
 from otel_tunix.pipeline.span_builder import FinishedStep
 
 __all__ = ["StepEncoder", "encode_any", "encode_key_value"]
@@ -172,7 +173,9 @@ class StepEncoder:
     def __init__(self) -> None:
         self._frame_of: tuple[Resource, InstrumentationScope] | None = None
         self._frame_bytes = (b"", b"", b"", b"")
-        self._components: dict[tuple[str, bool, Any, str], tuple[bytes, bytes, int]] = {}
+        self._components: dict[
+            tuple[str, bool, Any, str, str | None], tuple[bytes, bytes, int]
+        ] = {}
         self._steps: dict[tuple[str, Any], tuple[bytes, tuple[bytes, bytes]]] = {}
         self._attributes = _Attributes()
 
@@ -261,7 +264,7 @@ class StepEncoder:
         for (name, blocked, sid, parent_id, start, thread), end in zip(
             step.components, step.ends, strict=True
         ):
-            ck = (name, blocked, thread or step_thread, scope)
+            ck = (name, blocked, thread or step_thread, scope, declared(name))
             head = cache.get(ck)
             if head is None:
                 head = self._component(ck, step.thread_info)
@@ -339,12 +342,15 @@ class StepEncoder:
         return _len_field(0x12, body)
 
     def _component(
-        self, key: tuple[str, bool, Any, str], thread_of: Callable[[Any], tuple[int, str]]
+        self,
+        key: tuple[str, bool, Any, str, str | None],
+        thread_of: Callable[[Any], tuple[int, str]],
     ) -> tuple[bytes, bytes, int]:
         """The repeated parts of a component span: its name and kind (and the start time's
-        tag); its attributes after the step number, up to the busy time's value; and the
-        length of the span without the step number's attribute."""
-        name, blocked, thread, scope = key
+        tag); its attributes after the step number, up to the busy time's value (its
+        declared goodput category among them); and the length of the span without the step
+        number's attribute."""
+        name, blocked, thread, scope, category = key
         tid, tname = thread_of(thread)
         tail = b"".join(
             _attribute(k, v)
@@ -354,6 +360,7 @@ class StepEncoder:
                 (attr.TIME_KIND, attr.KIND_BLOCKED if blocked else attr.KIND_BUSY),
                 (attr.THREAD_ID, tid),
                 (attr.THREAD_NAME, tname),
+                *(((attr.GOODPUT_CATEGORY, category),) if category is not None else ()),
             )
         )
         name_kind = _len_field(0x2A, name.encode()) + _INTERNAL + b"\x39"

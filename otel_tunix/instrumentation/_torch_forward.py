@@ -25,6 +25,7 @@ import warnings
 import weakref
 from typing import Any
 
+from otel_tunix._recording import may_record
 from otel_tunix.instrumentation._torch_device import device_component
 from otel_tunix.instrumentation._torch_hooks import _models, _open_models, _quiet
 from otel_tunix.instrumentation._torch_steps import _auto
@@ -81,8 +82,8 @@ class RootForward:
             return  # a step of the program's own, or another thread's loop
         if not self.narrowed:
             self.roots.setdefault(module, [])
-        if module in _models:
-            return  # instrument_model's own hooks record it
+        if module in _models or not may_record():
+            return  # instrument_model's own hooks record it; outside the recorded work
         comp = device_component(self.name)
         comp.__enter__()
         local.comp = comp

@@ -11,6 +11,7 @@ import threading
 import weakref
 from typing import Any
 
+from otel_tunix._recording import may_record
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._torch_collectives import _collectives
 from otel_tunix.instrumentation._torch_compile import _compile_hooks
@@ -81,8 +82,9 @@ class _ModelHooks:
         if depth == 0:
             if _auto.current is not None or self.torch.is_grad_enabled():
                 _auto.activity()  # under the instrumentor, a training forward opens a step
-            comp = device_component(self.name)
-            comp.__enter__()
+            if may_record():  # outside the steps: only inside a component that is recorded
+                comp = device_component(self.name)
+                comp.__enter__()
             _open_models.count += 1
         self.local.open[key] = (depth + 1, comp)
 
@@ -128,6 +130,8 @@ class _BackwardPatch:
                 if self.users <= 0:
                     return original(*args, **kwargs)
                 _auto.activity()
+                if not may_record():  # outside the steps and any recorded component
+                    return original(*args, **kwargs)
                 with device_component(self.name):
                     return original(*args, **kwargs)
 
@@ -250,7 +254,7 @@ class _OptimizerHooks:
 
         @functools.wraps(step)
         def instrumented_step(*args: Any, **kwargs: Any) -> Any:
-            if not hooks.active or (hooks.auto and not _auto.activity()):
+            if not hooks.active or (hooks.auto and not _auto.activity()) or not may_record():
                 return step(*args, **kwargs)
             with device_component(hooks.name):
                 out = step(*args, **kwargs)
@@ -269,8 +273,9 @@ class _OptimizerHooks:
         stale = self.local.open.pop(key, None)
         if stale is not None and stale[1] is not None:  # the last step() raised
             stale[1].__exit__(None, None, None)
-        comp = device_component(self.name)
-        comp.__enter__()
+        comp = device_component(self.name) if may_record() else None
+        if comp is not None:
+            comp.__enter__()
         self.local.open[key] = (1, comp)
 
     def _post(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import otel_tunix
+from otel_tunix._recording import may_record
 
 
 # --- data loading -----------------------------------------------------------------------
@@ -70,8 +71,10 @@ class _InstrumentedIterator:
 
     def __next__(self) -> Any:
         owner = self._owner
-        if (self._length is not None and self._yielded >= self._length) or (
-            owner.before_fetch is not None and owner.before_fetch() is False
+        if (
+            (self._length is not None and self._yielded >= self._length)
+            or (owner.before_fetch is not None and owner.before_fetch() is False)
+            or not may_record()  # outside the steps: only inside a component that is
         ):
             item = next(self._it)  # the end of the epoch, or not ours to record
         else:

@@ -52,6 +52,7 @@ from typing import Any
 
 import otel_tunix
 from otel_tunix._errors import report_internal_error, warn_once
+from otel_tunix._recording import may_record
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._jax_causes import CompileCauses
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
@@ -349,6 +350,8 @@ class InstrumentedFunction:
         calls = _causes.calls
         outer, calls.call = calls.call, (self, args, kwargs)  # read only if JAX compiles
         try:
+            if not may_record():  # outside the steps and any recorded component: no span
+                return self.__wrapped__(*args, **kwargs)  # (its compilations still are)
             with otel_tunix.component(self._component, self._blocked) as c:
                 out = self.__wrapped__(*args, **kwargs)
                 if c.recording:

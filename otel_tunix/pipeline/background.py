@@ -6,9 +6,10 @@ work when it ran inside the step's window: its time is part of the step's busy /
 idle. One that was open at an edge of the window (it started before the step, or
 was still running when the step ended) is *background* work: the step is processed without
 waiting for it, and its time is counted in every step of its step's thread whose window it
-overlaps, for the overlap, beside the breakdown (``background_time_sec``). Components that
-other threads started while no sampled step was open (*loose*, recorded apart by the hot
-path) are background work too, from the first step they overlap.
+overlaps, for the overlap, beside the breakdown (``background_time_sec``). Outside
+components that other threads started while no step was open, after a first step (*loose*:
+``Runtime.loose``), are background work too, from the first step they overlap; their spans
+go out with their own records (:mod:`otel_tunix.pipeline.outside`), not from here.
 
 :class:`BackgroundLedger` keeps, per thread that runs steps, the background components that
 may still overlap its later steps, on the worker thread. A component that ended before its
@@ -27,6 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from otel_tunix._recording import StepRecord
 from otel_tunix._records import ComponentStart
 from otel_tunix.attributes import BACKGROUND, INCOMPLETE, KIND_BLOCKED, KIND_BUSY
+from otel_tunix.categories import declared
 from otel_tunix.model import BackgroundInterval
 
 __all__ = ["BackgroundLedger", "BackgroundSpan", "Carried", "StepBackground"]
@@ -46,15 +48,13 @@ class Carried:
     ) -> None:
         self.name, self.blocked, self.sid, self.parent, self.start, self.thread = comp
         self.home = home
-        """The step whose record holds its end: the step it started in, or (loose) the
-        sampled step opened last before it."""
+        """The record that holds its end: the step it started in, or (loose) its own
+        outside record."""
         self.counted = not loose  # its use counted once, in the first step it appears in
         self.spanned = spanned
         """Its span went out with its step (it had ended by then): carried for its time in
         the later steps it overlaps only."""
-        # A loose component is a span of its own, in a trace of its own: an id made from
-        # ids already drawn (none drawn here, so a seeded run's ids stay the same).
-        self.trace = home.trace_id if not loose else (home.trace_id ^ (self.sid << 64)) or 1
+        self.trace = home.trace_id
 
     @property
     def end(self) -> int | None:
@@ -163,12 +163,15 @@ class BackgroundLedger:
         return out
 
     def _take_loose(self, loose: Any) -> None:
+        """Loose components (outside components of other threads), each carried for the
+        steps of the loop's thread (``ident``) that it overlaps: for its time only, its span
+        going out with its outside record."""
         while loose:
             try:
-                comp, home = loose.popleft()
+                comp, home, ident = loose.popleft()
             except IndexError:  # emptied meanwhile
                 break
-            self.carried.setdefault(home.ident, []).append(Carried(comp, home, True))
+            self.carried.setdefault(ident, []).append(Carried(comp, home, True, spanned=True))
 
     def take_due(self) -> list[tuple[Carried, int, bool]]:
         """The carried components that processed steps found ended, and no later step of
@@ -214,8 +217,8 @@ class _Builder(Protocol):
 
 class BackgroundSpan:
     """A background component's span handed on after its step (see
-    :mod:`otel_tunix.pipeline.background`): in its step's trace (a loose one, started while
-    no step was open, in a trace of its own), with its real start and end.
+    :mod:`otel_tunix.pipeline.background`): in its step's trace, with its real start and
+    end.
 
     Attributes:
         scope: Its step's scope.
@@ -276,6 +279,9 @@ class BackgroundSpan:
         if error is not None:
             out["error"] = f"{type(error).__qualname__}: {error}"
         out["attributes"] = self._attributes()
+        category = declared(c.name)
+        if category is not None:
+            out["category"] = category
         return out
 
 

@@ -10,61 +10,39 @@ processors and exporters can rely on that order.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import ReportOnce, report_internal_error
 from otel_tunix._recording import StepRecord, now_ns
 from otel_tunix._records import ComponentExtras, ComponentStart, step_extras
 from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
-from otel_tunix._text import clean_value
 from otel_tunix.accounting import account_components
+from otel_tunix.categories import declared
 from otel_tunix.model import Interval, SpanInfo
 from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
+from otel_tunix.pipeline.outside import OutsideSpan, outside_spans
+from otel_tunix.pipeline.span_errors import error_text
+from otel_tunix.pipeline.span_errors import span_error as _error
 
 _logger = logging.getLogger(__name__)
-_UNSET = Status(StatusCode.UNSET)
 
 
 def epoch_offset_ns() -> int:
     """Add this to a ``perf_counter_ns()`` reading to get Unix epoch nanoseconds."""
     return time.time_ns() - time.perf_counter_ns()
-
-
-def _error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Event, ...]]:
-    if exc is None:
-        return _UNSET, ()
-    event = Event(
-        "exception",
-        {
-            "exception.type": type(exc).__qualname__,
-            "exception.message": clean_value(str(exc)),
-            "exception.stacktrace": clean_value(
-                "".join(traceback.format_exception(exc)), _MAX_STACKTRACE
-            ),
-            "exception.escaped": True,
-        },
-        timestamp=end_ns,
-    )
-    return Status(StatusCode.ERROR, error_text(exc)), (event,)
-
-
-def error_text(exc: BaseException) -> str:
-    """``"Type: message"``: the error status description of a span, and the ``error`` of
-    its spans JSONL entry (cleaned as a text value: an exception's message is any text)."""
-    return clean_value(f"{type(exc).__qualname__}: {exc}")
 
 
 def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
@@ -100,6 +78,13 @@ class StepSpanProcessor(SpanProcessor):
         """Spans of background work that ended after their step was handed on (an async
         checkpoint writer's): each in its step's trace, with its real length. Default: each
         one's SDK span to ``on_end``."""
+        for span in spans:
+            self.on_end(span.span())
+
+    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
+        """Spans of components recorded outside any step (:mod:`otel_tunix.pipeline.outside`):
+        an outside record's nested components, then its root. Default: each one's SDK span
+        to ``on_end``."""
         for span in spans:
             self.on_end(span.span())
 
@@ -362,11 +347,13 @@ class SpanBuilder:
         self._targets: list[tuple[SpanProcessor, Callable[[list[FinishedStep]], object]]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
         self._attributes: dict[
-            str, tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None]
-        ] = {}
+            str,
+            tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None,
+                  str | None],
+        ] = {}  # fmt: skip
         """Per component name: (blocked, thread, scope, step, the attributes of its spans,
-        the name's times in that step) as last made (never changed once made: spans and other
-        threads may hold them)."""
+        the name's times in that step, its declared category) as last made (never changed
+        once made: spans and other threads may hold them)."""
         self._report = ReportOnce(_logger)
         self.cleaner = NameCleaner()
         self.background = BackgroundLedger()
@@ -377,15 +364,35 @@ class SpanBuilder:
         links the previous one, :mod:`otel_tunix.run.job`)."""
 
     def __call__(self, records: list[StepRecord]) -> int:
-        """Hand these steps to the processors; returns how many could not be read."""
-        steps = []
-        if self.first_link is not None and records:
-            self._link_first(records[0])
+        """Hand these steps (and outside components' records, in their order) to the
+        processors; returns how many could not be read."""
+        steps: list[FinishedStep] = []
+        read = 0
+        if self.first_link is not None:  # the first step span's (one linked keeps its own)
+            first = next((r for r in records if type(r) is StepRecord), None)
+            if first is not None and first.link is None:
+                first.link, self.first_link = self.first_link, None
         for rec in records:
             try:
-                steps.append(FinishedStep(self, rec))
+                if type(rec) is StepRecord:
+                    steps.append(FinishedStep(self, rec))
+                else:  # an outside component's record: the steps before it go first
+                    self.cleaner.step(rec)
+                    spans = outside_spans(self, rec)
+                    if steps:
+                        self._deliver_steps(steps)
+                        steps = []
+                    self._deliver(spans, functools.partial(_on_outside_spans, spans=spans))
+                read += 1
             except Exception:
                 report_internal_error("reading a recorded step")
+        if steps:
+            self._deliver_steps(steps)
+        if self.background:
+            self._hand_on(self.background.take_due())
+        return len(records) - read
+
+    def _deliver_steps(self, steps: list[FinishedStep]) -> None:
         procs = span_processors_of(self._processor)
         if procs is not self._targets_key:  # the SDK replaces the tuple when one is added
             self._targets, self._targets_key = _dispatch_targets(procs), procs
@@ -397,15 +404,6 @@ class SpanBuilder:
                     id(proc), "otel-tunix: span processor %s raised (reported once)",
                     type(proc).__name__,
                 )  # fmt: skip
-        if self.background:
-            self._hand_on(self.background.take_due())
-        return len(records) - len(steps)
-
-    def _link_first(self, rec: StepRecord) -> None:
-        """The run's first step span gets :attr:`first_link` (one already linked keeps its
-        own: the next step gets it)."""
-        if rec.link is None:
-            rec.link, self.first_link = self.first_link, None
 
     def finish(self, force: bool) -> None:
         """Hand on the spans of background work that no later step can overlap any more
@@ -417,15 +415,21 @@ class SpanBuilder:
             report_internal_error("handing on background spans")
 
     def _hand_on(self, due: list[tuple[Carried, int, bool]]) -> None:
-        """Background spans to every processor: whole to a :class:`StepSpanProcessor`, as
-        SDK spans to the others."""
-        if not due:
-            return
-        spans = [BackgroundSpan(self, c, end, incomplete) for c, end, incomplete in due]
+        """Background spans to every processor (see :meth:`_deliver`)."""
+        if due:
+            spans = [BackgroundSpan(self, c, end, incomplete) for c, end, incomplete in due]
+            self._deliver(spans, lambda proc: proc.on_background_spans(spans))
+
+    def _deliver(
+        self, spans: Sequence[BackgroundSpan | OutsideSpan],
+        whole: Callable[[StepSpanProcessor], None],
+    ) -> None:  # fmt: skip
+        """Spans handed on apart from a step: ``whole`` (them all at once) to a
+        :class:`StepSpanProcessor`, each SDK span to ``on_end`` of the others."""
         for proc in span_processors_of(self._processor):
             try:
                 if isinstance(proc, StepSpanProcessor):
-                    proc.on_background_spans(spans)
+                    whole(proc)
                 else:
                     for span in spans:
                         proc.on_end(span.span())
@@ -446,7 +450,7 @@ class SpanBuilder:
         ex = home.extras
         error = ex.errors.get(c.sid) if ex is not None else None
         status, events = _error(error, end + off)
-        return self._full_span(
+        return self.full_span(
             c.name, new_span_context(c.trace, c.sid), parent, attributes, events, status,
             c.start + off, end + off,
         )  # fmt: skip
@@ -487,6 +491,9 @@ class SpanBuilder:
                 extra = _extra_attributes(ex, rec, sid, start_pc, own=False)
                 if extra:
                     d["attributes"] = extra
+            category = declared(name)
+            if category is not None:
+                d["category"] = category
             out.append(d)
         return out
 
@@ -526,7 +533,7 @@ class SpanBuilder:
             if ex is not None and sid in ex.errors:
                 status, events = _error(ex.errors[sid], rec.ends.get(sid, start_pc) + off)
                 out.append(
-                    self._full_span(
+                    self.full_span(
                         name, ctx, parent_ctx, attrs, events, status, start_pc + off, end + off
                     )
                 )
@@ -547,7 +554,7 @@ class SpanBuilder:
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
             links = (rec.link,) if rec.link is not None else ()
-            step_span = self._full_span(
+            step_span = self.full_span(
                 name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns,
                 links,
             )  # fmt: skip
@@ -579,6 +586,7 @@ class SpanBuilder:
         number and the name's times in a later step: the run's steps repeat the same
         components, and a copy of a dict costs a third of building one (about 0.3 us a span
         in bench_overhead). ``times``: the name's ``(busy, blocked, count)`` in the step."""
+        category = declared(name)
         if extra is None:
             found = self._attributes.get(name)
             if (
@@ -586,13 +594,16 @@ class SpanBuilder:
                 and found[0] is blocked
                 and found[1] is thread
                 and (found[2] == scope)
+                and found[6] == category
             ):
                 attrs = found[4]
                 if found[3] != number or found[5] != times:  # made in another step
                     attrs = attrs.copy()
                     attrs[_STEP] = number
                     _set_times(attrs, times)
-                    self._attributes[name] = (blocked, thread, scope, number, attrs, times)
+                    self._attributes[name] = (
+                        blocked, thread, scope, number, attrs, times, category
+                    )  # fmt: skip
                 return attrs
         tid, tname = self.thread(thread)
         attrs = {
@@ -604,15 +615,17 @@ class SpanBuilder:
             _THREAD_ID: tid,
             _THREAD_NAME: tname,
         }
+        if category is not None:
+            attrs[attr.GOODPUT_CATEGORY] = category
         _set_times(attrs, times)
         if extra is not None:
             return {**extra, **attrs}
         if len(self._attributes) >= _MAX_CACHED:  # names made up per step
             self._attributes.clear()
-        self._attributes[name] = (blocked, thread, scope, number, attrs, times)
+        self._attributes[name] = (blocked, thread, scope, number, attrs, times, category)
         return attrs
 
-    def _full_span(
+    def full_span(
         self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],
         events: tuple[Event, ...], status: Status, start: int, end: int,
         links: tuple[Link, ...] = (),
@@ -623,6 +636,10 @@ class SpanBuilder:
             self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status,
             links,
         )  # fmt: skip
+
+
+def _on_outside_spans(proc: StepSpanProcessor, spans: list[OutsideSpan]) -> None:
+    proc.on_outside_spans(spans)
 
 
 def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) -> None:
@@ -674,7 +691,6 @@ def _extra_attributes(
 
 
 _start_ns = operator.itemgetter(4)
-_MAX_STACKTRACE = 32768
 _exports_lock = threading.Lock()
 _MAX_CACHED = 4096
 _INTERNAL = SpanKind.INTERNAL

@@ -33,7 +33,10 @@ STEPS = 6
 def _run() -> int:
     """Steps of every shape the span builder makes; returns how many spans they are."""
     tracer = trace.get_tracer("user-code", "1.2")
-    spans = 0
+    with otel_tunix.component("checkpoint_restore"):  # outside any step: a trace of its own
+        with otel_tunix.component("read_shard"):
+            pass
+    spans = 2
     for n in range(STEPS):
         with otel_tunix.step(n, scope="train"):
             with otel_tunix.component("train_data_load"):
@@ -45,10 +48,12 @@ def _run() -> int:
                     pass
             with otel_tunix.component("train_queue_wait", blocked=True):
                 pass
+            with otel_tunix.component("fast_path_probe", category="evaluation"):
+                pass  # a declared category: an attribute of its own
             worker = threading.Thread(target=_in_thread, name="loader-thread")
             worker.start()
             worker.join()
-            spans += 7  # six components and the step span
+            spans += 8  # seven components and the step span
             if n == 2:  # a component that fails: error status and an exception event
                 with pytest.raises(ValueError):
                     with otel_tunix.component("checkpoint_save"):
@@ -117,7 +122,10 @@ def test_a_collector_receives_the_same_from_the_fast_path_and_the_sdk(
             assert getattr(span, field) == getattr(twin, field), (span.name, field)
         names.add(span.name)
     # every shape was there
-    assert {"forward", "prefetch", "checkpoint_save", "rollout", "http.request"} <= names
+    assert {"forward", "prefetch", "checkpoint_save", "rollout", "http.request",
+            "fast_path_probe", "checkpoint_restore", "read_shard"} <= names  # fmt: skip
+    probe = next(s for s in got_fast if s.name == "fast_path_probe")
+    assert probe.attributes["tunix.goodput.category"] == "evaluation"
     fail = next(s for s in got_fast if s.name == "checkpoint_save")
     assert fail.status_code == "STATUS_CODE_ERROR" and fail.events[0].name == "exception"
     assert next(s for s in got_fast if s.name == "follow.up").links

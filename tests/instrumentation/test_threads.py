@@ -84,12 +84,13 @@ def test_nothing_is_carried_outside_a_sampled_step() -> None:
     seen: list[Any] = []
     perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=2)
     with capture(perf=perf) as cap, ThreadPoolExecutor(1) as pool:
-        pool.submit(_work, seen).result()  # no step
-        with otel_tunix.step(1):  # not sampled
+        pool.submit(_work, seen).result()  # no step: an outside component of its own
+        with otel_tunix.step(1):  # not sampled: the task belongs to it, records nothing
             pool.submit(_work, seen).result()
         spans = cap.spans()
     assert [s[0] for s in seen] == [False, False]
-    assert not [s for s in spans if s.name == "rollout"]
+    (rollout,) = [s for s in spans if s.name == "rollout"]
+    assert rollout.attributes[attr.OUTSIDE] is True and rollout.parent is None
 
 
 def test_without_an_integration_a_pool_task_sees_no_step() -> None:

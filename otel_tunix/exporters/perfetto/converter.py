@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from otel_tunix.attributes import (
+    GOODPUT_CATEGORY,
     KIND_BLOCKED,
     KIND_BUSY,
     RANK,
@@ -45,10 +46,11 @@ def convert_jsonl_to_perfetto(
     Every ``{"type": "step", ...}`` line becomes one step slice, its component slices on
     their threads, and its busy / blocked / idle counters, through the same translation the
     exporter uses; a ``{"type": "span", ...}`` line (background work that ended after its
-    step) one slice on its thread. Other lines are skipped, as is a last line cut short by a
-    crash. A line
-    with a ``resource`` object (``service.name``, ``host.name``, ``tunix.rank``,
-    ``process.pid``) names the process track of the steps after it.
+    step, or, with ``outside: true``, a component recorded outside any step, no scope or
+    step) one slice on its thread, under its parent once that is written. Other lines are
+    skipped, as is a last line cut short by a crash. A line with a ``resource`` object
+    (``service.name``, ``host.name``, ``tunix.rank``, ``process.pid``) names the process
+    track of the steps after it.
 
     Args:
         jsonl_path: The spans JSONL file.
@@ -92,9 +94,10 @@ def convert_jsonl_to_perfetto(
 
 
 def _record_from_span_line(obj: Mapping[str, object], process: ProcessInfo) -> TraceSpan:
-    """A ``type: "span"`` line: one component span handed on after its step's line."""
+    """A ``type: "span"`` line: one component span handed on apart from its step's line (or
+    recorded outside any step: ``outside: true``)."""
     kind = _as_str(obj.get("kind"))
-    attrs = obj.get("attributes")
+    outside = obj.get("outside") is True
     return TraceSpan(
         name=str(obj.get("name") or "span"),
         start_ns=_as_int(obj.get("start_ns"), 0) or 0,
@@ -103,12 +106,12 @@ def _record_from_span_line(obj: Mapping[str, object], process: ProcessInfo) -> T
         span_id=str(obj.get("span_id") or ""),
         parent_id=_as_str(obj.get("parent")),
         span_type=SPAN_TYPE_COMPONENT,
-        scope=str(obj.get("scope") or "default"),
-        step=_as_int(obj.get("step"), 0),
+        scope=None if outside else str(obj.get("scope") or "default"),
+        step=None if outside else _as_int(obj.get("step"), 0),
         time_kind=kind if kind in (KIND_BUSY, KIND_BLOCKED) else KIND_BUSY,
         thread_id=_as_int(obj.get("thread_id")) or None,
         thread_name=_as_str(obj.get("thread")) or None,
-        attributes=dict(attrs) if isinstance(attrs, dict) else {},
+        attributes=_attributes(obj),
         process=process,
         error=_as_str(obj.get("error")),
     )
@@ -142,7 +145,6 @@ def _records_from_step_line(obj: Mapping[str, object], process: ProcessInfo) -> 
             continue
         kind = _as_str(item.get("kind"))
         component = kind in (KIND_BUSY, KIND_BLOCKED)
-        span_attrs = item.get("attributes")
         records.append(
             TraceSpan(
                 name=str(item.get("name") or "span"),
@@ -157,12 +159,23 @@ def _records_from_step_line(obj: Mapping[str, object], process: ProcessInfo) -> 
                 time_kind=kind if component else None,
                 thread_id=_as_int(item.get("thread_id")) or None,
                 thread_name=_as_str(item.get("thread")) or None,
-                attributes=dict(span_attrs) if isinstance(span_attrs, dict) else {},
+                attributes=_attributes(item),
                 process=process,
                 error=_as_str(item.get("error")),
             )
         )
     return records
+
+
+def _attributes(entry: Mapping[str, object]) -> dict[str, object]:
+    """A span entry's attributes, with its declared goodput category among them (the key
+    its span has)."""
+    attrs = entry.get("attributes")
+    out = dict(attrs) if isinstance(attrs, dict) else {}
+    category = entry.get("category")
+    if isinstance(category, str):
+        out[GOODPUT_CATEGORY] = category
+    return out
 
 
 def _process_from_json(resource: Mapping[str, object], default_name: str) -> ProcessInfo:

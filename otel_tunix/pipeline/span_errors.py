@@ -1,0 +1,42 @@
+"""A span's error: the status and ``exception`` event of a span whose block raised, and the
+``error`` text of its spans JSONL entry (steps, background and outside components alike)."""
+
+from __future__ import annotations
+
+import traceback
+
+from opentelemetry.sdk.trace import Event
+from opentelemetry.trace import Status, StatusCode
+
+from otel_tunix._text import clean_value
+
+__all__ = ["error_text", "span_error"]
+
+_UNSET = Status(StatusCode.UNSET)
+_MAX_STACKTRACE = 32768
+
+
+def span_error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Event, ...]]:
+    """The status and events of a span that ended at ``end_ns`` with ``exc`` escaping (an
+    unset status and no event without one), as the SDK's ``record_exception`` makes them."""
+    if exc is None:
+        return _UNSET, ()
+    event = Event(
+        "exception",
+        {
+            "exception.type": type(exc).__qualname__,
+            "exception.message": clean_value(str(exc)),
+            "exception.stacktrace": clean_value(
+                "".join(traceback.format_exception(exc)), _MAX_STACKTRACE
+            ),
+            "exception.escaped": True,
+        },
+        timestamp=end_ns,
+    )
+    return Status(StatusCode.ERROR, error_text(exc)), (event,)
+
+
+def error_text(exc: BaseException) -> str:
+    """``"Type: message"``: the error status description of a span, and the ``error`` of
+    its spans JSONL entry (cleaned as a text value: an exception's message is any text)."""
+    return clean_value(f"{type(exc).__qualname__}: {exc}")
