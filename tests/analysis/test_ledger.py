@@ -68,6 +68,10 @@ PROGRAM = textwrap.dedent(
     )
     say(proc_start=proc_start, cfg=[cfg0, time.time_ns()])
     time.sleep({INIT_SEC})
+    if first > 0:  # resuming: the checkpoint is restored before the loop, outside any step
+        restored = {{}}
+        timed("checkpoint_restore", {RESTORE_SEC}, restored)
+        say(restore=restored["checkpoint_restore"])
     for n in range(first, stop):
         if n == kill_at:
             with otel_tunix.step(n):
@@ -77,12 +81,6 @@ PROGRAM = textwrap.dedent(
         inner = {{}}
         t0 = time.time_ns()
         with otel_tunix.step(n):
-            if n == first and first > 0:
-                # The restore belongs before the loop, outside any step; a component there
-                # records nothing until outside-step components are recorded (part 1 of
-                # issue 29). Then: move it above the loop (it must still count as
-                # checkpoint_restore, and the first step then starts after it).
-                timed("checkpoint_restore", {RESTORE_SEC}, inner)
             timed("train_step_compute", {STEP_SEC}, inner)
             if (n + 1) % {CHECKPOINT_EVERY} == 0:
                 timed("checkpoint_save", {SAVE_SEC}, inner)
@@ -100,6 +98,7 @@ class Child:
     proc_start: int = 0
     cfg: tuple[int, int] = (0, 0)
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    restore: tuple[float, float, int] = (0.0, 0.0, 0)
     killed_ns: int = 0
 
     def read(self, lines: Iterator[str], until: str | None = None) -> None:
@@ -107,6 +106,8 @@ class Child:
             msg = json.loads(line)
             if "proc_start" in msg:
                 self.proc_start, self.cfg = msg["proc_start"], tuple(msg["cfg"])
+            elif "restore" in msg:
+                self.restore = tuple(msg["restore"])  # type: ignore[assignment]
             elif "step" in msg:
                 self.steps[msg["step"]] = msg
             if until is not None and until in msg:
@@ -127,13 +128,9 @@ class Child:
         return self.cfg
 
 
-def _spawn(out: Path, first: int, stop: int, kill_at: int, attempt: int) -> tuple[Any, Child]:
-    env = child_env(
-        # Until the job id has its own setting (part 3 of issue 29: OTEL_TUNIX_JOB_ID), the
-        # resource attributes carry the job.
-        OTEL_RESOURCE_ATTRIBUTES=f"tunix.job.id={JOB},tunix.job.attempt={attempt}",
-        OTEL_TUNIX_QUIET="true",
-    )
+def _spawn(out: Path, first: int, stop: int, kill_at: int) -> tuple[Any, Child]:
+    # The job id only: the attempt is found in the run folder (the killed run's header).
+    env = child_env(OTEL_TUNIX_JOB_ID=JOB, OTEL_TUNIX_QUIET="true")
     spawned = time.time_ns()
     proc = subprocess.Popen(
         [sys.executable, "-c", PROGRAM, str(out), str(first), str(stop), str(kill_at)],
@@ -157,14 +154,14 @@ def killed_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Child, C
     """Attempt 1 runs steps 0.. and is SIGKILLed in step 60 (a checkpoint after step 49);
     attempt 2, same job id, same folder, resumes at step 50 and runs to step 99."""
     out = tmp_path_factory.mktemp("job") / "job"
-    proc, first = _spawn(out, 0, LAST, KILL_AT, attempt=1)
+    proc, first = _spawn(out, 0, LAST, KILL_AT)
     assert proc.stdout is not None
     first.read(iter(proc.stdout), until="killable")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     first.killed_ns = time.time_ns()
     time.sleep(GAP_SEC)
-    proc, second = _spawn(out, CHECKPOINT_EVERY, LAST, -1, attempt=2)
+    proc, second = _spawn(out, CHECKPOINT_EVERY, LAST, -1)
     stdout, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0
     second.read(iter(stdout.splitlines()))
@@ -188,6 +185,8 @@ def test_a_killed_and_restarted_job(killed_job: tuple[Path, Child, Child], capsy
     ]  # fmt: skip
     assert list(data["badput_sec"]) == list(cat.BADPUT)
     assert (data["runs"], data["restarts"], data["redone_steps"]) == (2, 1, 10)
+    h1, h2 = _header(out), _header(out / "run-2")
+    assert (h1["job_id"], h1["attempt"], h2["job_id"], h2["attempt"]) == (JOB, 1, JOB, 2)
     assert data["compilations"] == 0
     bad = data["badput_sec"]
     ns = 1e-9
@@ -211,18 +210,21 @@ def test_a_killed_and_restarted_job(killed_job: tuple[Path, Child, Child], capsy
     kept = [(first, range(CHECKPOINT_EVERY)), (second, range(CHECKPOINT_EVERY, LAST))]
     save = _sum(kept, "checkpoint_save", 0), _sum(kept, "checkpoint_save", 1)
     assert within(bad[cat.CHECKPOINT_SAVE], save, n=2) and save[0] >= 2 * SAVE_SEC
-    restore = _sum(kept, "checkpoint_restore", 0), _sum(kept, "checkpoint_restore", 1)
+    restore = second.restore[0], second.restore[1]  # before the loop, outside any step
     assert within(bad[cat.CHECKPOINT_RESTORE], restore) and restore[0] >= RESTORE_SEC
 
-    # initialization: each attempt's start to its first step
+    # initialization: each attempt's start to its first step, less the restore before it
     s1_lo, s1_hi = first.start(_header(out))
     w1, w2 = first.first_step_start(), second.first_step_start()
-    init = ((w1[0] - s1_hi) + (w2[0] - s2_hi)) * ns, ((w1[1] - s1_lo) + (w2[1] - s2_lo)) * ns
+    init = (
+        ((w1[0] - s1_hi) + (w2[0] - s2_hi)) * ns - restore[1],
+        ((w1[1] - s1_lo) + (w2[1] - s2_lo)) * ns - restore[0],
+    )
     assert within(bad[cat.INITIALIZATION], init, n=4) and init[0] >= 2 * INIT_SEC
 
     # productive: the kept steps' windows less the checkpoints in them
     windows = [(c.steps[n]["t1"] - c.steps[n]["t0"]) * ns for c, r in kept for n in r]
-    productive = _sum(kept, "train_step_compute", 1), sum(windows) - save[0] - restore[0]
+    productive = _sum(kept, "train_step_compute", 1), sum(windows) - save[0]
     assert within(data["productive_time_sec"], productive, n=2)
 
     for k in (cat.COMPILATION, cat.DATA_STALL, cat.EVALUATION, cat.ROLLOUT_WAIT):
