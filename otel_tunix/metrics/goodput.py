@@ -1,0 +1,377 @@
+"""The live goodput ledger: ``tunix.run.goodput`` and ``tunix.run.badput_time`` while the
+run goes on.
+
+:class:`LiveLedger` takes the finished steps from the span builder (on otel-tunix's worker
+thread) and gives every instant of the run, from the process's start
+(:func:`otel_tunix._process.process_start_ns`) to the latest record processed, one category of
+:mod:`otel_tunix.categories`, by the rules written there (and in docs/goodput.md):
+
+* inside a training step's window, what its components (on any thread, background work
+  included) cover is theirs, by :data:`~otel_tunix.categories.PRECEDENCE`; the rest is
+  ``productive``; an evaluation scope's steps (``eval``, ``val``, ...) are ``evaluation``
+  as a whole;
+* before the first step: ``initialization``, unless a component of a category that comes
+  first covers it (a ``checkpoint_restore`` before the loop);
+* in no step at all: ``other``, unless a component outside the steps covers it
+  (:meth:`LiveLedger.on_outside`);
+* where steps overlap (an RL actor's steps beside the learner's, a trainer's steps inside a
+  global step), the instant takes every open step's components at once: a learner waiting
+  for rollouts while the actor computes one costs nothing, while the actor idles it is
+  ``rollout_wait``.
+
+The arithmetic of a window is :func:`otel_tunix.categories.categorize_intervals`, once per
+step window (or per piece of one, where windows overlap). The time is settled up to the
+start of the oldest step still open: a step can only add to time it covers.
+
+The figures go out as observable instruments (read at each metric export: no work on the
+worker), as MetricsLogger scalars (``goodput``, ``productive_time_sec``,
+``badput_time/<category>``, at most once a second and when the run ends) and in
+``summary.json`` (``goodput``), with each scope's own steps apart (``scopes``: the
+categories of each step's window alone, so an RL learner's ``rollout_wait`` and
+``weight_sync`` show there whatever its actor did meanwhile).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+
+from otel_tunix import categories as cat
+from otel_tunix._process import process_start_ns
+from otel_tunix._version import __version__
+from otel_tunix.logging_backend import PERF_SOURCE
+from otel_tunix.metrics.catalog import by_otel_name
+from otel_tunix.metrics.instruments import METER_SCOPE, create_observable, observable
+from otel_tunix.model import SpanInfo
+from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
+
+__all__ = [
+    "BADPUT_TIME",
+    "GOODPUT",
+    "LOG_BADPUT",
+    "LOG_GOODPUT",
+    "LOG_PRODUCTIVE",
+    "LiveLedger",
+    "ledger_meter",
+    "observe",
+]
+
+GOODPUT = "tunix.run.goodput"
+"""The gauge: productive time over the wall time since the process started (0..1)."""
+BADPUT_TIME = "tunix.run.badput_time"
+"""The counter: seconds of each badput category (attribute ``category``)."""
+LOG_GOODPUT = "goodput"
+"""MetricsLogger name of the gauge's value."""
+LOG_PRODUCTIVE = "productive_time_sec"
+"""MetricsLogger name of the productive seconds so far."""
+LOG_BADPUT = "badput_time/"
+"""MetricsLogger prefix of each category's seconds (``badput_time/data_stall``)."""
+LOG_EVERY_SEC = 1.0
+"""The scalars are logged at most this often (and when the run ends)."""
+MAX_PENDING = 4096
+"""Step windows kept while an older step is still open (an RL actor's long step beside
+thousands of learner steps); past this the time is settled up to the latest record."""
+_NS = 1e-9
+_CATEGORY = "category"
+
+
+class _Window:
+    """A step window (``rest``: what its uncovered time is) or a component outside the steps
+    (``rest`` ``None``), with its classified intervals, Unix ns."""
+
+    __slots__ = ("cats", "end", "intervals", "rest", "start")
+
+    def __init__(
+        self,
+        start: int,
+        end: int,
+        rest: str | None,
+        intervals: list[tuple[str, int, int]],
+        cats: dict[str, float] | None,
+    ) -> None:
+        self.start = start
+        self.end = end
+        self.rest = rest
+        self.intervals = intervals
+        self.cats = cats
+        """The window's categories alone (a step's; ``None`` for an outside component)."""
+
+
+def _step_window(step: FinishedStep) -> tuple[str, _Window]:
+    """A finished step as a window: its components (its own and other threads' work
+    overlapping it) classified, and its categories alone."""
+    start, end = step.start_ns, step.end_ns
+    seconds = max(0, end - start) * _NS
+    if cat.is_eval_scope(step.scope):
+        return step.scope, _Window(start, end, cat.EVALUATION, [], {cat.EVALUATION: seconds})
+    off = step.offset
+    classify, productive = cat.classify, cat.PRODUCTIVE
+    intervals = []
+    plain = True
+    for comp, c_end in zip(step.components, step.ends, strict=True):
+        kind = classify(comp[0], comp[1])
+        if kind != productive:
+            plain = False
+        intervals.append((kind, comp[4] + off, c_end + off))
+    background = step.background
+    if background:
+        for name, blocked, b0, b1, _ in background:
+            kind = classify(name, blocked)
+            if kind != productive:
+                plain = False
+            intervals.append((kind, b0 + off, b1 + off))
+    if plain:  # only productive work, or none: nothing to weigh
+        cats = {productive: seconds} if seconds else {}
+    else:
+        cats = cat.categorize_intervals(start, end, intervals, productive)
+    return step.scope, _Window(start, end, productive, intervals, cats)
+
+
+class LiveLedger(StepSpanProcessor):
+    """The run's goodput ledger, kept as its steps are processed.
+
+    Args:
+        logger: The run's MetricsLogger (``None``: no scalars).
+        start_ns: Where the run's wall time starts (Unix ns; default: the process's start).
+        log_every_sec: The scalars are logged at most this often.
+    """
+
+    def __init__(
+        self,
+        logger: Any = None,
+        *,
+        start_ns: int | None = None,
+        log_every_sec: float = LOG_EVERY_SEC,
+    ) -> None:
+        self._logger = logger
+        self._log_every = log_every_sec
+        self._start = process_start_ns() if start_ns is None else start_ns
+        self._frontier = self._start
+        """Time before this is settled (Unix ns)."""
+        self._first_step: int | None = None
+        self._latest = self._start
+        """The latest end of anything received."""
+        self._pending: list[_Window] = []
+        self._totals: dict[str, float] = {}
+        self._scopes: dict[str, dict[str, float]] = {}
+        self._lock = threading.Lock()
+        self._last_log = 0.0
+        self._last_number: int | None = None
+        self._closed = False
+
+    # --- input ------------------------------------------------------------------------
+
+    def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
+        """A batch of finished steps (worker thread): their windows, then the time settled
+        up to the oldest step still open."""
+        if self._closed or not steps:
+            return
+        hold = _oldest_open(steps[-1])
+        with self._lock:
+            for step in steps:
+                scope, window = _step_window(step)
+                assert window.cats is not None
+                own = self._scopes.get(scope)
+                if own is None:
+                    own = self._scopes[scope] = {}
+                for k, v in window.cats.items():
+                    own[k] = own.get(k, 0.0) + v
+                self._add(window)
+            self._last_number = steps[-1].number
+            self._settle(min(hold, self._latest))
+        self._maybe_log()
+
+    def on_outside(self, spans: Iterable[SpanInfo]) -> None:
+        """Components recorded outside any step (a restore before the loop, an evaluation
+        or a checkpoint between steps): the consumer of the recording layer's outside
+        spans. Each counts where no step covers its time, and beside the steps' components
+        where one does; its category is its ``tunix.goodput.category`` attribute, else its
+        name's (:func:`otel_tunix.categories.classify`)."""
+        if self._closed:
+            return
+        with self._lock:
+            for span in spans:
+                given = span.attributes.get("tunix.goodput.category")
+                kind = cat.classify(
+                    span.name, span.kind == "blocked", given if isinstance(given, str) else None
+                )
+                self._add(
+                    _Window(
+                        span.start_ns, span.end_ns, None, [(kind, span.start_ns, span.end_ns)], None
+                    )
+                )
+
+    def add_outside(
+        self, name: str, blocked: bool, start_ns: int, end_ns: int, category: str | None = None
+    ) -> None:
+        """One component outside any step (see :meth:`on_outside`), Unix ns."""
+        info = SpanInfo(name, "blocked" if blocked else "busy", start_ns, end_ns)
+        if category is not None:
+            info.attributes = {"tunix.goodput.category": category}
+        self.on_outside((info,))
+
+    def _add(self, window: _Window) -> None:
+        if window.end <= self._frontier:  # settled already (a record that came late)
+            return
+        if window.rest is not None and self._first_step is None:
+            self._first_step = window.start
+        self._pending.append(window)
+        if window.end > self._latest:
+            self._latest = window.end
+
+    # --- the arithmetic -----------------------------------------------------------------
+
+    def _settle(self, upto: int) -> None:
+        """Give every instant from the frontier to ``upto`` its category."""
+        if len(self._pending) > MAX_PENDING:
+            upto = self._latest
+        lo = self._frontier
+        if upto <= lo:
+            return
+        first = self._first_step
+        totals = self._totals
+        pending = sorted(self._pending, key=_start_of)
+        points = {lo, upto}
+        for w in pending:
+            if lo < w.start < upto:
+                points.add(w.start)
+            if lo < w.end < upto:
+                points.add(w.end)
+        cuts = sorted(points)
+        active: list[_Window] = []
+        i = 0
+        for a, b in pairwise(cuts):
+            while i < len(pending) and pending[i].start <= a:
+                active.append(pending[i])
+                i += 1
+            active = [w for w in active if w.end > a]
+            if not active:  # in no step, no component
+                k = cat.INITIALIZATION if first is None or b <= first else cat.OTHER
+                totals[k] = totals.get(k, 0.0) + (b - a) * _NS
+                continue
+            own = active[0].cats if len(active) == 1 else None
+            if own is not None and active[0].start == a and active[0].end == b:
+                for k, v in own.items():  # a step window alone: its own figures
+                    totals[k] = totals.get(k, 0.0) + v
+                continue
+            self._weigh(a, b, active, first)
+        self._frontier = upto
+        self._pending = [w for w in pending if w.end > upto]
+
+    def _weigh(self, a: int, b: int, active: list[_Window], first: int | None) -> None:
+        """The piece ``[a, b]`` under several windows (or part of one), by
+        :func:`~otel_tunix.categories.categorize_intervals`."""
+        rests = {w.rest for w in active}
+        intervals: list[tuple[str, int, int]] = []
+        for w in active:
+            intervals.extend(w.intervals)
+            if w.rest == cat.EVALUATION:
+                intervals.append((cat.EVALUATION, w.start, w.end))
+        if cat.PRODUCTIVE in rests:
+            rest = cat.PRODUCTIVE
+        elif cat.EVALUATION in rests:
+            rest = cat.EVALUATION
+        elif first is None or b <= first:  # before the first step: initialization first
+            rest = cat.INITIALIZATION
+            intervals.append((cat.INITIALIZATION, a, b))
+        else:
+            rest = cat.OTHER
+        totals = self._totals
+        for k, v in cat.categorize_intervals(a, b, intervals, rest).items():
+            totals[k] = totals.get(k, 0.0) + v
+
+    # --- output -------------------------------------------------------------------------
+
+    def figures(self) -> dict[str, Any]:
+        """The ledger so far: ``wall_time_sec`` (process start to the time settled),
+        ``productive_time_sec``, ``goodput``, ``badput_sec`` (every category of
+        :data:`~otel_tunix.categories.BADPUT`) and ``scopes`` (each scope's steps' own
+        categories, ``productive`` included)."""
+        with self._lock:
+            totals = dict(self._totals)
+            wall = max(0, self._frontier - self._start) * _NS
+            scopes = {s: dict(v) for s, v in self._scopes.items()}
+        productive = totals.get(cat.PRODUCTIVE, 0.0)
+        return {
+            "wall_time_sec": wall,
+            "productive_time_sec": productive,
+            "goodput": productive / wall if wall > 0 else 0.0,
+            "badput_sec": {k: totals.get(k, 0.0) for k in cat.BADPUT},
+            "scopes": scopes,
+        }
+
+    def scalars(self) -> dict[str, float]:
+        """The figures as MetricsLogger scalars."""
+        f = self.figures()
+        out = {LOG_GOODPUT: f["goodput"], LOG_PRODUCTIVE: f["productive_time_sec"]}
+        for k, v in f["badput_sec"].items():
+            out[LOG_BADPUT + k] = v
+        return out
+
+    def _maybe_log(self, force: bool = False) -> None:
+        logger = self._logger
+        if logger is None or not logger.active:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_log < self._log_every:
+            return
+        self._last_log = now
+        logger.log_dict(self.scalars(), step=self._last_number, source=PERF_SOURCE)
+
+    def finish(self) -> None:
+        """The run ends (every step processed): the rest settled, the scalars logged."""
+        if self._closed:
+            return
+        with self._lock:
+            self._settle(self._latest)
+        self._maybe_log(force=True)
+        self._closed = True
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _start_of(w: _Window) -> int:
+    return w.start
+
+
+def _oldest_open(step: FinishedStep) -> int:
+    """The start (Unix ns) of the oldest sampled step still open (no limit: none is)."""
+    open_steps = list(step.record.runtime.open_steps)
+    if not open_steps:
+        return 1 << 62
+    return min(r.start_ns for r in open_steps) + step.offset
+
+
+def ledger_meter(meter_provider: MeterProvider) -> Meter:
+    """The meter of the ledger's instruments (the catalog's scope)."""
+    return meter_provider.get_meter(METER_SCOPE, __version__)
+
+
+def observe(meter: Meter, ledger: LiveLedger | None) -> None:
+    """``tunix.run.goodput`` and ``tunix.run.badput_time`` reading ``ledger`` at each metric
+    export (``None``: nothing to report, the run has ended)."""
+    if ledger is None:
+        for name in (GOODPUT, BADPUT_TIME):
+            spec = by_otel_name(name)
+            observable(meter, spec.instrument, name, None)
+        return
+
+    def goodput(_: CallbackOptions) -> list[Observation]:
+        f = ledger.figures()
+        return [Observation(f["goodput"])] if f["wall_time_sec"] > 0 else []
+
+    def badput(_: CallbackOptions) -> list[Observation]:
+        f = ledger.figures()
+        return [
+            Observation(v, {_CATEGORY: k}) for k, v in f["badput_sec"].items() if math.isfinite(v)
+        ]
+
+    create_observable(meter, by_otel_name(GOODPUT), goodput)
+    create_observable(meter, by_otel_name(BADPUT_TIME), badput)
