@@ -49,10 +49,10 @@ def test_async_rl_demo_traces_actor_and_learner(
 
     lr = learner[3]
     assert set(lr["components"]) == {
-        "train_queue_wait", "actor_train_step", "forward", "backward", "optimizer_step",
+        "rollout_queue_wait", "actor_train_step", "forward", "backward", "optimizer_step",
         "weight_sync",
     }  # fmt: skip
-    assert lr["components"]["train_queue_wait"]["blocked_time_sec"] > 0
+    assert lr["components"]["rollout_queue_wait"]["blocked_time_sec"] > 0
     by_id = {s["span_id"]: s for s in lr["spans"]}
     for s in lr["spans"]:
         if s["name"] in ("forward", "backward", "optimizer_step"):
@@ -82,7 +82,7 @@ def test_async_rl_demo_traces_actor_and_learner(
         assert r["generation/time_to_first_token_sec"] > 0
     # the policy starts as the reference: no divergence at the first step
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert {"perf/rl/learner/train_queue_wait/blocked_time_sec"} <= logged
+    assert {"perf/rl/learner/rollout_queue_wait/blocked_time_sec"} <= logged
     assert all(
         0 <= m["metrics"]["staleness"] <= 1 for m in metrics if "staleness" in m.get("metrics", {})
     )

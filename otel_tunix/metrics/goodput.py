@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
@@ -83,54 +83,85 @@ _CATEGORY = "category"
 
 class _Window:
     """A step window (``rest``: what its uncovered time is) or a component outside the steps
-    (``rest`` ``None``), with its classified intervals, Unix ns."""
+    (``rest`` ``None``), Unix ns."""
 
-    __slots__ = ("cats", "end", "intervals", "rest", "start")
+    __slots__ = ("cats", "end", "rest", "source", "start")
 
     def __init__(
         self,
         start: int,
         end: int,
         rest: str | None,
-        intervals: list[tuple[str, int, int]],
+        source: Any,
         cats: dict[str, float] | None,
     ) -> None:
         self.start = start
         self.end = end
         self.rest = rest
-        self.intervals = intervals
+        self.source = source
+        """Where its intervals come from: a list of them, or (a step's) ``(components,
+        ends, offset, background)``, read only where windows overlap."""
         self.cats = cats
         """The window's categories alone (a step's; ``None`` for an outside component)."""
 
+    def intervals(self) -> list[tuple[str, int, int]]:
+        """Its components as ``(category, start, end)``, Unix ns."""
+        source = self.source
+        if isinstance(source, list):
+            return source
+        components, ends, off, background = source
+        classify = cat.classify
+        out = [
+            (classify(c[0], c[1]), c[4] + off, e + off)
+            for c, e in zip(components, ends, strict=True)
+        ]
+        for name, blocked, b0, b1, _ in background or ():
+            out.append((classify(name, blocked), b0 + off, b1 + off))
+        if self.rest == cat.EVALUATION:
+            out.append((cat.EVALUATION, self.start, self.end))
+        return out
+
+
+_BELOW_PRODUCTIVE: Final = frozenset(cat.PRECEDENCE[cat.PRECEDENCE.index(cat.PRODUCTIVE) + 1 :])
+"""Categories that productive work overlapping them takes over (the waits)."""
+
 
 def _step_window(step: FinishedStep) -> tuple[str, _Window]:
-    """A finished step as a window: its components (its own and other threads' work
-    overlapping it) classified, and its categories alone."""
+    """A finished step as a window, with its categories alone: its components (its own and
+    other threads' work overlapping it) classified; only the badput ones, and the productive
+    ones overlapping a wait, go to :func:`~otel_tunix.categories.categorize_intervals`
+    (the others change nothing: the window's uncovered time is productive too)."""
     start, end = step.start_ns, step.end_ns
     seconds = max(0, end - start) * _NS
-    if cat.is_eval_scope(step.scope):
-        return step.scope, _Window(start, end, cat.EVALUATION, [], {cat.EVALUATION: seconds})
     off = step.offset
+    components, ends, background = step.components, step.ends, step.background
+    source = (components, ends, off, background)
+    if cat.is_eval_scope(step.scope):
+        return step.scope, _Window(start, end, cat.EVALUATION, source, {cat.EVALUATION: seconds})
     classify, productive = cat.classify, cat.PRODUCTIVE
-    intervals = []
-    plain = True
-    for comp, c_end in zip(step.components, step.ends, strict=True):
+    bad: list[tuple[str, int, int]] | None = None
+    for comp, c_end in zip(components, ends, strict=True):
         kind = classify(comp[0], comp[1])
         if kind != productive:
-            plain = False
-        intervals.append((kind, comp[4] + off, c_end + off))
-    background = step.background
+            if bad is None:
+                bad = []
+            bad.append((kind, comp[4] + off, c_end + off))
     if background:
         for name, blocked, b0, b1, _ in background:
             kind = classify(name, blocked)
             if kind != productive:
-                plain = False
-            intervals.append((kind, b0 + off, b1 + off))
-    if plain:  # only productive work, or none: nothing to weigh
-        cats = {productive: seconds} if seconds else {}
-    else:
-        cats = cat.categorize_intervals(start, end, intervals, productive)
-    return step.scope, _Window(start, end, productive, intervals, cats)
+                if bad is None:
+                    bad = []
+                bad.append((kind, b0 + off, b1 + off))
+    if bad is None:  # only productive work, or none
+        return step.scope, _Window(start, end, productive, source, {productive: seconds})
+    waits = [(s0, s1) for k, s0, s1 in bad if k in _BELOW_PRODUCTIVE]
+    if waits:  # productive work over a wait takes it over
+        for kind, s0, s1 in _Window(start, end, productive, source, None).intervals():
+            if any(s0 < w1 and w0 < s1 for w0, w1 in waits) and kind == productive:
+                bad.append((kind, s0, s1))
+    cats = cat.categorize_intervals(start, end, bad, productive)
+    return step.scope, _Window(start, end, productive, source, cats)
 
 
 class LiveLedger(StepSpanProcessor):
@@ -237,6 +268,19 @@ class LiveLedger(StepSpanProcessor):
         first = self._first_step
         totals = self._totals
         pending = sorted(self._pending, key=_start_of)
+        if self._tiled(pending, lo, upto):  # one loop's steps, one after the other
+            self._pending = []
+            for w in pending:
+                if w.start > lo:
+                    k = cat.INITIALIZATION if first is None or w.start <= first else cat.OTHER
+                    totals[k] = totals.get(k, 0.0) + (w.start - lo) * _NS
+                for k, v in w.cats.items():  # type: ignore[union-attr]
+                    totals[k] = totals.get(k, 0.0) + v
+                lo = w.end
+            if upto > lo:
+                totals[cat.OTHER] = totals.get(cat.OTHER, 0.0) + (upto - lo) * _NS
+            self._frontier = upto
+            return
         points = {lo, upto}
         for w in pending:
             if lo < w.start < upto:
@@ -264,15 +308,23 @@ class LiveLedger(StepSpanProcessor):
         self._frontier = upto
         self._pending = [w for w in pending if w.end > upto]
 
+    @staticmethod
+    def _tiled(pending: list[_Window], lo: int, upto: int) -> bool:
+        """Whether the windows (in start order) are steps' that lie one after the other
+        between ``lo`` and ``upto``: each then counts with its own figures, no weighing."""
+        for w in pending:
+            if w.cats is None or w.start < lo or w.end > upto:
+                return False
+            lo = w.end
+        return True
+
     def _weigh(self, a: int, b: int, active: list[_Window], first: int | None) -> None:
         """The piece ``[a, b]`` under several windows (or part of one), by
         :func:`~otel_tunix.categories.categorize_intervals`."""
         rests = {w.rest for w in active}
         intervals: list[tuple[str, int, int]] = []
         for w in active:
-            intervals.extend(w.intervals)
-            if w.rest == cat.EVALUATION:
-                intervals.append((cat.EVALUATION, w.start, w.end))
+            intervals.extend(w.intervals())
         if cat.PRODUCTIVE in rests:
             rest = cat.PRODUCTIVE
         elif cat.EVALUATION in rests:
@@ -316,13 +368,15 @@ class LiveLedger(StepSpanProcessor):
 
     def _maybe_log(self, force: bool = False) -> None:
         logger = self._logger
-        if logger is None or not logger.active:
-            return
+        if logger is None or not logger.active or self._first_step is None:
+            return  # nothing to tell before the first step
         now = time.monotonic()
         if not force and now - self._last_log < self._log_every:
             return
         self._last_log = now
-        logger.log_dict(self.scalars(), step=self._last_number, source=PERF_SOURCE)
+        # As the perf/... rows: a fixed set of names, not counted against the bound on the
+        # names a program logs (OTEL_TUNIX_MAX_METRIC_NAMES).
+        logger.log_rows(((self._last_number, self.scalars()),), source=PERF_SOURCE)
 
     def finish(self) -> None:
         """The run ends (every step processed): the rest settled, the scalars logged."""

@@ -1,0 +1,180 @@
+"""The live goodput ledger (``tunix.run.goodput``, ``tunix.run.badput_time``): real runs
+against their own clocks, the values a real collector received against ``summary.json``
+and ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import otel_tunix
+from otel_tunix import categories
+from otel_tunix._process import process_start_ns
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+class _Clock:
+    """Seconds of each category by the test's own clock: a lower bound (the sleeps) and an
+    upper bound (perf_counter around each block)."""
+
+    def __init__(self) -> None:
+        self.low: dict[str, float] = {}
+        self.high: dict[str, float] = {}
+
+    def timed(self, category: str, sleep: float, block: Any) -> None:
+        t0 = time.perf_counter()
+        with block:
+            time.sleep(sleep)
+        self.high[category] = self.high.get(category, 0.0) + time.perf_counter() - t0
+        self.low[category] = self.low.get(category, 0.0) + sleep
+
+
+def test_live_goodput_at_the_collector_matches_summary_metrics_and_the_clocks(
+    rotel_collector: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rotel_collector.grpc_endpoint)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "60000")  # one export, at shutdown
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out, run_id="goodput-live")
+    clock = _Clock()
+    first_step_wall = [0, 0]
+    step_high = 0.0
+    for n in range(12):
+        if n == 0:
+            first_step_wall[0] = time.time_ns()
+        t0 = time.perf_counter()
+        with otel_tunix.step(n):
+            if n == 0:
+                first_step_wall[1] = time.time_ns()
+            clock.timed(
+                categories.DATA_STALL, 0.02, otel_tunix.component("train_data_load", blocked=True)
+            )
+            clock.timed(categories.PRODUCTIVE, 0.03, otel_tunix.component("train_step_compute"))
+            if n % 4 == 3:
+                clock.timed(
+                    categories.CHECKPOINT_SAVE, 0.05, otel_tunix.component("checkpoint_save")
+                )
+        step_high += time.perf_counter() - t0
+        if n in (5, 11):
+            for e in range(2):
+                clock.timed(categories.EVALUATION, 0.02, otel_tunix.step(e, scope="eval"))
+    otel_tunix.shutdown()
+
+    summary = json.loads((out / "summary.json").read_text())["goodput"]
+    bad = summary["badput_sec"]
+    assert set(bad) == set(categories.BADPUT)
+    # productive + badput is the wall time, from the process's start to the last step
+    assert summary["productive_time_sec"] + sum(bad.values()) == pytest.approx(
+        summary["wall_time_sec"], rel=1e-9
+    )
+    # each category against the test's clocks
+    for category in (categories.DATA_STALL, categories.CHECKPOINT_SAVE, categories.EVALUATION):
+        assert clock.low[category] <= bad[category] <= clock.high[category], category
+    assert clock.low[categories.PRODUCTIVE] <= summary["productive_time_sec"]
+    others = clock.low[categories.DATA_STALL] + clock.low[categories.CHECKPOINT_SAVE]
+    assert summary["productive_time_sec"] <= step_high - others
+    start = process_start_ns()
+    init = bad[categories.INITIALIZATION]
+    assert (first_step_wall[0] - start) / 1e9 - 0.01 <= init <= (first_step_wall[1] - start) / 1e9
+    assert bad[categories.OTHER] < 0.05  # between steps: a few statements
+    assert summary["goodput"] == pytest.approx(
+        summary["productive_time_sec"] / summary["wall_time_sec"]
+    )
+    assert summary["scopes"]["eval"] == {categories.EVALUATION: pytest.approx(bad["evaluation"])}
+
+    # the same figures as MetricsLogger scalars (the last row that has them)
+    rows = [r for r in _lines(out / "metrics.jsonl") if "goodput" in r.get("metrics", {})]
+    last = rows[-1]["metrics"]
+    assert last["goodput"] == pytest.approx(summary["goodput"], rel=1e-12)
+    assert last["productive_time_sec"] == pytest.approx(summary["productive_time_sec"])
+    for category, seconds in bad.items():
+        assert last[f"badput_time/{category}"] == pytest.approx(seconds, rel=1e-12, abs=1e-12)
+
+    # and as the collector received them: the gauge and the counter by category
+    got = rotel_collector.wait_for_metrics("tunix.run.goodput", "tunix.run.badput_time")
+    gauge = got.metric("tunix.run.goodput")
+    assert gauge.unit == "1"
+    assert gauge.points[-1].value == pytest.approx(summary["goodput"], rel=1e-9)
+    counter = got.metric("tunix.run.badput_time")
+    assert counter.unit == "s" and counter.is_monotonic
+    received = {p.attributes["category"]: p.value for p in counter.points}
+    assert received == {k: pytest.approx(v, rel=1e-9, abs=1e-9) for k, v in bad.items()}
+
+
+def test_overlapping_steps_productive_work_beside_a_wait_costs_nothing(tmp_path: Path) -> None:
+    """An RL-shaped run: the learner waits for a rollout (blocked) while an actor thread's
+    step computes it, then syncs weights; the actor then idles in its step. The learner's own
+    steps show its whole wait as ``rollout_wait``; the run's timeline only the part where
+    the actor was not computing."""
+    import threading
+
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out, run_id="goodput-rl")
+    go, done = threading.Event(), threading.Event()
+    compute = []
+
+    def actor() -> None:
+        with otel_tunix.step(0, scope="rl/actor"):
+            go.wait()
+            t0 = time.perf_counter()
+            with otel_tunix.component("rollout"):
+                time.sleep(0.1)
+            compute.append(time.perf_counter() - t0)
+            done.set()
+            time.sleep(0.15)  # idle in its step: nothing computes while the learner syncs
+
+    thread = threading.Thread(target=actor)
+    thread.start()
+    with otel_tunix.step(0, scope="rl/learner"):
+        t0 = time.perf_counter()
+        with otel_tunix.component("rollout_queue_wait", blocked=True):
+            go.set()
+            done.wait()
+            time.sleep(0.05)  # waiting on past the rollout: the actor idles meanwhile
+        wait = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        with otel_tunix.component("weight_sync"):
+            time.sleep(0.05)
+        sync = time.perf_counter() - t1
+    thread.join()
+    otel_tunix.shutdown()
+
+    summary = json.loads((out / "summary.json").read_text())["goodput"]
+    learner = summary["scopes"]["rl/learner"]
+    assert 0.15 <= learner[categories.ROLLOUT_WAIT] <= wait
+    assert 0.05 <= learner[categories.WEIGHT_SYNC] <= sync
+    bad = summary["badput_sec"]
+    assert 0.05 <= bad[categories.WEIGHT_SYNC] <= sync
+    # the run: the wait while the actor computed is productive, the rest is rollout_wait
+    assert 0.05 <= bad[categories.ROLLOUT_WAIT] <= wait - compute[0] + 0.005
+    assert summary["productive_time_sec"] + sum(bad.values()) == pytest.approx(
+        summary["wall_time_sec"], rel=1e-9
+    )
+
+
+def test_outside_components_count_where_no_step_covers_them() -> None:
+    """The consumer of the recording layer's outside spans: a restore before the first step
+    is ``checkpoint_restore``, not initialization; an evaluation between steps is
+    ``evaluation``, not ``other``."""
+    from otel_tunix.metrics.goodput import LiveLedger
+
+    base = time.time_ns()
+    ledger = LiveLedger(start_ns=base)
+    s = 1_000_000_000
+    ledger.add_outside("restore_model", False, base + s, base + 2 * s, "checkpoint_restore")
+    ledger.add_outside("evaluate", False, base + 4 * s, base + 5 * s)
+    ledger.add_outside("load_checkpoint", False, base + 7 * s, base + 8 * s)
+    ledger.finish()
+    f = ledger.figures()
+    assert f["wall_time_sec"] == pytest.approx(8.0)
+    assert f["badput_sec"]["checkpoint_restore"] == pytest.approx(2.0)
+    assert f["badput_sec"]["evaluation"] == pytest.approx(1.0)
+    # no step yet: the rest is initialization
+    assert f["badput_sec"]["initialization"] == pytest.approx(5.0)
