@@ -157,11 +157,31 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
         return step.scope, _Window(start, end, productive, source, {productive: seconds})
     waits = [(s0, s1) for k, s0, s1 in bad if k in _BELOW_PRODUCTIVE]
     if waits:  # productive work over a wait takes it over
-        for kind, s0, s1 in _Window(start, end, productive, source, None).intervals():
-            if any(s0 < w1 and w0 < s1 for w0, w1 in waits) and kind == productive:
+        for kind, s0, s1 in _overlapping(source, waits):
+            if kind == productive:
                 bad.append((kind, s0, s1))
     cats = cat.categorize_intervals(start, end, bad, productive)
     return step.scope, _Window(start, end, productive, source, cats)
+
+
+def _overlapping(source: Any, waits: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+    """The components of a step (``_Window.source``) that overlap one of ``waits``,
+    classified (only those: most of a step's components overlap none)."""
+    components, ends, off, background = source
+    out = []
+    for c, e in zip(components, ends, strict=True):
+        s0, s1 = c[4] + off, e + off
+        for w0, w1 in waits:
+            if s0 < w1 and w0 < s1:
+                out.append((cat.classify(c[0], c[1]), s0, s1))
+                break
+    for name, blocked, b0, b1, _ in background or ():
+        s0, s1 = b0 + off, b1 + off
+        for w0, w1 in waits:
+            if s0 < w1 and w0 < s1:
+                out.append((cat.classify(name, blocked), s0, s1))
+                break
+    return out
 
 
 class LiveLedger(StepSpanProcessor):
