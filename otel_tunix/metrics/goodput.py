@@ -85,7 +85,7 @@ class _Window:
     """A step window (``rest``: what its uncovered time is) or a component outside the steps
     (``rest`` ``None``), Unix ns."""
 
-    __slots__ = ("cats", "end", "rest", "source", "start")
+    __slots__ = ("cats", "end", "number", "rest", "sampled", "scope", "source", "start")
 
     def __init__(
         self,
@@ -98,6 +98,10 @@ class _Window:
         self.start = start
         self.end = end
         self.rest = rest
+        self.scope = ""
+        self.number = 0
+        self.sampled = False
+        """Whether the run records only some steps (``sampling_rate`` > 1)."""
         self.source = source
         """Where its intervals come from: a list of them, or (a step's) ``(components,
         ends, offset, background)``, read only where windows overlap."""
@@ -218,6 +222,10 @@ class LiveLedger(StepSpanProcessor):
         self._latest = self._start
         """The latest end of anything received."""
         self._pending: list[_Window] = []
+        self._prev: _Window | None = None
+        """The step window settled last."""
+        self._runtime: tuple[Any, int] | None = None
+        """The steps' runtime (its counts of every step, recorded or not) and offset."""
         self._totals: dict[str, float] = {}
         self._scopes: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
@@ -237,6 +245,8 @@ class LiveLedger(StepSpanProcessor):
             for step in steps:
                 scope, window = _step_window(step)
                 assert window.cats is not None
+                window.scope, window.number = scope, step.number
+                window.sampled = step.record.runtime.sampling_rate > 1
                 own = self._scopes.get(scope)
                 if own is None:
                     own = self._scopes[scope] = {}
@@ -244,6 +254,7 @@ class LiveLedger(StepSpanProcessor):
                     own[k] = own.get(k, 0.0) + v
                 self._add(window)
             self._last_number = steps[-1].number
+            self._runtime = (steps[-1].record.runtime, steps[-1].offset)
             self._settle(min(hold, self._latest))
         self._maybe_log()
 
@@ -297,18 +308,19 @@ class LiveLedger(StepSpanProcessor):
         first = self._first_step
         totals = self._totals
         pending = sorted(self._pending, key=_start_of)
+        prev = self._prev
         if self._tiled(pending, lo, upto):  # one loop's steps, one after the other
             self._pending = []
             for w in pending:
                 if w.start > lo:
-                    k = cat.INITIALIZATION if first is None or w.start <= first else cat.OTHER
-                    totals[k] = totals.get(k, 0.0) + (w.start - lo) * _NS
+                    self._gap(lo, w.start, prev, w)
                 for k, v in w.cats.items():  # type: ignore[union-attr]
                     totals[k] = totals.get(k, 0.0) + v
                 lo = w.end
+                prev = w
             if upto > lo:
-                totals[cat.OTHER] = totals.get(cat.OTHER, 0.0) + (upto - lo) * _NS
-            self._frontier = upto
+                self._gap(lo, upto, prev, None)
+            self._frontier, self._prev = upto, prev
             return
         points = {lo, upto}
         for w in pending:
@@ -323,10 +335,13 @@ class LiveLedger(StepSpanProcessor):
             while i < len(pending) and pending[i].start <= a:
                 active.append(pending[i])
                 i += 1
+            for w in active:
+                if w.end <= a and w.cats is not None and (prev is None or w.end >= prev.end):
+                    prev = w  # the step that ended last before this piece
             active = [w for w in active if w.end > a]
             if not active:  # in no step, no component
-                k = cat.INITIALIZATION if first is None or b <= first else cat.OTHER
-                totals[k] = totals.get(k, 0.0) + (b - a) * _NS
+                nxt = pending[i] if i < len(pending) and pending[i].start == b else None
+                self._gap(a, b, prev, nxt)
                 continue
             own = active[0].cats if len(active) == 1 else None
             if own is not None and active[0].start == a and active[0].end == b:
@@ -334,8 +349,54 @@ class LiveLedger(StepSpanProcessor):
                     totals[k] = totals.get(k, 0.0) + v
                 continue
             self._weigh(a, b, active, first)
-        self._frontier = upto
+        for w in active:
+            if w.end <= upto and w.cats is not None and (prev is None or w.end >= prev.end):
+                prev = w
+        self._frontier, self._prev = upto, prev
         self._pending = [w for w in pending if w.end > upto]
+
+    def _tail(self) -> None:
+        """In a run that records only some steps: the steps after the last recorded one
+        (the runtime counts every step) ran until the latest end of their scope; that time
+        counts as the scope's recorded steps did."""
+        prev = self._prev
+        if self._runtime is None or prev is None or not prev.sampled:
+            return
+        runtime, off = self._runtime
+        counts = runtime.scopes.get(prev.scope)
+        end = counts.last_end_ns + off if counts is not None and counts.last_end_ns else 0
+        if end <= self._frontier:
+            return
+        tail = _Window(end, end, cat.PRODUCTIVE, [], {})
+        tail.scope, tail.number, tail.sampled = prev.scope, prev.number + 2, True
+        self._gap(self._frontier, end, prev, tail)
+        self._frontier = end
+
+    def _gap(self, a: int, b: int, prev: _Window | None, nxt: _Window | None) -> None:
+        """Time in no step window and no component: ``initialization`` before the first
+        step, else ``other``; but in a run that records only some steps, the time between
+        two recorded steps of a scope with steps between them ran those steps: it counts as
+        the scope's recorded steps did (their categories' shares so far)."""
+        totals, seconds = self._totals, (b - a) * _NS
+        first = self._first_step
+        if first is None or b <= first:
+            totals[cat.INITIALIZATION] = totals.get(cat.INITIALIZATION, 0.0) + seconds
+            return
+        if (
+            prev is not None
+            and nxt is not None
+            and nxt.sampled
+            and nxt.scope == prev.scope
+            and nxt.cats is not None
+            and nxt.number - prev.number > 1
+        ):
+            shares = self._scopes.get(nxt.scope)
+            whole = sum(shares.values()) if shares else 0.0
+            if shares and whole > 0:
+                for k, v in shares.items():
+                    totals[k] = totals.get(k, 0.0) + seconds * v / whole
+                return
+        totals[cat.OTHER] = totals.get(cat.OTHER, 0.0) + seconds
 
     @staticmethod
     def _tiled(pending: list[_Window], lo: int, upto: int) -> bool:
@@ -413,6 +474,7 @@ class LiveLedger(StepSpanProcessor):
             return
         with self._lock:
             self._settle(self._latest)
+            self._tail()
         self._maybe_log(force=True)
         self._closed = True
 

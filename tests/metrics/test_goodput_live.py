@@ -178,3 +178,29 @@ def test_outside_components_count_where_no_step_covers_them() -> None:
     assert f["badput_sec"]["evaluation"] == pytest.approx(1.0)
     # no step yet: the rest is initialization
     assert f["badput_sec"]["initialization"] == pytest.approx(5.0)
+
+
+def test_with_sampling_the_steps_not_recorded_count_as_the_recorded_ones(tmp_path: Path) -> None:
+    """``sampling_rate=4``: three steps in four are not recorded; the time between two
+    recorded steps ran them, and counts as the recorded steps did, not as ``other``."""
+    out = tmp_path / "run"
+    otel_tunix.configure(
+        perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=4),
+        output_dir=out,
+        run_id="goodput-sampled",
+    )
+    t0 = time.perf_counter()
+    for n in range(16):
+        with otel_tunix.step(n):
+            with otel_tunix.component("train_data_load", blocked=True):
+                time.sleep(0.01)
+            with otel_tunix.component("train_step_compute"):
+                time.sleep(0.02)
+    loop = time.perf_counter() - t0
+    otel_tunix.shutdown()
+    summary = json.loads((out / "summary.json").read_text())["goodput"]
+    bad = summary["badput_sec"]
+    assert bad["other"] < 0.05
+    # 16 steps of 10 ms stall and 20 ms compute (all of them, not the four recorded)
+    assert 16 * 0.01 * 0.95 <= bad["data_stall"] <= loop / 3 + 0.01
+    assert 16 * 0.02 * 0.9 <= summary["productive_time_sec"] <= loop
