@@ -17,7 +17,10 @@ thread) and gives every instant of the run, from the process's start
 * where steps overlap (an RL actor's steps beside the learner's, a trainer's steps inside a
   global step), the instant takes every open step's components at once: a learner waiting
   for rollouts while the actor computes one costs nothing, while the actor idles it is
-  ``rollout_wait``.
+  ``rollout_wait``;
+* in a run that records only some steps (``sampling_rate`` > 1), the time between two
+  recorded steps of a scope that ran steps between them (and after its last recorded one,
+  up to its last step) counts as the scope's recorded steps did.
 
 The arithmetic of a window is :func:`otel_tunix.categories.categorize_intervals`, once per
 step window (or per piece of one, where windows overlap). The time is settled up to the
@@ -253,7 +256,10 @@ class LiveLedger(StepSpanProcessor):
                 for k, v in window.cats.items():
                     own[k] = own.get(k, 0.0) + v
                 self._add(window)
-            self._last_number = steps[-1].number
+            for step in reversed(steps):  # the scalars' step: the latest training step's
+                if not cat.is_eval_scope(step.scope):
+                    self._last_number = step.number
+                    break
             self._runtime = (steps[-1].record.runtime, steps[-1].offset)
             self._settle(min(hold, self._latest))
         self._maybe_log()
