@@ -24,7 +24,9 @@ thread) and gives every instant of the run, from the process's start
 
 The arithmetic of a window is :func:`otel_tunix.categories.categorize_intervals`, once per
 step window (or per piece of one, where windows overlap). The time is settled up to the
-start of the oldest step still open: a step can only add to time it covers.
+start of the oldest step still open (a step can only add to time it covers) and to the
+latest record of the batch before (components outside the steps, handed on with a later
+batch, still count): the live figures trail the run by one batch of steps.
 
 The figures go out as observable instruments (read at each metric export: no work on the
 worker), as MetricsLogger scalars (``goodput``, ``productive_time_sec``,
@@ -224,6 +226,8 @@ class LiveLedger(StepSpanProcessor):
         self._first_step: int | None = None
         self._latest = self._start
         """The latest end of anything received."""
+        self._reached = self._start
+        """``_latest`` when the previous batch of steps came: settled up to there."""
         self._pending: list[_Window] = []
         self._prev: _Window | None = None
         """The step window settled last."""
@@ -261,7 +265,10 @@ class LiveLedger(StepSpanProcessor):
                     self._last_number = step.number
                     break
             self._runtime = (steps[-1].record.runtime, steps[-1].offset)
-            self._settle(min(hold, self._latest))
+            # Up to what the batch before this one reached: components outside the steps
+            # that the recording layer hands on with (or after) this batch still count.
+            self._settle(min(hold, self._reached))
+            self._reached = self._latest
         self._maybe_log()
 
     def on_outside(self, spans: Iterable[SpanInfo]) -> None:

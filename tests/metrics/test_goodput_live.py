@@ -204,3 +204,29 @@ def test_with_sampling_the_steps_not_recorded_count_as_the_recorded_ones(tmp_pat
     # 16 steps of 10 ms stall and 20 ms compute (all of them, not the four recorded)
     assert 16 * 0.01 * 0.95 <= bad["data_stall"] <= loop / 3 + 0.01
     assert 16 * 0.02 * 0.9 <= summary["productive_time_sec"] <= loop
+
+
+def test_an_outside_component_handed_on_after_the_next_step_still_counts(tmp_path: Path) -> None:
+    """The hook the recording layer hands outside components to
+    (``LiveLedger.on_outside``): one between steps 2 and 3 that arrives after step 3 was
+    processed is still ``evaluation``, not ``other`` (the ledger settles one batch behind)."""
+    from otel_tunix.run import setup
+
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out, run_id="goodput-outside")
+    ledger = setup._state.ledger  # type: ignore[union-attr]
+    for n in range(5):
+        if n == 3:
+            a = time.time_ns()
+            time.sleep(0.1)  # an evaluation between steps, recorded outside them
+            b = time.time_ns()
+        with otel_tunix.step(n):
+            with otel_tunix.component("train_step_compute"):
+                time.sleep(0.01)
+        if n == 3:
+            otel_tunix.force_flush()  # step 3 processed before the outside span arrives
+            ledger.add_outside("evaluate", False, a, b)
+    otel_tunix.shutdown()
+    bad = json.loads((out / "summary.json").read_text())["goodput"]["badput_sec"]
+    assert bad["evaluation"] == pytest.approx((b - a) / 1e9, abs=1e-6)
+    assert bad["other"] < 0.05
