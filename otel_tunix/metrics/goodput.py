@@ -149,14 +149,29 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
         return step.scope, _Window(start, end, cat.EVALUATION, source, {cat.EVALUATION: seconds})
     classify, productive = cat.classify, cat.PRODUCTIVE
     # First by name, from the accounting's per-name times (a name used ten times in the step
-    # is looked at once): a step of productive work only is the usual case.
-    for name, (busy, blocked, _) in step.summary.component_times.items():
-        if (busy and classify(name, False) != productive) or (
-            blocked and classify(name, True) != productive
-        ):
+    # is looked at once). The usual steps: productive work only, or productive work and
+    # waits of one kind (a blocked data load): the wait's category is then the time the
+    # accounting found a blocked component open and no busy one (busy work is productive,
+    # and productive work over a wait takes it over), the rest productive.
+    summary = step.summary
+    wait: str | None = None
+    for name, (busy, blocked, _) in summary.component_times.items():
+        if busy and classify(name, False) != productive:
             break
+        if blocked:
+            kind = classify(name, True)
+            if kind == productive:
+                continue
+            if kind not in _BELOW_PRODUCTIVE or (wait is not None and kind != wait):
+                break
+            wait = kind
     else:
-        return step.scope, _Window(start, end, productive, source, {productive: seconds})
+        if wait is None:
+            return step.scope, _Window(start, end, productive, source, {productive: seconds})
+        if not background:
+            waited = summary.blocked_time_sec
+            cats = {wait: waited, productive: seconds - waited}
+            return step.scope, _Window(start, end, productive, source, cats)
     bad: list[tuple[str, int, int]] | None = None
     for comp, c_end in zip(components, ends, strict=True):
         kind = classify(comp[0], comp[1])
@@ -322,9 +337,10 @@ class LiveLedger(StepSpanProcessor):
         totals = self._totals
         pending = sorted(self._pending, key=_start_of)
         prev = self._prev
-        if self._tiled(pending, lo, upto):  # one loop's steps, one after the other
-            self._pending = []
-            for w in pending:
+        n = self._tiled(pending, lo, upto)
+        if n == len(pending) or pending[n].start >= upto:  # one loop's steps, one by one
+            self._pending = pending[n:]
+            for w in pending[:n]:
                 if w.start > lo:
                     self._gap(lo, w.start, prev, w)
                 for k, v in w.cats.items():  # type: ignore[union-attr]
@@ -332,7 +348,7 @@ class LiveLedger(StepSpanProcessor):
                 lo = w.end
                 prev = w
             if upto > lo:
-                self._gap(lo, upto, prev, None)
+                self._gap(lo, upto, prev, pending[n] if n < len(pending) else None)
             self._frontier, self._prev = upto, prev
             return
         points = {lo, upto}
@@ -412,14 +428,15 @@ class LiveLedger(StepSpanProcessor):
         totals[cat.OTHER] = totals.get(cat.OTHER, 0.0) + seconds
 
     @staticmethod
-    def _tiled(pending: list[_Window], lo: int, upto: int) -> bool:
-        """Whether the windows (in start order) are steps' that lie one after the other
-        between ``lo`` and ``upto``: each then counts with its own figures, no weighing."""
-        for w in pending:
+    def _tiled(pending: list[_Window], lo: int, upto: int) -> int:
+        """How many of the windows (in start order) are steps' that lie one after the other
+        between ``lo`` and ``upto``: each of those counts with its own figures, no
+        weighing."""
+        for n, w in enumerate(pending):
             if w.cats is None or w.start < lo or w.end > upto:
-                return False
+                return n
             lo = w.end
-        return True
+        return len(pending)
 
     def _weigh(self, a: int, b: int, active: list[_Window], first: int | None) -> None:
         """The piece ``[a, b]`` under several windows (or part of one), by
