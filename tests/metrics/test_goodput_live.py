@@ -84,6 +84,14 @@ def test_live_goodput_at_the_collector_matches_summary_metrics_and_the_clocks(
     init = bad[categories.INITIALIZATION]
     assert (first_step_wall[0] - start) / 1e9 - 0.01 <= init <= (first_step_wall[1] - start) / 1e9
     assert bad[categories.OTHER] < 0.05  # between steps: a few statements
+    # and against the spans as written: each category the time of its components
+    spans = [s for r in _lines(out / "spans.jsonl") if r.get("type") == "step" for s in r["spans"]]
+    for name, category in (
+        ("train_data_load", "data_stall"),
+        ("checkpoint_save", "checkpoint_save"),
+    ):
+        spent = sum(s["end_ns"] - s["start_ns"] for s in spans if s["name"] == name) / 1e9
+        assert bad[category] == pytest.approx(spent, abs=1e-6), category
     assert summary["goodput"] == pytest.approx(
         summary["productive_time_sec"] / summary["wall_time_sec"]
     )
