@@ -158,10 +158,8 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
     for name, (busy, blocked, _) in summary.component_times.items():
         if busy and classify(name, False) != productive:
             break
-        if blocked:
+        if blocked:  # (a blocked component declared productive: weighed below)
             kind = classify(name, True)
-            if kind == productive:
-                continue
             if kind not in _BELOW_PRODUCTIVE or (wait is not None and kind != wait):
                 break
             wait = kind

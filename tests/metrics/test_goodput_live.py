@@ -238,3 +238,64 @@ def test_an_outside_component_handed_on_after_the_next_step_still_counts(tmp_pat
     bad = json.loads((out / "summary.json").read_text())["goodput"]["badput_sec"]
     assert bad["evaluation"] == pytest.approx((b - a) / 1e9, abs=1e-6)
     assert bad["other"] < 0.05
+
+
+def test_each_steps_categories_are_categorize_intervals_of_its_spans(tmp_path: Path) -> None:
+    """Whatever shortcut the ledger takes for a step (productive work only, waits of one
+    category), each scope's figures are ``categories.categorize_intervals`` of its steps'
+    spans as written: steps with nested waits, waits of two kinds, a wait on another
+    thread, a checkpoint."""
+    import random
+    import threading
+
+    rng = random.Random(7)
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out, run_id="goodput-shapes")
+
+    def nap() -> None:
+        time.sleep(rng.choice((0.0005, 0.001, 0.002)))
+
+    for n in range(40):
+        shape = n % 5
+        with otel_tunix.step(n):
+            if shape in (0, 2):
+                with otel_tunix.component("train_data_load", blocked=True):
+                    nap()
+            with otel_tunix.component("train_step_compute"):
+                nap()
+                if shape == 1:  # a wait inside productive work: productive
+                    with otel_tunix.component("train_data_load", blocked=True):
+                        nap()
+            if shape == 2:  # a second kind of wait
+                with otel_tunix.component("all_reduce", blocked=True):
+                    nap()
+            if shape == 3:  # a wait on another thread while this one computes, then alone
+
+                def waiter() -> None:
+                    with otel_tunix.component("rollout_queue_wait", blocked=True):
+                        time.sleep(0.003)
+
+                t = threading.Thread(target=waiter)
+                t.start()
+                with otel_tunix.component("forward"):
+                    nap()
+                t.join()
+            if shape == 4:
+                with otel_tunix.component("checkpoint_save"):
+                    nap()
+    otel_tunix.shutdown()
+
+    expected: dict[str, float] = {}
+    for r in _lines(out / "spans.jsonl"):
+        if r.get("type") != "step":
+            continue
+        intervals = [
+            (categories.classify(s["name"], s["kind"] == "blocked"), s["start_ns"], s["end_ns"])
+            for s in r["spans"]
+        ]
+        for k, v in categories.categorize_intervals(r["start_ns"], r["end_ns"], intervals).items():
+            expected[k] = expected.get(k, 0.0) + v
+    got = json.loads((out / "summary.json").read_text())["goodput"]["scopes"]["train"]
+    assert set(got) == set(expected) >= {"productive", "data_stall", "other", "rollout_wait"}
+    for k, v in expected.items():
+        assert got[k] == pytest.approx(v, abs=1e-6), k
