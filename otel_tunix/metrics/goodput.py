@@ -58,6 +58,7 @@ from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 __all__ = [
     "BADPUT_TIME",
+    "FIRST_STEP",
     "GOODPUT",
     "LOG_BADPUT",
     "LOG_GOODPUT",
@@ -82,6 +83,8 @@ LOG_EVERY_SEC = 1.0
 MAX_PENDING = 4096
 """Step windows kept while an older step is still open (an RL actor's long step beside
 thousands of learner steps); past this the time is settled up to the latest record."""
+FIRST_STEP = -1
+"""``LiveLedger(start_ns=FIRST_STEP)``: the wall time starts at the first step."""
 _NS = 1e-9
 _CATEGORY = "category"
 
@@ -220,7 +223,9 @@ class LiveLedger(StepSpanProcessor):
 
     Args:
         logger: The run's MetricsLogger (``None``: no scalars).
-        start_ns: Where the run's wall time starts (Unix ns; default: the process's start).
+        start_ns: Where the run's wall time starts (Unix ns; default: the process's start;
+            ``FIRST_STEP``: at the first step, for a run on a clock of its own, whose times
+            are not Unix time: no initialization then).
         log_every_sec: The scalars are logged at most this often.
     """
 
@@ -233,6 +238,7 @@ class LiveLedger(StepSpanProcessor):
     ) -> None:
         self._logger = logger
         self._log_every = log_every_sec
+        self._from_first_step = start_ns == FIRST_STEP
         self._start = process_start_ns() if start_ns is None else start_ns
         self._frontier = self._start
         """Time before this is settled (Unix ns)."""
@@ -314,6 +320,8 @@ class LiveLedger(StepSpanProcessor):
         self.on_outside((info,))
 
     def _add(self, window: _Window) -> None:
+        if self._from_first_step and self._first_step is None and window.rest is not None:
+            self._start = self._frontier = self._latest = self._reached = window.start
         if window.end <= self._frontier:  # settled already (a record that came late)
             return
         if window.rest is not None and self._first_step is None:

@@ -32,7 +32,7 @@ from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, D
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.live_line import LiveLine
 from otel_tunix.metrics.alerts import AlertEngine
-from otel_tunix.metrics.goodput import LiveLedger
+from otel_tunix.metrics.goodput import FIRST_STEP, LiveLedger
 from otel_tunix.metrics.stragglers import StragglerDetector
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
@@ -291,7 +291,7 @@ def assemble(
         meter_provider=mp,
     )
     tp.add_span_processor(processor)
-    state.ledger = _ledger(cfg, tp, logger)
+    state.ledger = _ledger(cfg, tp, logger, own_clock=args.clock is not None)
     for proc in args.span_processors:
         tp.add_span_processor(proc)
     exporters, trace_dir, perfetto = _span_exporters(args, settings, prov, out_dir)
@@ -386,12 +386,15 @@ def _step_processor(
     return processor, slowest
 
 
-def _ledger(cfg: Any, tp: Any, logger: MetricsLogger) -> LiveLedger | None:
+def _ledger(cfg: Any, tp: Any, logger: MetricsLogger, *, own_clock: bool) -> LiveLedger | None:
     """The live goodput ledger (:mod:`otel_tunix.metrics.goodput`), on the tracer provider
-    beside the accounting processor (``None`` for a run that records nothing)."""
+    beside the accounting processor (``None`` for a run that records nothing). A run on a
+    clock of its own (``clock=``) has no process start on that clock: its wall time starts
+    at its first step."""
     if not cfg.enabled:
         return None
-    ledger = LiveLedger(logger if logger.active else None)
+    start = FIRST_STEP if own_clock else None
+    ledger = LiveLedger(logger if logger.active else None, start_ns=start)
     tp.add_span_processor(ledger)
     return ledger
 
