@@ -58,6 +58,7 @@ from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 __all__ = [
     "BADPUT_TIME",
+    "CATEGORY_ATTRIBUTE",
     "FIRST_STEP",
     "GOODPUT",
     "LOG_BADPUT",
@@ -83,6 +84,9 @@ LOG_EVERY_SEC = 1.0
 MAX_PENDING = 4096
 """Step windows kept while an older step is still open (an RL actor's long step beside
 thousands of learner steps); past this the time is settled up to the latest record."""
+CATEGORY_ATTRIBUTE = "tunix.goodput.category"
+"""The span attribute a component's declared category is recorded in (the recording layer's;
+read from the outside components handed to :meth:`LiveLedger.on_outside`)."""
 FIRST_STEP = -1
 """``LiveLedger(start_ns=FIRST_STEP)``: the wall time starts at the first step."""
 _NS = 1e-9
@@ -294,13 +298,13 @@ class LiveLedger(StepSpanProcessor):
         """Components recorded outside any step (a restore before the loop, an evaluation
         or a checkpoint between steps): the consumer of the recording layer's outside
         spans. Each counts where no step covers its time, and beside the steps' components
-        where one does; its category is its ``tunix.goodput.category`` attribute, else its
+        where one does; its category is its :data:`CATEGORY_ATTRIBUTE`, else its
         name's (:func:`otel_tunix.categories.classify`)."""
         if self._closed:
             return
         with self._lock:
             for span in spans:
-                given = span.attributes.get("tunix.goodput.category")
+                given = span.attributes.get(CATEGORY_ATTRIBUTE)
                 kind = cat.classify(
                     span.name, span.kind == "blocked", given if isinstance(given, str) else None
                 )
@@ -316,7 +320,7 @@ class LiveLedger(StepSpanProcessor):
         """One component outside any step (see :meth:`on_outside`), Unix ns."""
         info = SpanInfo(name, "blocked" if blocked else "busy", start_ns, end_ns)
         if category is not None:
-            info.attributes = {"tunix.goodput.category": category}
+            info.attributes = {CATEGORY_ATTRIBUTE: category}
         self.on_outside((info,))
 
     def _add(self, window: _Window) -> None:
