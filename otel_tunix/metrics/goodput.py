@@ -30,7 +30,7 @@ batch, still count): the live figures trail the run by one batch of steps.
 
 The figures go out as observable instruments (read at each metric export: no work on the
 worker), as MetricsLogger scalars (``goodput``, ``productive_time_sec``,
-``badput_time/<category>``, at most once a second and when the run ends) and in
+``badput_time/<category>``, every 100 training steps and when the run ends) and in
 ``summary.json`` (``goodput``), with each scope's own steps apart (``scopes``: the
 categories of each step's window alone, so an RL learner's ``rollout_wait`` and
 ``weight_sync`` show there whatever its actor did meanwhile).
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any, Final
@@ -79,8 +78,9 @@ LOG_PRODUCTIVE = "productive_time_sec"
 """MetricsLogger name of the productive seconds so far."""
 LOG_BADPUT = "badput_time/"
 """MetricsLogger prefix of each category's seconds (``badput_time/data_stall``)."""
-LOG_EVERY_SEC = 1.0
-"""The scalars are logged at most this often (and when the run ends)."""
+LOG_EVERY_STEPS = 100
+"""The scalars are logged each time the training steps' number passes a multiple of this
+(and when the run ends): as many records for a run of a given length, however fast."""
 MAX_PENDING = 4096
 """Step windows kept while an older step is still open (an RL actor's long step beside
 thousands of learner steps); past this the time is settled up to the latest record."""
@@ -230,7 +230,8 @@ class LiveLedger(StepSpanProcessor):
         start_ns: Where the run's wall time starts (Unix ns; default: the process's start;
             ``FIRST_STEP``: at the first step, for a run on a clock of its own, whose times
             are not Unix time: no initialization then).
-        log_every_sec: The scalars are logged at most this often.
+        log_every_steps: The scalars are logged each time the training steps' number passes
+            a multiple of this (and when the run ends).
     """
 
     def __init__(
@@ -238,10 +239,10 @@ class LiveLedger(StepSpanProcessor):
         logger: Any = None,
         *,
         start_ns: int | None = None,
-        log_every_sec: float = LOG_EVERY_SEC,
+        log_every_steps: int = LOG_EVERY_STEPS,
     ) -> None:
         self._logger = logger
-        self._log_every = log_every_sec
+        self._log_every = max(1, log_every_steps)
         self._from_first_step = start_ns == FIRST_STEP
         self._start = process_start_ns() if start_ns is None else start_ns
         self._frontier = self._start
@@ -259,7 +260,8 @@ class LiveLedger(StepSpanProcessor):
         self._totals: dict[str, float] = {}
         self._scopes: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
-        self._last_log = 0.0
+        self._logged_at = 0
+        """The step number the scalars were last logged at."""
         self._last_number: int | None = None
         self._closed = False
 
@@ -500,10 +502,11 @@ class LiveLedger(StepSpanProcessor):
         logger = self._logger
         if logger is None or not logger.active or self._first_step is None:
             return  # nothing to tell before the first step
-        now = time.monotonic()
-        if not force and now - self._last_log < self._log_every:
-            return
-        self._last_log = now
+        number = self._last_number
+        if not force:
+            if number is None or number // self._log_every <= self._logged_at // self._log_every:
+                return
+            self._logged_at = number
         # As the perf/... rows: a fixed set of names, not counted against the bound on the
         # names a program logs (OTEL_TUNIX_MAX_METRIC_NAMES).
         logger.log_rows(((self._last_number, self.scalars()),), source=PERF_SOURCE)
