@@ -24,7 +24,7 @@ Two loops run:
   within each group (``advantage_computation``) and puts the batch on a queue. Its waits for
   weights (and for room in the queue) are outside any component: that is the actor's
   **idle** time.
-* **Learner** (scope ``rl/learner``, the main thread): ``train_queue_wait`` (blocked) for the
+* **Learner** (scope ``rl/learner``, the main thread): ``rollout_queue_wait`` (blocked) for the
   next batch, ``actor_train_step`` (clipped policy-gradient loss with a KL penalty to the
   reference; its ``forward`` / ``backward`` / ``optimizer_step`` come from
   :mod:`otel_tunix.instrumentation.torch`), then ``weight_sync`` publishes the new weights.
@@ -425,7 +425,7 @@ def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:
                 with otel_tunix.step(n, scope=ACTOR):
                     q.put(actor.step(n, shared.version))
             with otel_tunix.step(n, scope=LEARNER):
-                with otel_tunix.component("train_queue_wait", blocked=True):
+                with otel_tunix.component("rollout_queue_wait", blocked=True):
                     batch = q.get()
                 if batch is None:
                     raise RuntimeError("the actor thread failed")

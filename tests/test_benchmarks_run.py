@@ -57,6 +57,16 @@ def test_bench_overhead_prints_every_row_and_ratio():
         assert re.search(r"every stage on one thread / Tunix = \d+\.\d{3}", text)
 
 
+def test_bench_goodput_prints_the_ledgers_share_of_the_worker():
+    text = _run("bench_goodput.py", "--steps", "50")
+    for row in (
+        "ten components, one name",
+        "ten components, ten names",
+        "ten names, a blocked wait per step",
+    ):
+        assert re.search(re.escape(row) + r"\s+\d+\.\d{3}\s+\d+\.\d{3}\s+\d+\.\d{2}", text), row
+
+
 def test_bench_threads_prints_every_row_and_the_extra_cost():
     text = _run("bench_threads.py", "--calls", "200", "--rounds", "1")
     for row in (

@@ -272,10 +272,12 @@ def test_runs_one_after_another_never_pile_processors_onto_an_earlier_provider(m
         own = trace.get_tracer_provider()
         assert isinstance(own, TracerProvider) and all(own is not p for p in seen)
         seen.append(own)
-        assert _processors(own) == ["StepAccountingProcessor", "BatchExportProcessor"]
+        assert _processors(own) == [
+            "StepAccountingProcessor", "LiveLedger", "BatchExportProcessor"
+        ]  # fmt: skip
         otel_tunix.shutdown()
         otel_tunix.configure(output_dir="none", tracer_provider=app)
-        assert _processors(app) == ["SimpleSpanProcessor", "StepAccountingProcessor"]
+        assert _processors(app) == ["SimpleSpanProcessor", "StepAccountingProcessor", "LiveLedger"]
         with otel_tunix.step(0), otel_tunix.component("x"):
             pass
         otel_tunix.shutdown()
@@ -283,7 +285,7 @@ def test_runs_one_after_another_never_pile_processors_onto_an_earlier_provider(m
         otel_tunix.configure(output_dir="none")
         fresh = trace.get_tracer_provider()
         assert all(fresh is not p for p in seen)  # not the first run's, shut down
-        assert _processors(fresh) == ["StepAccountingProcessor"]
+        assert _processors(fresh) == ["StepAccountingProcessor", "LiveLedger"]
         seen.append(fresh)
         otel_tunix.shutdown()
     assert [s.name for s in app_exporter.get_finished_spans()] == ["x", "train_step"] * 3

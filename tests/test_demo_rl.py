@@ -49,10 +49,10 @@ def test_async_rl_demo_traces_actor_and_learner(
 
     lr = learner[3]
     assert set(lr["components"]) == {
-        "train_queue_wait", "actor_train_step", "forward", "backward", "optimizer_step",
+        "rollout_queue_wait", "actor_train_step", "forward", "backward", "optimizer_step",
         "weight_sync",
     }  # fmt: skip
-    assert lr["components"]["train_queue_wait"]["blocked_time_sec"] > 0
+    assert lr["components"]["rollout_queue_wait"]["blocked_time_sec"] > 0
     by_id = {s["span_id"]: s for s in lr["spans"]}
     for s in lr["spans"]:
         if s["name"] in ("forward", "backward", "optimizer_step"):
@@ -82,10 +82,30 @@ def test_async_rl_demo_traces_actor_and_learner(
         assert r["generation/time_to_first_token_sec"] > 0
     # the policy starts as the reference: no divergence at the first step
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert {"perf/rl/learner/train_queue_wait/blocked_time_sec"} <= logged
+    assert {"perf/rl/learner/rollout_queue_wait/blocked_time_sec"} <= logged
     assert all(
         0 <= m["metrics"]["staleness"] <= 1 for m in metrics if "staleness" in m.get("metrics", {})
     )
+
+    # the goodput ledger: the learner's own waits for rollouts and its weight syncs, as the
+    # spans measured them (its steps on their own), and the run's weight sync
+    goodput = json.loads((out / "summary.json").read_text())["goodput"]
+    own = goodput["scopes"]["rl/learner"]
+    waited = sum(c["rollout_queue_wait"]["blocked_time_sec"] for c in _comps(learner))
+    synced = sum(c["weight_sync"]["busy_time_sec"] for c in _comps(learner))
+    assert own["rollout_wait"] == pytest.approx(waited, rel=1e-6)
+    assert own["weight_sync"] == pytest.approx(synced, rel=1e-6)
+    bad = goodput["badput_sec"]
+    assert bad["weight_sync"] == pytest.approx(synced, rel=1e-6)
+    # the run: a wait counts only while the actor computed nothing
+    assert 0 <= bad["rollout_wait"] <= waited
+    assert goodput["productive_time_sec"] + sum(bad.values()) == pytest.approx(
+        goodput["wall_time_sec"], rel=1e-9
+    )
+
+
+def _comps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r["components"] for r in steps]
 
 
 def test_sync_mode_and_the_wait_summary(tmp_path: Path) -> None:

@@ -51,9 +51,10 @@ PROGRAM = textwrap.dedent(
 )
 
 # Without a limit the run writes: spans.jsonl a run line, 500 step lines, a session line;
-# metrics.jsonl a header, 500 loss records, 500 perf/... records, a session rate record.
+# metrics.jsonl a header, 500 loss records, 500 perf/... records, a session rate record, and
+# the goodput records (at steps 100, 200, 300, 400 and at the end).
 SPANS_RECORDS = 502
-METRICS_RECORDS = 1002
+METRICS_RECORDS = 1007
 
 
 def _run(out: Path, limit: int, space: str) -> subprocess.CompletedProcess[str]:

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
+from otel_tunix import categories
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._recording import may_record
 from otel_tunix.instrumentation import _base
@@ -81,6 +82,8 @@ COMPILE_PHASES: dict[str, tuple[str, str]] = {
     "/jax/core/compile/backend_compile_duration": ("jax_compile", "backend_compile"),
 }
 """``jax.monitoring`` time-span event -> (span name, ``phase`` metric attribute)."""
+for _name, _ in COMPILE_PHASES.values():  # goodput: their time is compilation
+    categories.declare(_name, categories.COMPILATION)
 
 PROCESS_INDEX = "jax.process_index"
 """Step-span and metric attribute: ``jax.process_index()``."""

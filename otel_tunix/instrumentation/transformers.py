@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import otel_tunix
+from otel_tunix import categories
 from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation import torch as ott
@@ -260,6 +261,16 @@ def _in_component(name: str, quiet_forward: bool = False) -> Callable[..., Any]:
     return make
 
 
+CATEGORY_OF: dict[str, str] = {
+    "evaluate": categories.EVALUATION,
+    "eval_step_compute": categories.EVALUATION,
+    "checkpoint_save": categories.CHECKPOINT_SAVE,
+}
+"""The goodput category of the components :func:`instrument_trainer` records whose time is
+not training (declared when a trainer is instrumented; their names count by the rules
+already: the declaration keeps them so)."""
+
+
 def instrument_trainer(trainer: Any, **callback_kwargs: Any) -> Any:
     """Instrument a ``transformers.Trainer`` (or a TRL trainer); returns ``trainer``.
 
@@ -272,6 +283,8 @@ def instrument_trainer(trainer: Any, **callback_kwargs: Any) -> Any:
     """
     if getattr(trainer, _ATTR, None) is not None:
         return trainer
+    for name, category in CATEGORY_OF.items():
+        categories.declare(name, category)
     cb = OtelTunixCallback(**callback_kwargs)
     cb.trainer = weakref.ref(trainer)
     trainer.add_callback(cb)

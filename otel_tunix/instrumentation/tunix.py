@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
+from otel_tunix import categories
 from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._base import step_is_open
@@ -189,6 +190,25 @@ def _wrap_checkpoint_save(
         return wrapped(*args, **kwargs)
 
 
+def _wrap_checkpoint_restore(
+    wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
+) -> Any:
+    """``checkpoint_restore`` around a restore that has a checkpoint to read (before the
+    loop: a component outside any step)."""
+    if not _active.is_set():
+        return wrapped(*args, **kwargs)
+    try:
+        manager = getattr(instance, "_checkpoint_manager", None)
+        step = args[2] if len(args) > 2 else kwargs.get("step")
+        restores = manager is not None and (step is not None or manager.latest_step() is not None)
+    except Exception:  # Tunix's private checkpoint API changed: time the call all the same
+        restores = True
+    if not restores:
+        return wrapped(*args, **kwargs)
+    with otel_tunix.component("checkpoint_restore"):
+        return wrapped(*args, **kwargs)
+
+
 def _wrap_wait_for_next(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     q = getattr(instance, "_inflight_queue", None)
     if not _active.is_set() or q is None or not q.full():
@@ -280,6 +300,23 @@ def _wrap_metrics_logger_init(
 
 # --- the instrumentor ----------------------------------------------------------------------
 
+CATEGORY_OF: dict[str, str] = {
+    "checkpoint_save": categories.CHECKPOINT_SAVE,
+    "checkpoint_restore": categories.CHECKPOINT_RESTORE,
+    "eval_step_compute": categories.EVALUATION,
+    "weight_sync": categories.WEIGHT_SYNC,
+}
+"""The goodput category of the components this integration records whose kind is not
+plain training work (declared when it is instrumented; their names count by the rules
+already: the declaration keeps them so)."""
+
+
+def declare_categories() -> None:
+    """Declare :data:`CATEGORY_OF` (:func:`otel_tunix.categories.declare`)."""
+    for name, category in CATEGORY_OF.items():
+        categories.declare(name, category)
+
+
 _active = threading.Event()
 _shared_tracer: OTelPerfTracer | None = None
 
@@ -288,6 +325,7 @@ _PATCHES: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("tunix.sft.peft_trainer", "PeftTrainer.train", _wrap_train),
     ("tunix.sft.peft_trainer", "PeftTrainer._run_eval", _wrap_run_eval),
     ("tunix.sft.checkpoint_manager", "CheckpointManager.save", _wrap_checkpoint_save),
+    ("tunix.sft.checkpoint_manager", "CheckpointManager.maybe_restore", _wrap_checkpoint_restore),
     ("tunix.sft.inflight_throttler", "InflightThrottler.wait_for_next", _wrap_wait_for_next),
     ("tunix.sft.metrics_logger", "MetricsLogger.__init__", _wrap_metrics_logger_init),
     ("tunix.rl.rl_cluster", "RLCluster._init_cluster", _wrap_init_cluster),
@@ -341,7 +379,12 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
       / ``rl/critic`` by ``metrics_prefix``) with ``train_data_load``; evaluation runs
       as ``eval`` steps with ``eval_data_load`` and ``eval_step_compute`` (device end).
     * ``InflightThrottler.wait_for_next``: ``train_inflight_wait`` (blocked) when it waits.
-    * ``CheckpointManager.save``: ``checkpoint_save`` when it saves.
+    * ``CheckpointManager.save``: ``checkpoint_save`` when it saves;
+      ``CheckpointManager.maybe_restore``: ``checkpoint_restore`` when there is a checkpoint
+      to restore (before the loop).
+    * Goodput categories (:mod:`otel_tunix.categories`): ``checkpoint_save``,
+      ``checkpoint_restore``, ``eval_step_compute`` and ``weight_sync`` are declared
+      (:data:`CATEGORY_OF`); the ``eval`` steps are evaluation as a whole.
     * Tunix's ``MetricsLogger``: gains an :class:`OTelLoggingBackend` (process 0).
 
     Options of ``instrument()``: ``tracer`` (an :class:`OTelPerfTracer` to use instead).
@@ -359,6 +402,7 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         tracer = kwargs.get("tracer")
         _shared_tracer = tracer if isinstance(tracer, OTelPerfTracer) else OTelPerfTracer()
         _base.enable_auto_configure()
+        declare_categories()
         carry_into_threads()
         _active.set()
         for module_name in dict.fromkeys(mod for mod, _, _ in _PATCHES):

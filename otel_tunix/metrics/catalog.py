@@ -97,8 +97,8 @@ class MetricSpec:
         instrument: Instrument kind.
         unit: UCUM-style unit (``s``, ``By``, ``W``, ``Cel``, ``Hz``, ``1``, ``{token}``).
         description: What the number is.
-        group: ``training``, ``rl``, ``generation``, ``gpu``, ``system``, ``alerts`` or
-            ``compilation``.
+        group: ``training``, ``rl``, ``generation``, ``gpu``, ``system``, ``alerts``,
+            ``compilation`` or ``goodput``.
         logger_name: The MetricsLogger (slash-style) name, or ``None`` for instruments that
             are only recorded directly. ``{name}`` placeholders match one path segment and
             become the attribute ``name``.
@@ -594,6 +594,26 @@ _ROWS: list[MetricSpec] = [
         "torch.compile (dynamo), by framework and cause (first_call, new_shapes, "
         "new_dtypes, other, unknown); JAX's also by function",
         "compilation",
+    ),
+    # --- goodput (issue 29) ----------------------------------------------------------------
+    MetricSpec(
+        "tunix.run.goodput",
+        G,
+        "1",
+        "Productive time over the wall time since the process started, the run so far "
+        "(0..1; docs/goodput.md)",
+        "goodput",
+        "goodput",
+    ),
+    MetricSpec(
+        "tunix.run.badput_time",
+        C,
+        "s",
+        "Seconds of the run so far in each badput category (initialization, compilation, "
+        "data_stall, checkpoint_save, checkpoint_restore, evaluation, rollout_wait, "
+        "weight_sync, wasted_progress, restart_gap, other)",
+        "goodput",
+        "badput_time/{category}",
     ),
 ]
 

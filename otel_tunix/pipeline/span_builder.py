@@ -142,6 +142,7 @@ class FinishedStep:
         "_exports",
         "_spans",
         "attributes",
+        "background",
         "background_ids",
         "components",
         "end_ns",
@@ -179,6 +180,10 @@ class FinishedStep:
         self.components: list[ComponentStart] = comps
         self.background_ids = bg.keys if bg is not None and bg.keys else None
         """Span ids of the components that are background work (``None``: none)."""
+        self.background = bg.intervals if bg is not None else None
+        """Every background interval overlapping the step (other threads' work open at an
+        edge of its window, still running ones up to its end), ``(name, blocked, start,
+        end, count)`` in ``perf_counter_ns`` (``None``: none, the usual case)."""
         if self.background_ids is not None:  # their spans say so, as their other extras
             step_extras(rec).background = self.background_ids
         ex = rec.extras

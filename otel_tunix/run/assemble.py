@@ -33,6 +33,7 @@ from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, D
 from otel_tunix.exporters.jsonl import StepJsonlWriter
 from otel_tunix.live_line import LiveLine
 from otel_tunix.metrics.alerts import AlertEngine
+from otel_tunix.metrics.goodput import FIRST_STEP, LiveLedger
 from otel_tunix.metrics.stragglers import StragglerDetector
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
@@ -296,6 +297,7 @@ def assemble(
         meter_provider=mp,
     )
     tp.add_span_processor(processor)
+    state.ledger = _ledger(cfg, tp, logger, own_clock=args.clock is not None)
     for proc in args.span_processors:
         tp.add_span_processor(proc)
     exporters, trace_dir, perfetto = _span_exporters(args, settings, prov, out_dir)
@@ -330,7 +332,8 @@ def assemble(
         )
         if provider is not None
     ]
-    parts.append(DetachPart(tp, (processor, *exporters, *args.span_processors)))
+    procs = (processor, *([state.ledger] if state.ledger is not None else []), *exporters)
+    parts.append(DetachPart(tp, (*procs, *args.span_processors)))
     parts.append(ObservablesPart(meter, state))
     if prov.datadog is not None:
         parts.append(DatadogPart(prov.datadog))
@@ -388,6 +391,19 @@ def _step_processor(
     slowest = notices.SlowestSteps()
     processor.add_sink(slowest)
     return processor, slowest
+
+
+def _ledger(cfg: Any, tp: Any, logger: MetricsLogger, *, own_clock: bool) -> LiveLedger | None:
+    """The live goodput ledger (:mod:`otel_tunix.metrics.goodput`), on the tracer provider
+    beside the accounting processor (``None`` for a run that records nothing). A run on a
+    clock of its own (``clock=``) has no process start on that clock: its wall time starts
+    at its first step."""
+    if not cfg.enabled:
+        return None
+    start = FIRST_STEP if own_clock else None
+    ledger = LiveLedger(logger if logger.active else None, start_ns=start)
+    tp.add_span_processor(ledger)
+    return ledger
 
 
 def _span_exporters(

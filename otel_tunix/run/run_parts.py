@@ -19,6 +19,7 @@ from typing import Any
 from otel_tunix import _ids, _recording, _tally
 from otel_tunix._resource import RankInfo
 from otel_tunix._shortcuts import remove_span_processors, silence_periodic_readers
+from otel_tunix.metrics import goodput
 from otel_tunix.metrics_logger import MetricsLogger
 from otel_tunix.pipeline.export_processor import BatchExportProcessor
 from otel_tunix.run import signals
@@ -131,6 +132,8 @@ class StepsPart(Part):
         # users' sinks start closing on their threads; UserHooksPart waits for them
         st.processor.finish_session(counts, 0.0)
         st.sessions = st.processor.sessions(counts)
+        if st.ledger is not None:  # every step processed: the ledger's last figures
+            st.ledger.finish()
         return True
 
     def in_forked_child(self) -> None:
@@ -307,19 +310,26 @@ class DetachPart(Part):
 
 class ObservablesPart(Part):
     """The run's observable instruments (step counts and rates, dropped steps, span
-    counts): registered at the start, given nothing to report at the end."""
+    counts, the goodput ledger's): registered at the start, given nothing to report at the
+    end."""
 
     name = "observable instruments"
 
     def __init__(self, meter: Any, state: RunState) -> None:
         self._meter = meter
         self._state = state
+        self._ledger_meter: Any = None
 
     def start(self) -> None:
         register_observables(self._meter, self._state)
+        if self._state.ledger is not None:
+            self._ledger_meter = goodput.ledger_meter(self._state.meter_provider)
+            goodput.observe(self._ledger_meter, self._state.ledger)
 
     def close(self, deadline: float) -> bool:
         register_observables(self._meter, None)
+        if self._ledger_meter is not None:
+            goodput.observe(self._ledger_meter, None)
         return True
 
 

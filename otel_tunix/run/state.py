@@ -60,6 +60,8 @@ class RunState:
     perfetto_left: Path | None = None
     """The spans JSONL whose Perfetto translation did not fit in the shutdown's budget
     (left to ``otel-tunix convert``)."""
+    ledger: Any = None
+    """The live goodput ledger (:class:`otel_tunix.metrics.goodput.LiveLedger`)."""
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:
@@ -149,6 +151,8 @@ def write_summary(
         },
         "scopes": [s.to_json() for s in sessions],
     }
+    if st.ledger is not None:
+        data["goodput"] = st.ledger.figures()
     if timeout is not None:
         data["shutdown"] = {"timeout_sec": timeout, "unfinished": list(unfinished)}
     own = {os.fspath(p) for p in st.info.files.values()}

@@ -282,3 +282,34 @@ def test_trl_grpo_rollout_reward_reference_and_rl_metrics(tmp_path: Path) -> Non
         logged
     )
     assert "completions/mean_length" in logged and "perplexity" not in logged
+
+
+@pytest.mark.slow
+def test_trainer_checkpoints_and_evaluation_are_their_goodput_categories(tmp_path: Path) -> None:
+    """A tiny Trainer run with ``save_steps`` and evaluation: the live ledger's
+    ``checkpoint_save`` and ``evaluation`` are the time of the trainer's ``_save_checkpoint``
+    and ``evaluate`` as their spans measured it, and productive plus badput is the wall time."""
+    import json
+
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out, run_id="hf-goodput", system_metrics=False)
+    try:
+        otf.instrument_trainer(trainer(tmp_path)).train()
+    finally:
+        otel_tunix.shutdown()
+    lines = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines() if x.strip()]
+    spans = [s for r in lines if r.get("type") == "step" for s in r["spans"]]
+
+    def seconds(name: str) -> float:
+        return sum(s["end_ns"] - s["start_ns"] for s in spans if s["name"] == name) / 1e9
+
+    goodput = json.loads((out / "summary.json").read_text())["goodput"]
+    bad = goodput["badput_sec"]
+    assert seconds("checkpoint_save") > 0 and seconds("evaluate") > 0
+    assert bad["checkpoint_save"] == pytest.approx(seconds("checkpoint_save"), abs=1e-6)
+    # the eval steps run inside Trainer.evaluate: its time, once
+    assert bad["evaluation"] == pytest.approx(seconds("evaluate"), abs=1e-6)
+    assert goodput["productive_time_sec"] > 0
+    assert goodput["productive_time_sec"] + sum(bad.values()) == pytest.approx(
+        goodput["wall_time_sec"], rel=1e-9
+    )

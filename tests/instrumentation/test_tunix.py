@@ -466,3 +466,66 @@ def test_zero_code_unmodified_tunix_script(tmp_path: Path, disabled: bool) -> No
     assert "jax_compile" in steps[0]["components"]
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert '"loss"' in metrics
+
+
+def test_goodput_counts_checkpoints_evaluation_and_compilation(instrumented_run: Run) -> None:
+    """The live ledger of the PeftTrainer run: ``checkpoint_save`` is the time of Tunix's
+    saves, ``evaluation`` of its eval steps, ``compilation`` of the JAX integration's compile
+    components, each as their spans measured it."""
+    spans = instrumented_run.spans
+
+    def union(names: tuple[str, ...]) -> float:
+        ivs = sorted((s.start_time, s.end_time) for s in spans if s.name in names)
+        total, end = 0, 0
+        for a, b in ivs:
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total / 1e9
+
+    goodput = json.loads((instrumented_run.run_dir / "summary.json").read_text())["goodput"]
+    bad = goodput["badput_sec"]
+    assert union(("checkpoint_save",)) > 0
+    assert bad["checkpoint_save"] == pytest.approx(union(("checkpoint_save",)), abs=1e-6)
+    assert bad["evaluation"] == pytest.approx(union(("eval_step",)), abs=1e-6)
+    # the compilations inside the steps (those before the first step are initialization)
+    first = min(s.start_time for s in spans if s.name == "train_step")
+    compile_names = ("jax_trace", "jax_lower", "jax_compile")
+    inside = [s for s in spans if s.name in compile_names and s.start_time >= first]
+    assert inside
+    expected = union(compile_names) - sum(
+        (s.end_time - s.start_time) / 1e9
+        for s in spans
+        if s.name in compile_names and s.end_time <= first
+    )
+    assert bad["compilation"] == pytest.approx(expected, abs=1e-6)
+    assert goodput["productive_time_sec"] + sum(bad.values()) == pytest.approx(
+        goodput["wall_time_sec"], rel=1e-9
+    )
+
+
+def test_a_restore_is_a_checkpoint_restore_component(instrumented_run: Run, tmp_path: Path) -> None:
+    """``CheckpointManager.maybe_restore`` with a checkpoint to read: ``checkpoint_restore``
+    (inside a step here: a component outside any step is the recording layer's part)."""
+    import orbax.checkpoint as ocp
+
+    import otel_tunix
+
+    ckpt = instrumented_run.run_dir.parent / "ckpt"
+    assert any(ckpt.iterdir())
+    inst = TunixInstrumentor()
+    with capture() as cap:
+        inst.instrument()
+        try:
+            with otel_tunix.step(0, scope="setup"):
+                make_trainer(
+                    1,
+                    checkpoint_root_directory=str(ckpt),
+                    checkpointing_options=ocp.CheckpointManagerOptions(max_to_keep=1),
+                )
+        finally:
+            inst.uninstrument()
+        spans = cap.spans()
+    (restore,) = [s for s in spans if s.name == "checkpoint_restore"]
+    assert restore.end_time > restore.start_time
+    assert _parent_name(spans, restore) == "setup_step"

@@ -164,7 +164,16 @@ def test_docs_list_the_renames_to_tunix_names():
 
 def test_docs_table_lists_every_row():
     text = DOCS.read_text()
-    for group in ("training", "rl", "generation", "gpu", "system", "alerts", "compilation"):
+    for group in (
+        "training",
+        "rl",
+        "generation",
+        "gpu",
+        "system",
+        "alerts",
+        "compilation",
+        "goodput",
+    ):
         assert markdown_table(group) in text, f"docs/metrics.md is stale for {group}"
     for s in CATALOG:
         assert f"`{s.otel_name}`" in text, s.otel_name
