@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
+from otel_tunix import attributes as attr
 from otel_tunix import categories as cat
 from otel_tunix._process import process_start_ns
 from otel_tunix._version import __version__
@@ -53,6 +54,7 @@ from otel_tunix.logging_backend import PERF_SOURCE
 from otel_tunix.metrics.catalog import by_otel_name
 from otel_tunix.metrics.instruments import METER_SCOPE, create_observable, observable
 from otel_tunix.model import SpanInfo
+from otel_tunix.pipeline.outside import OutsideSpan
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 __all__ = [
@@ -84,7 +86,7 @@ LOG_EVERY_STEPS = 100
 MAX_PENDING = 4096
 """Step windows kept while an older step is still open (an RL actor's long step beside
 thousands of learner steps); past this the time is settled up to the latest record."""
-CATEGORY_ATTRIBUTE = "tunix.goodput.category"
+CATEGORY_ATTRIBUTE = attr.GOODPUT_CATEGORY
 """The span attribute a component's declared category is recorded in (the recording layer's;
 read from the outside components handed to :meth:`LiveLedger.on_outside`)."""
 FIRST_STEP = -1
@@ -154,6 +156,16 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
     source = (components, ends, off, background)
     if cat.is_eval_scope(step.scope):
         return step.scope, _Window(start, end, cat.EVALUATION, source, {cat.EVALUATION: seconds})
+    if background is not None:
+        # Background work (another thread's component open at an edge of the window: an
+        # asynchronous checkpoint writer) does not take a training step's time: training
+        # went on beside it (docs/goodput.md; the offline ledger's rule too).
+        own = step.background_ids or ()
+        kept = [i for i, c in enumerate(components) if c[2] not in own]
+        if len(kept) < len(components):
+            components, ends = [components[i] for i in kept], [ends[i] for i in kept]
+        background = None
+        source = (components, ends, off, None)
     classify, productive = cat.classify, cat.PRODUCTIVE
     # First by name, from the accounting's per-name times (a name used ten times in the step
     # is looked at once). The usual steps: productive work only, or productive work and
@@ -295,6 +307,21 @@ class LiveLedger(StepSpanProcessor):
             self._settle(min(hold, self._reached))
             self._reached = self._latest
         self._maybe_log()
+
+    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
+        """The recording layer's components outside any step (the span builder hands each
+        ended record on here): to :meth:`on_outside`. One with no category of its own
+        (none declared, no name rule: a busy ``prepare``) leaves its stretch to the rest:
+        productive time is a training step's."""
+        infos = []
+        for s in spans:
+            if cat.classify(s.name, s.blocked, s.category) != cat.PRODUCTIVE:
+                info = SpanInfo(s.name, s.kind, s.start_ns, s.end_ns)
+                if s.category is not None:
+                    info.attributes = {CATEGORY_ATTRIBUTE: s.category}
+                infos.append(info)
+        if infos:
+            self.on_outside(infos)
 
     def on_outside(self, spans: Iterable[SpanInfo]) -> None:
         """Components recorded outside any step (a restore before the loop, an evaluation
