@@ -70,6 +70,10 @@ class CurrentRun:
     """Instrumentation scope (tracer and meter name) of the run."""
     meter_provider: Any = None
     """The run's MeterProvider (``None``: the global one)."""
+    logger_provider: Any = None
+    """The run's LoggerProvider (``None``: the global one)."""
+    datadog: Any = None
+    """The run's Datadog client (``None``: none)."""
     last_step_summary: Callable[[], StepSummary | None] = lambda: None
     add_step_sink: Callable[[StepSink], None] = lambda sink: None
     """Send the run's step summaries to one more sink from now on (an integration's)."""

@@ -295,6 +295,8 @@ def assemble(
         signal_export_stats=prov.signal_stats,
         slowest=slowest,
         meter_provider=mp,
+        logger_provider=prov.logger,
+        datadog=prov.datadog,
     )
     tp.add_span_processor(processor)
     state.ledger = _ledger(cfg, tp, logger, own_clock=args.clock is not None)

@@ -183,6 +183,8 @@ def configure(
                 state.logger,
                 cfg.otel_scope or "tunix",
                 meter_provider=state.meter_provider,
+                logger_provider=state.logger_provider,
+                datadog=state.datadog,
                 last_step_summary=_last_summary(state),
                 add_step_sink=_add_step_sink(state),
                 process_steps=_process_steps(state.runtime),

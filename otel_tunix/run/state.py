@@ -46,6 +46,10 @@ class RunState:
     processor: StepAccountingProcessor | None = None
     offset_ns: int = 0
     meter_provider: Any = None
+    logger_provider: Any = None
+    """The run's LoggerProvider (alert log records; ``None``: the global one)."""
+    datadog: Any = None
+    """The run's Datadog client, if any (alerts as Datadog events)."""
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
     sessions: list[ScopeSession] = field(default_factory=list)
     """The per-scope totals, once the steps part has closed."""

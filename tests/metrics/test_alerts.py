@@ -372,6 +372,23 @@ def test_installed_engine_writes_transitions_to_the_run_folder(tmp_path):
     assert lines[0]["tunix.alert.rule"] == "kl_divergence" and "message" in lines[0]
 
 
+def test_an_engine_installed_after_configure_sends_to_the_runs_providers():
+    """alerts.install() after configure() logs through the run's LoggerProvider (no global
+    one is set: the records went nowhere while the start notice named the exporter)."""
+    exporter = InMemoryLogRecordExporter()
+    lp = LoggerProvider()
+    lp.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+    with capture(logger_provider=lp, alerts=False):
+        al.install(console=False)
+        logger = otel_tunix.get_metrics_logger()
+        for n, kl in enumerate([0.01, 0.2, 0.0]):
+            logger.log("kl", kl, step=n)
+        logger.flush()
+    records = [r.log_record for r in exporter.get_finished_logs()]
+    assert [r.attributes["tunix.alert.severity"] for r in records] == ["critical", "ok"]
+    assert all(r.attributes["tunix.alert.rule"] == "kl_divergence" for r in records)
+
+
 def test_install_replaces_an_engine_already_on_the_logger():
     with capture():
         logger = otel_tunix.get_metrics_logger()

@@ -116,6 +116,12 @@ def install(
             )
             return AlertEngine(rules, **engine_kwargs)
         logger = run.logger
+        # Where the run's own engine sends its alerts: the run's providers (the global ones
+        # may be unset: the alerts would go nowhere while the start notice names them).
+        engine_kwargs.setdefault("logger_provider", run.logger_provider)
+        engine_kwargs.setdefault("meter_provider", run.meter_provider)
+        if run.datadog is not None:
+            engine_kwargs.setdefault("datadog", run.datadog)
         path = run.info.rank_file("alerts", ".jsonl")
         if path is not None:
             engine_kwargs.setdefault("jsonl_path", path)
