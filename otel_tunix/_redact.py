@@ -14,6 +14,7 @@ Each redaction is counted (``secrets_redacted`` in ``summary.json``).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +23,7 @@ from otel_tunix import _tally
 
 __all__ = [
     "REDACTED",
+    "RedactingFilter",
     "is_secret_key",
     "redact_headers",
     "redact_mapping",
@@ -39,6 +41,9 @@ _ENDINGS = ("apikey", "accesskey", "secretkey", "privatekey", "token", "secret",
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.\-]*://)([^\s/?#@]*@)?([^\s?#]*)(\?[^\s#'\"]*)?")
 _BARE_USERINFO = re.compile(r"(?<![\w/:@.\-])[^\s/:@'\"]+:[^\s/@'\"]+@")  # user:pw@host
+_BARE_QUERY = re.compile(r"(?<![\w:/.\-])(/[^\s?#'\"]*)\?([^\s#'\")]+)")
+"""A path's query without its scheme and host (``url: /v1/traces?sig=...``: the requests
+library's errors quote it so)."""
 _PAIR = re.compile(r"([A-Za-z0-9_.\-]+)\s*([=:])\s*([^\s,;&]+)")
 
 
@@ -107,7 +112,15 @@ def redact_text(text: str) -> str:
     the values of ``key=value`` / ``key: value`` pairs whose key looks like a secret."""
     text = redact_url(text)
     text = _BARE_USERINFO.sub(_bare_match, text)  # an endpoint given without its scheme
+    text = _BARE_QUERY.sub(_bare_query_match, text)
     return _PAIR.sub(_pair_match, text)
+
+
+def _bare_query_match(m: re.Match[str]) -> str:
+    if m.group(2) == REDACTED:
+        return m.group(0)
+    _tally.add("secrets_redacted")
+    return f"{m.group(1)}?{REDACTED}"
 
 
 def _bare_match(m: re.Match[str]) -> str:
@@ -129,3 +142,19 @@ def redact_setting(name: str, raw: str) -> str:
     if "HEADERS" in name or is_secret_key(name.replace("OTEL_", "")):
         return redact_headers(raw) if "HEADERS" in name else REDACTED
     return redact_text(raw)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts the message of every record it sees
+    (:func:`redact_text`): put on the OTel exporters' loggers, whose retry and failure
+    messages quote endpoints and request URLs (their queries, user info) as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record whose arguments do not format: left to its handler
+            return True
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True

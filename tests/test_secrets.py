@@ -132,3 +132,40 @@ def test_secret_looking_keys_and_messages() -> None:
     assert redact_text(text) == (
         "export failed to https://[REDACTED]@h:4318/v1/traces?[REDACTED] (api_key=[REDACTED], lr=3)"
     )
+    # a request path's query as the requests library quotes it, without scheme and host
+    bare = "Max retries exceeded with url: /v1/traces?sig=abc (Caused by X), ratio 3/4?"
+    assert redact_text(bare) == (
+        "Max retries exceeded with url: /v1/traces?[REDACTED] (Caused by X), ratio 3/4?"
+    )
+
+
+LEAKY_RUN = """
+import time, otel_tunix
+otel_tunix.configure(output_dir="none", system_metrics=False, alerts=False)
+for n in range(3):
+    with otel_tunix.step(n):
+        time.sleep(0.01)
+otel_tunix.force_flush()  # the export fails, and the SDK retries (and says so) meanwhile
+time.sleep(2)
+otel_tunix.shutdown()
+"""
+
+
+def test_the_sdk_exporters_own_failure_messages_are_redacted() -> None:
+    """A collector that refuses the connection: the OTel SDK's own retry message quotes the
+    request URL (its query too); otel-tunix's filter on the exporters' loggers redacts it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAKY_RUN],
+        env=child_env(
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://127.0.0.1:9/v1/traces?sig=SECRET7",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_EXPORTER_OTLP_TIMEOUT="3",  # room for a retry after 1 s: the SDK says so
+        ),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Transient error" in proc.stderr  # the SDK's message was written
+    assert "/v1/traces?[REDACTED]" in proc.stderr
+    assert "SECRET7" not in proc.stderr + proc.stdout

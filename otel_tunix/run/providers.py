@@ -22,6 +22,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
+from otel_tunix._redact import RedactingFilter
 from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix.exporters.otlp_tls import keep_certificate
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
@@ -82,9 +83,26 @@ def load_exporter_class(group: str, name: str, why: str) -> Any:
         )
         raise ConfigurationError(f"{why}, but {missing}{hint}")
     try:
-        return found[0].load()
+        cls = found[0].load()
     except ImportError as exc:  # our own entry point whose package is missing (perfetto)
         raise ConfigurationError(f"{why}, but {exc}") from exc
+    redact_exporter_logs()
+    return cls
+
+
+_REDACTING = RedactingFilter()
+
+
+def redact_exporter_logs() -> None:
+    """Put :class:`~otel_tunix._redact.RedactingFilter` on the OTel exporters' loggers
+    (those of the modules imported so far): their retry and failure messages quote request
+    URLs with their queries (``?sig=...``) as they are. A logger's filter sees only its own
+    records, so each one gets it."""
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("opentelemetry.exporter")]
+    for name in names:
+        log = logging.getLogger(name)
+        if _REDACTING not in log.filters:
+            log.addFilter(_REDACTING)
 
 
 def trace_exporters(settings: Settings) -> list[tuple[str, Any]]:
