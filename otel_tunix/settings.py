@@ -250,7 +250,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "less CPU); `false`: the SDK's OTLP span exporter as it is", _BOOL),
     Setting(env.OTEL_TUNIX_METRICS_FAST_PATH, "metrics_fast_path", parse_bool, True,
             "aggregate the step and component histograms per batch of steps and hand the "
-            "readers finished points (same points, ~30x less CPU); `false`: the SDK's "
+            "readers finished points (same points, ~20x less CPU); `false`: the SDK's "
             "instruments, one call per value", _BOOL),
     Setting(env.OTEL_TUNIX_PROMETHEUS_RUN_LABELS, "prometheus_run_labels", parse_bool, True,
             "label every series of the `/metrics` endpoint with `service` and `run_id`, so "

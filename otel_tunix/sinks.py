@@ -48,7 +48,7 @@ class InstrumentSink(StepSink):
     and span id of a step in each bucket, and a click from a percentile lands on its trace.
 
     With ``histograms`` (see :func:`instrument_sink`) the step histograms are folded per
-    batch and handed to the readers whole, the same points for ~30x less CPU; values of an
+    batch and handed to the readers whole, the same points for ~20x less CPU; values of an
     export function still go through the SDK's instruments.
     """
 

@@ -53,6 +53,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_tunix import attributes as attr
 from otel_tunix._errors import report_internal_error
+from otel_tunix._fork import at_fork_in_child
 from otel_tunix._shortcuts import metric_reader_histograms, produce_into, trace_based_exemplars
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 from otel_tunix.model import StepSummary
@@ -135,6 +136,12 @@ class StepHistograms:
         self._resource = resource
         self._exemplars = exemplars
         self._attributes: dict[Key, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        at_fork_in_child(self._in_child)
+
+    def _in_child(self) -> None:
+        """A forked child: a fresh lock (the worker may have held it at the fork); its
+        readers' collections, which the SDK restarts there, then never wait for it."""
         self._lock = threading.Lock()
 
     # --- the worker: a batch of steps ------------------------------------------------------
