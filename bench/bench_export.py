@@ -22,10 +22,16 @@ The GIL rows: a CPU-bound pure-Python step (10 components, ~4 ms of Python arith
 run back to back, with and without the OTLP export; the median step time of each, so any
 time the export thread holds the GIL shows as a longer step. Target: the ratio ~1.
 
-The metric rows: otel-tunix with ``OTEL_METRICS_EXPORTER=otlp`` exporting every second
+The metric rows (OTLP/gRPC to a second rotel collector, which prints every data point it
+receives): otel-tunix with ``OTEL_METRICS_EXPORTER=otlp`` exporting every second
 (``OTEL_METRIC_EXPORT_INTERVAL``; 60 s by default), against the same run without metric
-export; and the SDK recording the same histograms (one point per step and component, the
-attributes otel-tunix gives them) through its own instruments and OTLP metric exporter.
+export; the same with ``OTEL_TUNIX_METRICS_FAST_PATH=false`` (the step histograms through
+the SDK's instruments); and the SDK recording the same histograms (one value per step and
+component, the attributes otel-tunix gives them) through its own instruments and OTLP
+metric exporter. Each row counts the data points its exporter sent; the collector must
+receive as many, and its last ``tunix.step.duration`` point must count every step.
+
+Target: otel-tunix's metrics <= 0.2x the SDK's, every point arriving.
 
 Run: ``.venv/bin/python bench/bench_export.py`` (``--steps``, ``--rounds``).
 """
@@ -83,7 +89,11 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
     import contextlib
 
     flush: Any = None
+    close: Any = None  # after the measurement: the last metric export, counted with the rest
     batches: list[tuple[float, float, float]] = []
+    exported: dict[str, int] = {"points": 0, "steps": 0}
+    if os.environ.get("OTEL_METRICS_EXPORTER") == "otlp":
+        _count_metric_exports(exported)
     if mode == "bare":
 
         def step(n: int) -> Any:
@@ -116,13 +126,14 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
 
         flush = tp.force_flush
         if mode == "sdk-metrics":
-            step, component, flush = _sdk_metrics()
+            step, component, flush, close = _sdk_metrics()
     else:
         import otel_tunix
 
         _time_export_batches(batches)
         otel_tunix.configure(output_dir="none")
         step, component, flush = otel_tunix.step, otel_tunix.component, otel_tunix.force_flush
+        close = otel_tunix.shutdown
     # Warm up: connections made, caches filled, lazy imports done (one-off costs, which a
     # run of hours spreads over millions of spans), then measure.
     _loop(max(10, steps // 10), step, component, cpu_bound)
@@ -140,6 +151,8 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
     durations = sorted(e - s for s, e in times)
     # the steps during which the export thread was handling a batch
     during = [e - s for s, e in times if any(bs < e and s < be for bs, be, _ in batches)]
+    if close is not None:
+        close()
     return {
         "cpu_s": cpu,
         "step_s": statistics.median(durations),
@@ -150,6 +163,9 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
         "batch_cpu_s": max((c for _, _, c in batches), default=0.0),
         "threads": {k: v - threads0.get(k, 0.0) for k, v in threads1.items()},
         "sent": (steps + max(10, steps // 10)) * SPANS_PER_STEP,
+        "steps_sent": steps + max(10, steps // 10),
+        "points_sent": exported["points"],
+        "steps_counted": exported["steps"],
     }
 
 
@@ -191,7 +207,29 @@ def _time_export_batches(out: list[tuple[float, float, float]]) -> None:
     BatchExportProcessor._export_batch = timed  # type: ignore[method-assign]
 
 
-def _sdk_metrics() -> tuple[Any, Any, Any]:
+def _count_metric_exports(out: dict[str, int]) -> None:
+    """Count the data points that the OTLP metric exporter sent, and the steps that the
+    last ``tunix.step.duration`` points count (cumulative: every step so far)."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    export = OTLPMetricExporter.export
+
+    def counted(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        result = export(self, data, *args, **kwargs)
+        if result is MetricExportResult.SUCCESS:
+            for rm in data.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        out["points"] += len(m.data.data_points)
+                        if m.name == "tunix.step.duration":
+                            out["steps"] = sum(p.count for p in m.data.data_points)
+        return result
+
+    OTLPMetricExporter.export = counted  # type: ignore[method-assign]
+
+
+def _sdk_metrics() -> tuple[Any, Any, Any, Any]:
     """The SDK recording what otel-tunix's instruments record per step and component
     (step time, busy / blocked / idle per step; busy time per component: otel-tunix records
     a blocked time only where there is one), exported over OTLP by its periodic reader."""
@@ -232,7 +270,7 @@ def _sdk_metrics() -> tuple[Any, Any, Any]:
         yield
         busy.record(pc() - s, {"scope": "train", "component": name})  # never blocked
 
-    return step, component, mp.force_flush
+    return step, component, mp.force_flush, mp.shutdown
 
 
 # --- the parent: rows, rounds, the collector ---------------------------------------------
@@ -252,6 +290,8 @@ ROWS: dict[str, dict[str, str]] = {
         "F": "0",
     },
     "metrics: otel-tunix, OTLP every 1 s": {"MODE": "tunix", "P": "grpc", "M": "otlp"},
+    "metrics: otel-tunix, SDK instruments, OTLP every 1 s": {"MODE": "tunix", "P": "grpc",
+                                                             "M": "otlp", "MF": "0"},
     "metrics: SDK histograms, OTLP every 1 s": {"MODE": "sdk-metrics", "P": "grpc", "M": "otlp"},
     "gil: CPU-bound step, otel-tunix, no exporter": {"MODE": "tunix"},
     "gil: CPU-bound step, otel-tunix + OTLP/gRPC": {"MODE": "tunix", "P": "grpc", "T": "otlp"},
@@ -261,7 +301,7 @@ ROWS: dict[str, dict[str, str]] = {
 # fmt: on
 
 
-def _env(row: dict[str, str], collector: Any) -> dict[str, str]:
+def _env(row: dict[str, str], collector: Any, metrics: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(
@@ -277,11 +317,12 @@ def _env(row: dict[str, str], collector: Any) -> dict[str, str]:
     if "P" in row:
         env["OTEL_EXPORTER_OTLP_PROTOCOL"] = row["P"]
         grpc = row["P"] == "grpc"
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = (
-            collector.grpc_endpoint if grpc else collector.http_endpoint
-        )
+        to = metrics if "M" in row else collector
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = to.grpc_endpoint if grpc else to.http_endpoint
     if row.get("F") == "0":
         env["OTEL_TUNIX_OTLP_FAST_PATH"] = "false"
+    if row.get("MF") == "0":
+        env["OTEL_TUNIX_METRICS_FAST_PATH"] = "false"
     return env
 
 
@@ -302,6 +343,25 @@ def _wait_received(collector: Any, at_least: int, timeout: float = 10.0) -> int:
     return _received(collector)
 
 
+def _points(collector: Any) -> tuple[int, int]:
+    """Data points the metrics collector received so far, and the steps that the last
+    ``tunix.step.duration`` points count."""
+    from collector import parse_debug_output  # the tests' parser of rotel's debug log
+
+    got = parse_debug_output(collector.output()).metrics
+    steps = next((sum(p.count or 0 for p in m.points) for m in reversed(got)
+                  if m.name == "tunix.step.duration"), 0)  # fmt: skip
+    return sum(len(m.points) for m in got), steps
+
+
+def _wait_points(collector: Any, at_least: int, timeout: float = 10.0) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    while _points(collector)[0] < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    return _points(collector)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=2000, help="steps per row and round")
@@ -309,6 +369,8 @@ def main() -> None:
     ap.add_argument(
         "--cpu-work", type=int, default=12000, help="loop length of a CPU-bound component"
     )
+    ap.add_argument("--only", help="run only the rows whose name contains this (and the "
+                    "bare loop and otel-tunix without exporter)")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -322,17 +384,27 @@ def main() -> None:
     log = Path(tempfile.mkdtemp(prefix="bench-export-")) / "rotel.log"
     rotel_args = ("--exporter", "blackhole", "--debug-log", "traces",
                   "--debug-log-verbosity", "basic")  # fmt: skip
+    metrics_args = ("--exporter", "blackhole", "--debug-log", "metrics",
+                    "--debug-log-verbosity", "detailed")  # fmt: skip
     samples: dict[str, list[dict[str, Any]]] = {}
     lost: dict[str, int] = {}
-    with RotelCollector(log, args=rotel_args) as collector:
+    lost_points: dict[str, int] = {}
+    uncounted: dict[str, int] = {}
+    base = ("bare loop", "otel-tunix, no exporter")
+    rows = {k: v for k, v in ROWS.items() if not args.only or args.only in k or k in base}
+    with (
+        RotelCollector(log, args=rotel_args) as collector,
+        RotelCollector(log.with_name("rotel-metrics.log"), args=metrics_args) as mcollector,
+    ):
         for _ in range(args.rounds):
-            for name, row in ROWS.items():
-                env = _env(row, collector)
+            for name, row in rows.items():
+                env = _env(row, collector, mcollector)
                 gil = name.startswith("gil:")
                 if gil:
                     env["BENCH_CPU"] = "1"
                 steps = max(10, args.steps // 10) if gil else args.steps
                 before = _received(collector)
+                points_before = _points(mcollector)[0]
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", row["MODE"], "--steps", str(steps),
                      "--cpu-work", str(args.cpu_work)],
@@ -342,6 +414,12 @@ def main() -> None:
                 if row.get("T") == "otlp" or row["MODE"] == "sdk":
                     got = _wait_received(collector, before + result["sent"]) - before
                     lost[name] = lost.get(name, 0) + result["sent"] - got
+                if row.get("M") == "otlp":
+                    want = points_before + result["points_sent"]
+                    points, counted = _wait_points(mcollector, want)
+                    lost_points[name] = lost_points.get(name, 0) + want - points
+                    missed = result["steps_sent"] - counted  # the collector's last count
+                    uncounted[name] = uncounted.get(name, 0) + abs(missed)
                 samples.setdefault(name, []).append(result)
 
     def cpu_us(name: str) -> float:
@@ -353,16 +431,41 @@ def main() -> None:
         f"median of {args.rounds} rounds; {args.steps} steps of {COMPONENTS} components, one "
         f"every {PERIOD_S * 1e3:g} ms; CPU of the trainer process over the bare loop"
     )
-    width = max(map(len, ROWS))
+    width = max(map(len, rows))
     print(f"{'row':<{width}}  us/span  (min - max)")
-    for name in ROWS:
+    for name in rows:
         if name.startswith("gil:") or name == "bare loop":
             continue
         per = [r["cpu_s"] / r["spans"] * 1e6 - bare for r in samples[name]]
         note = f"  lost at the collector: {lost[name]}" if name in lost else ""
+        if name in lost_points:
+            note = (f"  points lost at the collector: {lost_points[name]}, steps not "
+                    f"counted: {uncounted[name]}")  # fmt: skip
         print(f"{name:<{width}}  {cpu_us(name) - bare:7.2f}  "
               f"({min(per):.2f} - {max(per):.2f}){note}")  # fmt: skip
     print()
+    if not args.only:
+        _span_ratios(cpu_us, bare, lost)
+        _gil(samples)
+    if "metrics: otel-tunix, OTLP every 1 s" in rows:
+        none = cpu_us("otel-tunix, no exporter") - bare
+        m_ours = cpu_us("metrics: otel-tunix, OTLP every 1 s") - bare - none
+        m_old = cpu_us("metrics: otel-tunix, SDK instruments, OTLP every 1 s") - bare - none
+        m_sdk = cpu_us("metrics: SDK histograms, OTLP every 1 s") - bare
+        print(
+            f"metrics: otel-tunix's OTLP metrics = {m_ours:.2f} us/span ({m_old:.2f} with the "
+            f"SDK's instruments); the SDK recording and exporting the same = {m_sdk:.2f} "
+            f"us/span; otel-tunix / SDK = {m_ours / m_sdk:.3f}  (target <= 0.2); with the "
+            f"SDK's instruments {m_old / m_sdk:.3f}"
+        )
+        print(
+            f"metric points lost at the collector, all rows: {sum(lost_points.values())}; "
+            f"steps its last tunix.step.duration did not count: {sum(uncounted.values())}  "
+            "(target 0)"
+        )
+
+
+def _span_ratios(cpu_us: Any, bare: float, lost: dict[str, int]) -> None:
     for proto in ("grpc", "http"):
         sdk = cpu_us(f"{proto}: SDK (BatchSpanProcessor + OTLPSpanExporter)") - bare
         ours = cpu_us(f"{proto}: otel-tunix") - bare
@@ -374,12 +477,9 @@ def main() -> None:
         alone = cpu_us(f"{proto}: otel-tunix") - bare - none
         print(f"  {proto}: the export alone = {alone:.2f} us/span")
     print(f"spans lost at the collector, all rows: {sum(lost.values())}  (target 0)")
-    m_ours = cpu_us("metrics: otel-tunix, OTLP every 1 s") - bare - none
-    m_sdk = cpu_us("metrics: SDK histograms, OTLP every 1 s") - bare
-    print(
-        f"metrics: otel-tunix's OTLP metrics = {m_ours:.2f} us/span; the SDK recording and "
-        f"exporting the same = {m_sdk:.2f} us/span; ratio {m_ours / m_sdk:.3f}  (target <= 0.2)"
-    )
+
+
+def _gil(samples: dict[str, list[dict[str, Any]]]) -> None:
     gil_rows = {k.split("step, ")[-1]: samples[k] for k in ROWS if k.startswith("gil:")}
     step = {k: statistics.median(r["step_s"] for r in v) * 1e3 for k, v in gil_rows.items()}
     p99 = {k: statistics.median(r["step_p99_s"] for r in v) * 1e3 for k, v in gil_rows.items()}

@@ -24,6 +24,12 @@ check fails or the private name is gone. docs/benchmarks.md says what each one b
   ``asyncio.get_running_loop`` that returns ``None`` instead of raising).
 * :data:`SUPPRESS_INSTRUMENTATION_KEY`: the context key the SDK's own batch processor sets
   while exporting, so instrumented HTTP / gRPC clients inside an exporter make no spans.
+* :func:`produce_into`, :func:`metric_reader_histograms`, :func:`trace_based_exemplars`: a
+  metric reader's collection callback wrapped so that points otel-tunix aggregated itself
+  join what the SDK collected (the specification's ``MetricProducer``, which this SDK
+  lacks), and how the reader and provider would aggregate a histogram (the step histograms,
+  ``metrics/step_histograms.py``). Checked per reader when a run is assembled: a reader or
+  provider without these names keeps the SDK's instruments.
 """
 
 from __future__ import annotations
@@ -39,11 +45,20 @@ from opentelemetry import trace
 from opentelemetry.context import Context, attach, get_current
 from opentelemetry.context import detach as _public_detach
 from opentelemetry.metrics import _internal as metrics_internal
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    TraceBasedExemplarFilter,
+)
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
     MetricExporter,
     MetricExportResult,
+    MetricReader,
+    MetricsData,
     PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -68,8 +83,10 @@ __all__ = [
     "active_span_processor",
     "attach_span",
     "detach",
+    "metric_reader_histograms",
     "new_span_context",
     "otel_context",
+    "produce_into",
     "remove_span_processors",
     "reset_global_providers",
     "running_loop",
@@ -77,6 +94,7 @@ __all__ = [
     "span_maker",
     "span_processors_of",
     "threads_by_ident",
+    "trace_based_exemplars",
 ]
 
 # --- threads ------------------------------------------------------------------------------
@@ -371,3 +389,80 @@ def reset_global_providers(*, tracer: bool = True, meter: bool = True) -> None:
     if meter:
         metrics_internal._METER_PROVIDER_SET_ONCE = Once()
         metrics_internal._METER_PROVIDER = None
+
+
+# --- metric readers: points aggregated by otel-tunix --------------------------------------
+
+_SDK_CARDINALITY_LIMIT = 2000
+"""The SDK's default cardinality limit per metric stream (older SDKs have no other)."""
+
+
+def metric_reader_histograms(reader: MetricReader) -> tuple[AggregationTemporality, int] | None:
+    """How ``reader`` collects a synchronous histogram: its temporality and cardinality
+    limit, where it makes explicit-bucket histograms at the instrument's advisory boundaries
+    (:func:`_advisory_buckets`) and has a collection callback :func:`produce_into` can wrap;
+    ``None`` otherwise (private SDK attributes ``_instrument_class_temporality``,
+    ``_instrument_class_aggregation``, ``_instrument_class_cardinality_limit``,
+    ``_collect``)."""
+    temporality = getattr(reader, "_instrument_class_temporality", None)
+    aggregation = getattr(reader, "_instrument_class_aggregation", None)
+    limits = getattr(reader, "_instrument_class_cardinality_limit", None)
+    if not (isinstance(temporality, dict) and isinstance(aggregation, dict)):
+        return None
+    if not callable(getattr(reader, "_collect", None)):
+        return None
+    cls = next(
+        (k for k in temporality if isinstance(k, type) and issubclass(k, SdkHistogram)), None
+    )
+    if cls is None or not _advisory_buckets(aggregation.get(cls)):
+        return None
+    limit = limits.get(cls, _SDK_CARDINALITY_LIMIT) if isinstance(limits, dict) else None
+    t = temporality[cls]
+    if not isinstance(t, AggregationTemporality) or not isinstance(limit, int):
+        return None
+    return t, limit
+
+
+def _advisory_buckets(aggregation: Any) -> bool:
+    """Whether ``aggregation`` makes explicit-bucket histograms at the instrument's advisory
+    boundaries with min and max: the default one, or an ``ExplicitBucketHistogramAggregation``
+    with no boundaries of its own (what the OTLP exporters ask for by default; private
+    ``_boundaries`` and ``_record_min_max``)."""
+    if type(aggregation) is DefaultAggregation:
+        return True
+    return (
+        type(aggregation) is ExplicitBucketHistogramAggregation
+        and getattr(aggregation, "_boundaries", ()) is None
+        and getattr(aggregation, "_record_min_max", False) is True
+    )
+
+
+def trace_based_exemplars(meter_provider: Any) -> bool | None:
+    """Whether an SDK ``MeterProvider`` keeps exemplars of measurements made in a sampled
+    span's context (``trace_based``: ``True``) or none (``always_off``: ``False``); ``None``
+    for any other filter, a provider with views, or one without the private
+    ``_sdk_config``."""
+    config = getattr(meter_provider, "_sdk_config", None)
+    if config is None or getattr(config, "views", True):
+        return None
+    kind = type(getattr(config, "exemplar_filter", None))
+    if kind is TraceBasedExemplarFilter:
+        return True
+    if kind is AlwaysOffExemplarFilter:
+        return False
+    return None
+
+
+def produce_into(
+    reader: MetricReader,
+    produce: Callable[[MetricReader, MetricsData | None], MetricsData | None],
+) -> None:
+    """Pass what ``reader`` collects through ``produce`` from now on: the reader's
+    collection callback (set by its ``MeterProvider`` with ``_set_collect_callback``) is
+    wrapped. Check the reader with :func:`metric_reader_histograms` first."""
+    collect: Any = reader._collect  # typed in the SDK as an older signature
+
+    def collect_and_produce(r: MetricReader, timeout_millis: float = 10_000) -> Any:
+        return produce(r, collect(r, timeout_millis=timeout_millis))
+
+    reader._set_collect_callback(collect_and_produce)

@@ -131,6 +131,12 @@ OTEL_TUNIX_OTLP_FAST_PATH: Final = "OTEL_TUNIX_OTLP_FAST_PATH"
 protobuf itself and sends it through the SDK's OTLP exporter (:mod:`otel_tunix.exporters.otlp`);
 ``false``: the SDK's OTLP span exporter as it is. Default: ``true``."""
 
+OTEL_TUNIX_METRICS_FAST_PATH: Final = "OTEL_TUNIX_METRICS_FAST_PATH"
+"""``true``: the step and component histograms are aggregated by otel-tunix per batch of
+steps and handed to the MeterProvider's readers as finished points
+(:mod:`otel_tunix.metrics.step_histograms`); ``false``: recorded through the SDK's
+instruments, one call per value. Default: ``true``."""
+
 OTEL_TUNIX_PROMETHEUS_RUN_LABELS: Final = "OTEL_TUNIX_PROMETHEUS_RUN_LABELS"
 """Label every series of the ``/metrics`` endpoint with ``service`` and ``run_id``.
 Default: ``true``."""

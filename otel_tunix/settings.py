@@ -259,6 +259,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_OTLP_FAST_PATH, "otlp_fast_path", parse_bool, True,
             "encode spans for the OTLP exporter from the steps directly (same bytes, ~10x "
             "less CPU); `false`: the SDK's OTLP span exporter as it is", _BOOL),
+    Setting(env.OTEL_TUNIX_METRICS_FAST_PATH, "metrics_fast_path", parse_bool, True,
+            "aggregate the step and component histograms per batch of steps and hand the "
+            "readers finished points (same points, ~20x less CPU); `false`: the SDK's "
+            "instruments, one call per value", _BOOL),
     Setting(env.OTEL_TUNIX_PROMETHEUS_RUN_LABELS, "prometheus_run_labels", parse_bool, True,
             "label every series of the `/metrics` endpoint with `service` and `run_id`, so "
             "one Prometheus scraping several jobs tells them apart without a join on "
@@ -405,6 +409,7 @@ class Settings:
     system_metrics_interval: float | None = 10.0
     raise_internal_errors: bool = False
     otlp_fast_path: bool = True
+    metrics_fast_path: bool = True
     prometheus_host: str | None = None
     otel_prometheus_host: str | None = None
     prometheus_port: int | None = None

@@ -12,6 +12,9 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.metrics import Histogram, Meter
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, set_span_in_context
 
 from otel_tunix import attributes as attr
@@ -19,6 +22,7 @@ from otel_tunix._errors import ReportOnce
 from otel_tunix._shortcuts import new_span_context
 from otel_tunix.logging_backend import PERF_SOURCE, otel_metric_name, to_scalar
 from otel_tunix.metrics.catalog import SECONDS_BUCKETS
+from otel_tunix.metrics.step_histograms import STEP_HISTOGRAMS, StepHistograms, step_histograms_for
 from otel_tunix.metrics_logger import MetricsLogger
 from otel_tunix.model import ScopeSession, StepSummary
 from otel_tunix.perf_rows import PerfRows
@@ -42,10 +46,18 @@ class InstrumentSink(StepSink):
     exemplar reservoir (one exemplar per bucket; ``OTEL_METRICS_EXEMPLAR_FILTER``, default
     ``trace_based``, which takes it: every recorded step span is sampled) keeps the trace id
     and span id of a step in each bucket, and a click from a percentile lands on its trace.
+
+    With ``histograms`` (see :func:`instrument_sink`) the step histograms are folded per
+    batch and handed to the readers whole, the same points for ~20x less CPU; values of an
+    export function still go through the SDK's instruments.
     """
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, histograms: StepHistograms | None = None) -> None:
         self._meter = meter
+        self._histograms = histograms
+        self._custom: dict[str, Histogram] = {}
+        if histograms is not None:  # they make the step histograms; no SDK instrument
+            return
 
         def hist(name: str, desc: str) -> Histogram:
             return meter.create_histogram(
@@ -53,27 +65,23 @@ class InstrumentSink(StepSink):
                 explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS),
             )  # fmt: skip
 
-        self._step = hist("tunix.step.duration", "Wall time of a sampled step")
-        self._busy = hist("tunix.step.busy_time", "Time a step had a busy component open")
-        self._blocked = hist(
-            "tunix.step.blocked_time", "Time a step was blocked (waiting) and not busy"
-        )
-        self._idle = hist("tunix.step.idle_time", "Time of a step in no component")
-        self._c_busy = hist("tunix.component.busy_time", "Busy time of a component in a step")
-        self._c_blocked = hist(
-            "tunix.component.blocked_time", "Blocked time of a component in a step"
-        )
-        self._device_lag = hist(
-            "tunix.step.device_lag",
-            "How long after a step's host window its device work finished",
-        )
-        self._c_device = hist(
-            "tunix.component.device_time",
-            "Time from a component's dispatch to its device completion",
-        )
-        self._custom: dict[str, Histogram] = {}
+        (
+            self._step, self._busy, self._blocked, self._idle, self._c_busy, self._c_blocked,
+            self._device_lag, self._c_device,
+        ) = (hist(name, desc) for name, desc in STEP_HISTOGRAMS)  # fmt: skip
+
+    def on_steps(self, summaries: Sequence[StepSummary]) -> None:
+        """A batch of steps: folded at once where the step histograms are otel-tunix's
+        own (:mod:`otel_tunix.metrics.step_histograms`), else recorded step by step."""
+        if self._histograms is not None:
+            self._histograms.add(summaries)
+        else:
+            super().on_steps(summaries)
 
     def on_step(self, summary: StepSummary) -> None:
+        if self._histograms is not None:
+            self._histograms.add((summary,))
+            return
         a = {attr.METRIC_SCOPE: summary.scope}
         self._step.record(summary.step_time_sec, a, context=_step_context(summary))
         self._busy.record(summary.busy_time_sec, a)
@@ -109,6 +117,31 @@ class InstrumentSink(StepSink):
 
     def close(self) -> None:
         return None
+
+
+def instrument_sink(
+    meter_provider: Any,
+    scope: str,
+    version: str,
+    *,
+    readers: Sequence[MetricReader] | None,
+    resource: Resource,
+    fast: bool,
+) -> InstrumentSink:
+    """The run's :class:`InstrumentSink` on ``meter_provider``'s meter ``scope``.
+
+    ``readers``: those of a provider otel-tunix built (``None`` for one it joined). With
+    ``fast`` (``OTEL_TUNIX_METRICS_FAST_PATH``) and such readers, the step histograms are
+    produced into them by otel-tunix where that gives what the SDK would
+    (:func:`~otel_tunix.metrics.step_histograms.step_histograms_for`); else the SDK's
+    instruments record them.
+    """
+    histograms = None
+    if fast and readers:
+        histograms = step_histograms_for(
+            meter_provider, readers, InstrumentationScope(scope, version), resource
+        )
+    return InstrumentSink(meter_provider.get_meter(scope, version), histograms)
 
 
 _NO_CONTEXT = Context()

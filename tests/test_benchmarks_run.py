@@ -161,3 +161,15 @@ def test_bench_export_prints_its_ratios_and_every_span_reaches_the_collector():
         assert line in text, text
     # the collector counted every span each row sent (a count, not a timing)
     assert "spans lost at the collector, all rows: 0 " in text, text
+    # and every metric data point; its last step-time point counted every step
+    assert (
+        "metric points lost at the collector, all rows: 0; steps its last "
+        "tunix.step.duration did not count: 0 " in text
+    ), text
+
+
+def test_bench_step_histograms_prints_both_paths():
+    text = _run("bench_step_histograms.py", "--batches", "2")
+    for readers in ("1 reader(s): SDK instruments ", "2 reader(s): SDK instruments "):
+        assert readers in text, text
+    assert text.count("otel-tunix's fold") == 2, text

@@ -66,7 +66,7 @@ from otel_tunix.run.run_parts import (
 from otel_tunix.run.signal_exports import SignalExportStats, new_signal_stats
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import ConfigurationError, Settings
-from otel_tunix.sinks import ExportFnSink, InstrumentSink, MetricsLoggerSink
+from otel_tunix.sinks import ExportFnSink, MetricsLoggerSink, instrument_sink
 
 __all__ = ["Providers", "assemble", "disabled_run", "run_folder"]
 
@@ -255,7 +255,7 @@ def assemble(
     )
     if out_dir is not None and logger.backends:
         files["metrics"] = out_dir / metrics_file_name(rank.rank)
-    processor, slowest = _step_processor(args, info, prov, logger)
+    processor, slowest = _step_processor(args, info, prov, logger, settings)
     if out_dir is not None:
         files["summary"] = out_dir / f"summary{rank.file_suffix}.json"
     prov.logger, prov.owns_logger = _logger_provider(
@@ -357,7 +357,7 @@ def assemble(
 
 
 def _step_processor(
-    args: RunArguments, info: RunInfo, prov: Providers, logger: MetricsLogger
+    args: RunArguments, info: RunInfo, prov: Providers, logger: MetricsLogger, settings: Settings
 ) -> tuple[StepAccountingProcessor, Any]:
     """The accounting processor and its sinks (the JSONL files, the instruments, the
     MetricsLogger, an export function, DogStatsD, the application's sinks); returns it and
@@ -376,7 +376,11 @@ def _step_processor(
     # A provider otel-tunix built with no reader (no metrics exporter configured): every
     # point recorded into it would cost ~4 us for nothing.
     if not prov.owns_meter or prov.readers:
-        instruments = InstrumentSink(prov.meter.get_meter(cfg.otel_scope, __version__))
+        instruments = instrument_sink(
+            prov.meter, cfg.otel_scope or "tunix", __version__,
+            readers=prov.readers if prov.owns_meter else None,
+            resource=info.resource, fast=settings.metrics_fast_path,
+        )  # fmt: skip
         processor.add_sink(instruments)
     processor.add_sink(MetricsLoggerSink(logger))
     if out_dir is not None:
