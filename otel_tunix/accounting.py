@@ -110,6 +110,7 @@ def account_intervals(
     trace_id: str | int = "",
     attributes: Mapping[str, object] | None = None,
     background: Sequence[BackgroundInterval] | None = None,
+    span_id: int = 0,
 ) -> StepSummary:
     """:func:`account_step` on plain intervals (``presorted``: they are in start order
     already); ``spans`` may be a factory, called when the spans are first read (one with a
@@ -130,6 +131,7 @@ def account_intervals(
         trace_id=trace_id,
         attributes=attributes,
         background=background,
+        span_id=span_id,
     )
 
 

@@ -292,6 +292,7 @@ class StepAccountingProcessor(StepSpanProcessor):
             spans=lambda: [span_info(c) for c in components],
             trace_id=f"{span.context.trace_id:032x}" if span.context else "",
             attributes=extra,
+            span_id=span.context.span_id if span.context else 0,
         )
         self._publish((summary,))
 

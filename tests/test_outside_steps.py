@@ -137,6 +137,11 @@ def run(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rotel_collector.grpc_endpoint)
     truth = Truth(offset=time.time_ns() - clock())
     sink = OutsideSink()
+    # Declarations are the process's: start from none (an integration's test may have made
+    # some: "checkpoint_restore"), put them back after.
+    before = dict(categories._declared)
+    categories._declared.clear()
+    categories.classify.cache_clear()
     otel_tunix.configure(
         service_name="outside-steps",
         output_dir=tmp_path / "runs",
@@ -157,8 +162,8 @@ def run(
     convert_jsonl_to_perfetto(spans_path, tmp_path / "converted.pftrace")
     converted = load((tmp_path / "converted.pftrace").read_bytes())
     yield Run(truth, out.spans, lines, live, converted, sink)
-    for name in ("evaluate", "final_save", "save_probe"):
-        categories._declared.pop(name, None)  # declarations are the process's: undo them
+    categories._declared.clear()
+    categories._declared.update(before)
     categories.classify.cache_clear()
 
 
