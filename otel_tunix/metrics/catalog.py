@@ -35,7 +35,6 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 """Histogram boundaries for durations in seconds: 0.5 ms to ~17 min (the SDK's default
 boundaries are shaped for milliseconds)."""
 
-
 __all__ = [
     "CATALOG",
     "E2E_LATENCY_BUCKETS",
@@ -595,13 +594,11 @@ _ROWS: list[MetricSpec] = [
         "new_dtypes, other, unknown); JAX's also by function",
         "compilation",
     ),
-    # --- goodput (issue 29) ----------------------------------------------------------------
     MetricSpec(
         "tunix.run.goodput",
         G,
         "1",
-        "Productive time over the wall time since the process started, the run so far "
-        "(0..1; docs/goodput.md)",
+        "Productive time over the wall time since the process started (0..1; docs/goodput.md)",
         "goodput",
         "goodput",
     ),
@@ -609,9 +606,7 @@ _ROWS: list[MetricSpec] = [
         "tunix.run.badput_time",
         C,
         "s",
-        "Seconds of the run so far in each badput category (initialization, compilation, "
-        "data_stall, checkpoint_save, checkpoint_restore, evaluation, rollout_wait, "
-        "weight_sync, wasted_progress, restart_gap, other)",
+        "Seconds of the run so far in each badput category (docs/goodput.md)",
         "goodput",
         "badput_time/{category}",
     ),

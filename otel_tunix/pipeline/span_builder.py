@@ -10,7 +10,6 @@ processors and exporters can rely on that order.
 
 from __future__ import annotations
 
-import functools
 import logging
 import operator
 import threading
@@ -387,7 +386,7 @@ class SpanBuilder:
                     if steps:
                         self._deliver_steps(steps)
                         steps = []
-                    self._deliver(spans, functools.partial(_on_outside_spans, spans=spans))
+                    self._deliver(spans, operator.methodcaller("on_outside_spans", spans))
                 read += 1
             except Exception:
                 report_internal_error("reading a recorded step")
@@ -641,10 +640,6 @@ class SpanBuilder:
             self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status,
             links,
         )  # fmt: skip
-
-
-def _on_outside_spans(proc: StepSpanProcessor, spans: list[OutsideSpan]) -> None:
-    proc.on_outside_spans(spans)
 
 
 def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) -> None:
