@@ -131,6 +131,9 @@ class OffThreadSink(StepSink):
     def on_session(self, sessions: list[ScopeSession]) -> None:
         self.runner.call(self.sink.on_session, sessions)
 
+    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
+        self.runner.call(self.sink.on_background_spans, spans)
+
     def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
         self.runner.call(self.sink.on_outside_spans, spans)
 

@@ -281,3 +281,37 @@ def test_work_on_another_thread_after_the_last_step_is_a_span_of_its_own() -> No
     assert save.context.trace_id not in {s.context.trace_id for s in steps}
     assert (save.end_time or 0) - (save.start_time or 0) >= 10_000_000
     assert all("ckpt_write" not in s.component_times for s in cap.summaries)
+
+
+def test_a_users_sink_gets_the_background_spans_that_outlive_their_step() -> None:
+    """A user's step sink runs on a thread of its own; the background spans handed on after
+    their step (an asynchronous writer's) reach it too, with their step and real length."""
+    from otel_tunix.processors import StepSink
+
+    class Sink(StepSink):
+        def __init__(self) -> None:
+            self.background: list[Any] = []
+
+        def on_background_spans(self, spans: Any) -> None:
+            self.background.extend(spans)
+
+    sink = Sink()
+    started = threading.Event()
+
+    def writer() -> None:
+        with otel_tunix.component("ckpt_write"):
+            started.set()
+            time.sleep(0.05)
+
+    with capture(step_sinks=[sink]):
+        with otel_tunix.step(0):
+            t = threading.Thread(target=writer)
+            t.start()
+            started.wait()
+        for n in range(1, 4):
+            with otel_tunix.step(n), otel_tunix.component("compute"):
+                time.sleep(0.02)
+        t.join()
+    (span,) = [s for s in sink.background if s.span().name == "ckpt_write"]
+    assert (span.scope, span.number) == ("train", 0)
+    assert span.span().end_time - span.span().start_time >= 50_000_000
