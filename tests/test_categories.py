@@ -81,4 +81,3 @@ def test_intervals_take_the_first_category_in_precedence_and_the_rest_is_given()
     )
     between = cat.categorize_intervals(0, 10 * ms, [], rest=cat.OTHER)
     assert between == pytest.approx({cat.OTHER: 0.010})
-
