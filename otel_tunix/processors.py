@@ -19,6 +19,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span
@@ -254,23 +255,21 @@ class StepAccountingProcessor(StepSpanProcessor):
 
     def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
         """Background spans handed on after their step: to every sink."""
-        if self._closed:
-            return
-        for sink in self._sinks:
-            try:
-                sink.on_background_spans(spans)
-            except Exception:
-                self._failed(sink, "on_background_spans")
+        self._to_sinks("on_background_spans", spans)
 
     def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
         """Components recorded outside any step: to every sink (no step counts them)."""
+        self._to_sinks("on_outside_spans", spans)
+
+    def _to_sinks(self, hook: str, spans: Sequence[Any]) -> None:
+        """``sink.<hook>(spans)`` for every sink; one that raises is reported, not the rest."""
         if self._closed:
             return
         for sink in self._sinks:
             try:
-                sink.on_outside_spans(spans)
+                getattr(sink, hook)(spans)
             except Exception:
-                self._failed(sink, "on_outside_spans")
+                self._failed(sink, hook)
 
     def _finish_step(self, span: ReadableSpan, components: Sequence[ReadableSpan]) -> None:
         components = sorted(components, key=lambda c: c.start_time or 0)  # arrival order varies

@@ -13,7 +13,7 @@ thread) and gives every instant of the run, from the process's start
 * before the first step: ``initialization``, unless a component of a category that comes
   first covers it (a ``checkpoint_restore`` before the loop);
 * in no step at all: ``other``, unless a component outside the steps covers it
-  (:meth:`LiveLedger.on_outside`);
+  (:meth:`LiveLedger.on_outside_spans`);
 * where steps overlap (an RL actor's steps beside the learner's, a trainer's steps inside a
   global step), the instant takes every open step's components at once: a learner waiting
   for rollouts while the actor computes one costs nothing, while the actor idles it is
@@ -40,26 +40,23 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any, Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
-from otel_tunix import attributes as attr
 from otel_tunix import categories as cat
 from otel_tunix._process import process_start_ns
 from otel_tunix._version import __version__
 from otel_tunix.logging_backend import PERF_SOURCE
 from otel_tunix.metrics.catalog import by_otel_name
 from otel_tunix.metrics.instruments import METER_SCOPE, create_observable, observable
-from otel_tunix.model import SpanInfo
 from otel_tunix.pipeline.outside import OutsideSpan
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
 
 __all__ = [
     "BADPUT_TIME",
-    "CATEGORY_ATTRIBUTE",
     "FIRST_STEP",
     "GOODPUT",
     "LOG_BADPUT",
@@ -86,9 +83,6 @@ LOG_EVERY_STEPS = 100
 MAX_PENDING = 4096
 """Step windows kept while an older step is still open (an RL actor's long step beside
 thousands of learner steps); past this the time is settled up to the latest record."""
-CATEGORY_ATTRIBUTE = attr.GOODPUT_CATEGORY
-"""The span attribute a component's declared category is recorded in (the recording layer's;
-read from the outside components handed to :meth:`LiveLedger.on_outside`)."""
 FIRST_STEP = -1
 """``LiveLedger(start_ns=FIRST_STEP)``: the wall time starts at the first step."""
 _NS = 1e-9
@@ -156,7 +150,8 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
     source = (components, ends, off, background)
     if cat.is_eval_scope(step.scope):
         return step.scope, _Window(start, end, cat.EVALUATION, source, {cat.EVALUATION: seconds})
-    if background is not None:
+    beside = background is not None
+    if beside:
         # Background work (another thread's component open at an edge of the window: an
         # asynchronous checkpoint writer) does not take a training step's time: training
         # went on beside it (docs/goodput.md; the offline ledger's rule too).
@@ -185,25 +180,16 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
     else:
         if wait is None:
             return step.scope, _Window(start, end, productive, source, {productive: seconds})
-        if not background:
+        if not beside:  # (the accounting's blocked time would hold background waits)
             waited = summary.blocked_time_sec
             cats = {wait: waited, productive: seconds - waited}
             return step.scope, _Window(start, end, productive, source, cats)
-    bad: list[tuple[str, int, int]] | None = None
-    for comp, c_end in zip(components, ends, strict=True):
-        kind = classify(comp[0], comp[1])
-        if kind != productive:
-            if bad is None:
-                bad = []
-            bad.append((kind, comp[4] + off, c_end + off))
-    if background:
-        for name, blocked, b0, b1, _ in background:
-            kind = classify(name, blocked)
-            if kind != productive:
-                if bad is None:
-                    bad = []
-                bad.append((kind, b0 + off, b1 + off))
-    if bad is None:  # only productive work, or none
+    bad = [
+        (kind, comp[4] + off, c_end + off)
+        for comp, c_end in zip(components, ends, strict=True)
+        if (kind := classify(comp[0], comp[1])) != productive
+    ]
+    if not bad:  # only productive work, or none
         return step.scope, _Window(start, end, productive, source, {productive: seconds})
     waits = [(s0, s1) for k, s0, s1 in bad if k in _BELOW_PRODUCTIVE]
     if waits:  # productive work over a wait takes it over
@@ -217,19 +203,13 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
 def _overlapping(source: Any, waits: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
     """The components of a step (``_Window.source``) that overlap one of ``waits``,
     classified (only those: most of a step's components overlap none)."""
-    components, ends, off, background = source
+    components, ends, off, _ = source  # (a training step's: no background work)
     out = []
     for c, e in zip(components, ends, strict=True):
         s0, s1 = c[4] + off, e + off
         for w0, w1 in waits:
             if s0 < w1 and w0 < s1:
                 out.append((cat.classify(c[0], c[1]), s0, s1))
-                break
-    for name, blocked, b0, b1, _ in background or ():
-        s0, s1 = b0 + off, b1 + off
-        for w0, w1 in waits:
-            if s0 < w1 and w0 < s1:
-                out.append((cat.classify(name, blocked), s0, s1))
                 break
     return out
 
@@ -309,48 +289,28 @@ class LiveLedger(StepSpanProcessor):
         self._maybe_log()
 
     def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
-        """The recording layer's components outside any step (the span builder hands each
-        ended record on here): to :meth:`on_outside`. One with no category of its own
-        (none declared, no name rule: a busy ``prepare``) leaves its stretch to the rest:
-        productive time is a training step's."""
-        infos = []
-        for s in spans:
-            if cat.classify(s.name, s.blocked, s.category) != cat.PRODUCTIVE:
-                info = SpanInfo(s.name, s.kind, s.start_ns, s.end_ns)
-                if s.category is not None:
-                    info.attributes = {CATEGORY_ATTRIBUTE: s.category}
-                infos.append(info)
-        if infos:
-            self.on_outside(infos)
-
-    def on_outside(self, spans: Iterable[SpanInfo]) -> None:
         """Components recorded outside any step (a restore before the loop, an evaluation
-        or a checkpoint between steps): the consumer of the recording layer's outside
-        spans. Each counts where no step covers its time, and beside the steps' components
-        where one does; its category is its :data:`CATEGORY_ATTRIBUTE`, else its
-        name's (:func:`otel_tunix.categories.classify`)."""
-        if self._closed:
-            return
-        with self._lock:
-            for span in spans:
-                given = span.attributes.get(CATEGORY_ATTRIBUTE)
-                kind = cat.classify(
-                    span.name, span.kind == "blocked", given if isinstance(given, str) else None
-                )
-                self._add(
-                    _Window(
-                        span.start_ns, span.end_ns, None, [(kind, span.start_ns, span.end_ns)], None
-                    )
-                )
+        or a checkpoint between steps), as the span builder hands each ended record on."""
+        self._add_outside([(s.name, s.blocked, s.start_ns, s.end_ns, s.category) for s in spans])
 
     def add_outside(
         self, name: str, blocked: bool, start_ns: int, end_ns: int, category: str | None = None
     ) -> None:
-        """One component outside any step (see :meth:`on_outside`), Unix ns."""
-        info = SpanInfo(name, "blocked" if blocked else "busy", start_ns, end_ns)
-        if category is not None:
-            info.attributes = {CATEGORY_ATTRIBUTE: category}
-        self.on_outside((info,))
+        """One component outside any step (see :meth:`on_outside_spans`), Unix ns."""
+        self._add_outside([(name, blocked, start_ns, end_ns, category)])
+
+    def _add_outside(self, components: list[tuple[str, bool, int, int, str | None]]) -> None:
+        """Each counts where no step covers its time, and beside the steps' components where
+        one does, by its category (:func:`otel_tunix.categories.classify`). One with no
+        category of its own (none declared, no name rule: a busy ``prepare``) leaves its
+        stretch to the rest: productive time is a training step's (as offline)."""
+        if self._closed:
+            return
+        with self._lock:
+            for name, blocked, start, end, category in components:
+                kind = cat.classify(name, blocked, category)
+                if kind != cat.PRODUCTIVE:
+                    self._add(_Window(start, end, None, [(kind, start, end)], None))
 
     def _add(self, window: _Window) -> None:
         if self._from_first_step and self._first_step is None and window.rest is not None:

@@ -232,7 +232,7 @@ def test_with_sampling_the_steps_not_recorded_count_as_the_recorded_ones(tmp_pat
 
 def test_an_outside_component_handed_on_after_the_next_step_still_counts(tmp_path: Path) -> None:
     """The hook the recording layer hands outside components to
-    (``LiveLedger.on_outside``): one between steps 2 and 3 that arrives after step 3 was
+    (``LiveLedger.on_outside_spans``): one between steps 2 and 3 that arrives after step 3 was
     processed is still ``evaluation``, not ``other`` (the ledger settles one batch behind)."""
     from otel_tunix.run import setup
 
