@@ -46,6 +46,31 @@ def test_parts_close_in_order_and_those_side_by_side_are_left_at_the_deadline():
     assert log[5:] == ["start detach", "end detach"]  # after the side-by-side ones
 
 
+def test_a_side_by_side_part_that_gave_up_at_the_deadline_is_unfinished():
+    """A part that stops at the deadline by itself (close() answers False: the Perfetto
+    translation) ends before the wait for it does; it is named all the same. One that
+    raised is reported as failed, not as unfinished."""
+
+    class GaveUp(Part):
+        name, side_by_side = "gave up", True
+
+        def close(self, deadline: float) -> bool:
+            return False
+
+    class Done(Part):
+        name, side_by_side = "done", True
+
+    class Raised(Part):
+        name, side_by_side = "raised", True
+
+        def close(self, deadline: float) -> bool:
+            raise RuntimeError("its own failure")
+
+    deadline = time.monotonic() + 5
+    assert close_parts([GaveUp(), Done(), Raised()], deadline) == ["gave up"]
+    assert time.monotonic() < deadline  # nobody waited for the deadline
+
+
 def test_configure_lists_the_parts_that_shutdown_walks(tmp_path):
     otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
     state = setup._state

@@ -102,22 +102,35 @@ def close_parts(parts: Sequence[Part], deadline: float) -> list[str]:
 
 
 def _close_side_by_side(parts: Sequence[Part], deadline: float) -> list[str]:
+    """Close the parts on threads; the unfinished ones are those still running at the
+    deadline and those that stopped there themselves (``close`` answered False: a
+    translation that gave up at the deadline ends before the wait for it does)."""
+    finished: dict[int, bool] = {}
     threads = []
-    for part in parts:
+    for i, part in enumerate(parts):
         thread = threading.Thread(
-            target=_close_one, args=(part, deadline), name="otel-tunix-shutdown", daemon=True
+            target=_close_one,
+            args=(part, deadline, finished, i),
+            name="otel-tunix-shutdown",
+            daemon=True,
         )
         thread.start()
         threads.append((part, thread))
     for _, thread in threads:
         thread.join(left(deadline))
-    return [name for part, thread in threads if thread.is_alive() for name in part.unfinished()]
+    return [
+        name
+        for i, (part, thread) in enumerate(threads)
+        if thread.is_alive() or not finished.get(i, False)
+        for name in part.unfinished()
+    ]
 
 
-def _close_one(part: Part, deadline: float) -> None:
+def _close_one(part: Part, deadline: float, finished: dict[int, bool], i: int) -> None:
     try:
-        part.close(deadline)
+        finished[i] = part.close(deadline)
     except Exception:  # an exporter's or provider's own failure: reported, the run ends
+        finished[i] = True  # (failed, not unfinished)
         _logger.exception("otel-tunix: shutting down %s failed", part.name)
 
 
