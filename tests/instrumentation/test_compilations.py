@@ -104,9 +104,11 @@ def test_torch_compile_compilation_and_recompile_on_a_new_shape() -> None:
         assert len(comp) == frames
         compile_sec = sum((s.end_time - s.start_time) / 1e9 for s in comp)
         dynamo_sec = sum(m.entire_frame_compile_time_s for m in truth[n // 2 * frames :][:frames])
-        # within 10 % of dynamo's own timing of the frames (its "entire frame compile" also
-        # times its bookkeeping around the callbacks), inside the test's clock around the call
-        assert 0.9 * dynamo_sec <= compile_sec <= call_sec[n], (compile_sec, dynamo_sec)
+        # inside dynamo's own timing of the frames (its "entire frame compile" also times
+        # its bookkeeping around the callbacks, ~10 % here, which grows on a loaded
+        # machine: most of it, not within a fixed share) and the test's clock around the call
+        assert 0.75 * dynamo_sec <= compile_sec <= dynamo_sec + 0.001, (compile_sec, dynamo_sec)
+        assert compile_sec <= call_sec[n]
         want = "first_call" if n == 0 else "new_shapes"
         assert {s.attributes["tunix.compile.cause"] for s in comp} == {want}
         if n == 2:
