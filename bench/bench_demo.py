@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import otel_tunix
-from otel_tunix import _recording
-from otel_tunix.demo import DemoConfig, train
+from otel_tunix.demos.sft import DemoConfig, train
+from otel_tunix.recording import hot_path as _recording
 from otel_tunix.testing import steps_set_aside
 
 

@@ -1,6 +1,6 @@
 """The live goodput ledger's share of otel-tunix's worker thread.
 
-The ledger (``otel_tunix.metrics.goodput.LiveLedger``) runs on the worker beside the
+The ledger (``otel_tunix.consumers.live_ledger.LiveLedger``) runs on the worker beside the
 accounting; this measures, in one run per case, the worker's CPU time per component (the
 span builder's whole call: accounting, sinks, the ledger, queueing for export) and the
 ledger's part of it, with thread CPU time (``time.thread_time``), which a loaded machine
@@ -20,7 +20,7 @@ from typing import Any
 os.environ.setdefault("OTEL_TUNIX_QUIET", "true")
 
 import otel_tunix
-from otel_tunix.metrics import goodput
+from otel_tunix.consumers import live_ledger as goodput
 from otel_tunix.pipeline import span_builder
 
 

@@ -72,8 +72,8 @@ def child(stage: str, n: int, per_step: int, distinct: bool = False) -> None:
     from opentelemetry.sdk.trace import TracerProvider
 
     import otel_tunix
-    from otel_tunix import _ids
     from otel_tunix.pipeline.export_processor import BatchExportProcessor
+    from otel_tunix.support import ids as _ids
     from otel_tunix.testing import steps_set_aside
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))

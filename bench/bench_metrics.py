@@ -14,9 +14,9 @@ from collections.abc import Callable
 import numpy as np
 from opentelemetry.sdk.metrics import MeterProvider
 
+from otel_tunix.logger.instruments import CatalogOTelBackend
 from otel_tunix.metrics import rl
 from otel_tunix.metrics.alerts import AlertEngine
-from otel_tunix.metrics.instruments import CatalogOTelBackend
 
 
 def per_call_us(fn: Callable[[int], object], n: int) -> float:

@@ -3,7 +3,7 @@
 Batches of 64 steps of 10 components (one name each, busy only; trace and span ids, so the
 step time keeps exemplars) go to the run's ``InstrumentSink`` both ways, in the same process,
 interleaved: through the SDK's ``Histogram.record`` (``OTEL_TUNIX_METRICS_FAST_PATH=false``)
-and folded per batch by :mod:`otel_tunix.metrics.step_histograms` (the default), with one and
+and folded per batch by :mod:`otel_tunix.consumers.step_histograms` (the default), with one and
 with two in-memory readers. Each figure is the median over the batches, in µs a step; then
 what a collection with the points added costs. ``bench/bench_export.py`` measures the whole
 trainer process with a real OTLP exporter and collector.
@@ -22,8 +22,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from otel_tunix.model import StepSummary
-from otel_tunix.sinks import InstrumentSink, instrument_sink
+from otel_tunix.consumers.sinks import InstrumentSink, instrument_sink
+from otel_tunix.model.steps import StepSummary
 
 STEPS = 64
 COMPONENTS = 10

@@ -85,7 +85,7 @@ def _wrapt_as_before() -> type[_DoNothing]:
     function wrapper that asks for the context to carry on every call."""
     import wrapt
 
-    from otel_tunix._recording import carried_context
+    from otel_tunix.recording.hot_path import carried_context
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         ctx = carried_context()

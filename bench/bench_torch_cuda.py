@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 import otel_tunix
-from otel_tunix import attributes as attr
 from otel_tunix.instrumentation import torch as ott
+from otel_tunix.settings import attributes as attr
 from otel_tunix.testing import capture
 
 

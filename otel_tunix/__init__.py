@@ -16,7 +16,10 @@ Quick start::
 
 from __future__ import annotations
 
-from otel_tunix._recording import (
+from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.model.steps import ComponentTime, ScopeSession, SpanInfo, StepSummary
+from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.recording.hot_path import (
     Component,
     Unrecorded,
     component,
@@ -24,12 +27,7 @@ from otel_tunix._recording import (
     record_component,
     step,
 )
-from otel_tunix._step_view import StepView, current_step
-from otel_tunix._version import __version__
-from otel_tunix.config import ConfigurationError, PerformanceMetricsConfig
-from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
-from otel_tunix.model import ComponentTime, ScopeSession, SpanInfo, StepSummary
-from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.recording.step_view import StepView, current_step
 from otel_tunix.run.log import log
 from otel_tunix.run.run_config import set_config
 from otel_tunix.run.setup import (
@@ -42,6 +40,8 @@ from otel_tunix.run.setup import (
     last_step_summary,
     shutdown,
 )
+from otel_tunix.settings.config import ConfigurationError, PerformanceMetricsConfig
+from otel_tunix.settings.version import __version__
 
 __all__ = [
     "Component",

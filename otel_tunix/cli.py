@@ -31,8 +31,8 @@ from otel_tunix.analysis.plotting import (
 )
 from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files, runs_note
 from otel_tunix.analysis.summary_tables import render_summary
-from otel_tunix.demo import main as demo_main
-from otel_tunix.demo_rl import main as rl_main
+from otel_tunix.demos.rl import main as rl_main
+from otel_tunix.demos.sft import main as demo_main
 
 _USAGE = """usage: otel-tunix COMMAND [options]
 

@@ -26,13 +26,15 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_tunix import _current, _errors, _recording
-from otel_tunix._shortcuts import reset_global_providers
-from otel_tunix.model import ScopeSession, StepSummary
+from otel_tunix.consumers.step_accounting import StepSink
+from otel_tunix.model.steps import ScopeSession, StepSummary
 from otel_tunix.pipeline.span_builder import FinishedStep
 from otel_tunix.pipeline.worker import _MAX_BATCH
-from otel_tunix.processors import StepSink
+from otel_tunix.recording import current_run as _current
+from otel_tunix.recording import hot_path as _recording
 from otel_tunix.run import setup
+from otel_tunix.support import errors as _errors
+from otel_tunix.support.shortcuts import reset_global_providers
 
 __all__ = ["Capture", "StepsSetAside", "capture", "reset", "steps_set_aside"]
 

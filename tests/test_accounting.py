@@ -8,10 +8,10 @@ import time
 import pytest
 
 import otel_tunix
-from otel_tunix import attributes as attr
-from otel_tunix.accounting import account_step, union_ns
-from otel_tunix.metrics.catalog import SECONDS_BUCKETS
-from otel_tunix.model import SpanInfo
+from otel_tunix.accounting.step_time import account_step, union_ns
+from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.model.steps import SpanInfo
+from otel_tunix.settings import attributes as attr
 from otel_tunix.testing import capture
 
 MS = 1_000_000
@@ -65,7 +65,7 @@ def test_account_intervals_matches_counting_every_nanosecond_on_random_steps():
     instants it is open), on random overlapping, nested, clipped and empty intervals."""
     import random
 
-    from otel_tunix.accounting import account_intervals
+    from otel_tunix.accounting.step_time import account_intervals
 
     rng = random.Random(7)
     for case in range(300):
@@ -291,8 +291,8 @@ def test_perf_scalars_reach_the_metrics_logger_with_tunix_names():
 def test_perf_scalars_of_a_step_by_scope_and_component_and_the_names_kept_are_bounded(
     monkeypatch,
 ):
-    from otel_tunix import perf_rows
-    from otel_tunix.accounting import account_intervals
+    from otel_tunix.accounting.step_time import account_intervals
+    from otel_tunix.logger import perf_rows
 
     def step(scope: str, *components: tuple[str, bool, int, int]) -> dict[str, float]:
         return perf_rows.perf_metrics(account_intervals(scope, 1, 0, 100, list(components)))
@@ -368,7 +368,7 @@ def test_export_fn_that_raises_is_reported_once_and_never_reaches_the_loop(caplo
 def test_the_processor_gives_the_same_summary_from_sdk_spans_as_from_whole_steps():
     """StepAccountingProcessor is a real SpanProcessor: fed the SDK spans of a step one at a
     time (as from any span pipeline) it derives what it derives from the step itself."""
-    from otel_tunix.processors import StepAccountingProcessor
+    from otel_tunix.consumers.step_accounting import StepAccountingProcessor
     from otel_tunix.testing import steps_set_aside
 
     otel_tunix.configure(output_dir="none")
@@ -415,8 +415,8 @@ def test_a_session_whose_first_step_is_not_sampled_starts_at_that_step():
 def test_component_times_as_tuples_and_as_objects_agree():
     """Sinks read a step's component times as plain tuples; ``components`` (made on first
     access) and the JSON line give the same numbers."""
-    from otel_tunix.accounting import account_intervals
-    from otel_tunix.model import ComponentTime
+    from otel_tunix.accounting.step_time import account_intervals
+    from otel_tunix.model.steps import ComponentTime
 
     ivs = [("load", True, 0, 20), ("compute", False, 20, 60), ("compute", False, 30, 70)]
     s = account_intervals("train", 1, 0, 100, ivs)
@@ -436,9 +436,9 @@ def test_session_totals_of_batches_with_changing_component_names_match_step_by_s
     without components and scopes must give what adding each step's times one by one gives."""
     import random
 
-    from otel_tunix.accounting import account_intervals
-    from otel_tunix.model import ScopeSession
-    from otel_tunix.processors import StepAccountingProcessor
+    from otel_tunix.accounting.step_time import account_intervals
+    from otel_tunix.consumers.step_accounting import StepAccountingProcessor
+    from otel_tunix.model.steps import ScopeSession
 
     rng = random.Random(7)
     layouts = [("load", "compute"), ("compute", "load"), ("load", "compute", "save"), ()]

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 import otel_tunix
-from otel_tunix import attributes as attr
+from otel_tunix.analysis.report import breakdown_rows
 from otel_tunix.exporters.perfetto.converter import convert_jsonl_to_perfetto
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
-from otel_tunix.report import breakdown_rows
+from otel_tunix.settings import attributes as attr
 from otel_tunix.testing import capture
 
 clock = time.perf_counter_ns
@@ -286,7 +286,7 @@ def test_work_on_another_thread_after_the_last_step_is_a_span_of_its_own() -> No
 def test_a_users_sink_gets_the_background_spans_that_outlive_their_step() -> None:
     """A user's step sink runs on a thread of its own; the background spans handed on after
     their step (an asynchronous writer's) reach it too, with their step and real length."""
-    from otel_tunix.processors import StepSink
+    from otel_tunix.consumers.step_accounting import StepSink
 
     class Sink(StepSink):
         def __init__(self) -> None:

@@ -12,11 +12,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_tunix
-from otel_tunix import MetricsLogger, MetricsLoggerOptions, _recording
-from otel_tunix.logging_backend import LoggingBackend
+from otel_tunix import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.consumers.step_accounting import StepAccountingProcessor, StepSink
+from otel_tunix.logger.backend import LoggingBackend
 from otel_tunix.pipeline import span_builder
 from otel_tunix.pipeline.span_builder import StepSpanProcessor
-from otel_tunix.processors import StepAccountingProcessor, StepSink
+from otel_tunix.recording import hot_path as _recording
 from otel_tunix.testing import capture, steps_set_aside
 
 STEPS = 40
@@ -250,8 +251,8 @@ def test_spans_jsonl_writes_a_batch_and_skips_only_a_step_it_cannot_encode(
 ) -> None:
     import json
 
-    from otel_tunix.accounting import account_intervals
-    from otel_tunix.exporters.jsonl import StepJsonlWriter
+    from otel_tunix.accounting.step_time import account_intervals
+    from otel_tunix.consumers.jsonl import StepJsonlWriter
 
     class Unprintable:
         def __str__(self) -> str:
@@ -340,7 +341,7 @@ def test_a_backend_with_log_rows_gets_each_batch_in_one_call(caplog: Any) -> Non
 
 
 def test_the_metrics_summary_counts_rows_of_changing_names(monkeypatch: Any) -> None:
-    from otel_tunix.metrics import status
+    from otel_tunix.logger import status
 
     s = status.MetricsSummary()
     s.log_rows([(0, {"a": 1.0, "b": 2.0}), (1, {"a": 1.0, "b": float("nan")})])
@@ -393,7 +394,7 @@ def test_runs_of_rows_with_the_same_names_count_and_keep_every_last_value() -> N
     """Backends take a run of rows with the same names at once (the summary counts the run,
     the logger copies only its last row): the counts and last values must be those of
     taking every row, whatever the runs."""
-    from otel_tunix.metrics import status
+    from otel_tunix.logger import status
 
     rows = [
         (1, {"a": 1.0, "b": 2.0}), (2, {"a": 3.0, "b": 4.0}), (3, {"c": 5.0}),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from otel_tunix import categories as cat
+from otel_tunix.accounting import categories as cat
 
 
 @pytest.mark.parametrize(

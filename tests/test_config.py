@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_tunix
 from otel_tunix import ConfigurationError, PerformanceMetricsConfig
-from otel_tunix.settings import load_settings
+from otel_tunix.settings.table import load_settings
 from otel_tunix.testing import capture
 
 
@@ -51,7 +51,7 @@ def test_bad_process_interval_names_the_field(bad):
 
 
 def test_process_interval_from_argument_env_and_default(monkeypatch):
-    from otel_tunix import _recording
+    from otel_tunix.recording import hot_path as _recording
 
     def interval() -> float:
         runtime = _recording.get_runtime()
@@ -335,7 +335,7 @@ def test_a_run_that_was_shut_down_is_released(own_provider, tmp_path):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_tunix import _recording
+    from otel_tunix.recording import hot_path as _recording
 
     app = MeterProvider(metric_readers=[InMemoryMetricReader()])
     for run in range(2):
@@ -435,8 +435,8 @@ def test_otel_traces_exporter_perfetto_through_the_entry_point(monkeypatch, tmp_
 
 
 def test_no_histograms_are_recorded_when_no_metric_reader_exists(monkeypatch, tmp_path):
+    from otel_tunix.consumers.sinks import InstrumentSink
     from otel_tunix.run import setup
-    from otel_tunix.sinks import InstrumentSink
 
     otel_tunix.configure(output_dir="none")  # no OTEL_METRICS_EXPORTER: nothing reads metrics
     sinks = setup._state.processor.sinks

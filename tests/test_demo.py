@@ -13,7 +13,7 @@ from processes import child_env
 
 def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
     pytest.importorskip("torch")
-    from otel_tunix.tiny_lm import TinyLM, TinyLMConfig
+    from otel_tunix.demos.tiny_lm import TinyLM, TinyLMConfig
 
     out = tmp_path / "run"
     env = child_env()
@@ -95,9 +95,9 @@ def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
 def test_demo_checkpoint_loads_back_into_the_model(tmp_path):
     torch = pytest.importorskip("torch")
     import otel_tunix
-    from otel_tunix.demo import DemoConfig, train
+    from otel_tunix.demos.sft import DemoConfig, train
+    from otel_tunix.demos.tiny_lm import TinyLM, TinyLMConfig
     from otel_tunix.testing import capture
-    from otel_tunix.tiny_lm import TinyLM, TinyLMConfig
 
     cfg = DemoConfig(steps=4, d_model=16, checkpoint_every=2, eval_every=0, workers=0)
     with capture(output_dir=tmp_path) as cap:
@@ -134,7 +134,7 @@ def test_demo_sampling_rate_flag_and_usage_errors(tmp_path):
 
 
 def test_the_demo_names_a_loss_spike_above_the_uniform_guess() -> None:
-    from otel_tunix.demo import spike_note
+    from otel_tunix.demos.sft import spike_note
 
     uniform = math.log(256)
     losses = [uniform - 0.01 * n for n in range(30)]  # learning, never above the guess
@@ -158,7 +158,7 @@ def test_the_default_demo_marks_its_loss_spike_on_the_plot(tmp_path) -> None:
     pytest.importorskip("pandas")
     pytest.importorskip("matplotlib")
     from otel_tunix.analysis.plotting import PlotSpec, load_runs, render
-    from otel_tunix.demo import SPIKE_TEXT
+    from otel_tunix.demos.sft import SPIKE_TEXT
 
     out = tmp_path / "run"
     proc = subprocess.run(

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("rich")
 
-from otel_tunix import demo_rl
+from otel_tunix.demos import rl as demo_rl
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from processes import child_env
 
-from otel_tunix import categories as cat
+from otel_tunix.accounting import categories as cat
 from otel_tunix.analysis.ledger import job_ledger
 
 PROGRAM = textwrap.dedent(

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import otel_tunix
-from otel_tunix import _ids
+from otel_tunix.support import ids as _ids
 from otel_tunix.testing import capture
 
 

@@ -21,9 +21,9 @@ import pytest
 from processes import child_env
 
 import otel_tunix
-from otel_tunix import _job
-from otel_tunix._ids import JobStepIds
+from otel_tunix.model import job as _job
 from otel_tunix.run.job import last_step
+from otel_tunix.support.ids import JobStepIds
 
 PROGRAM = textwrap.dedent(
     """

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from processes import child_env
 
-from otel_tunix._ids import JobStepIds
+from otel_tunix.support.ids import JobStepIds
 
 
 def test_job_step_ids_are_shared_by_a_run_and_distinct_within_it() -> None:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from otel_tunix import _json
+from otel_tunix.support import json_lines as _json
 
 
 @pytest.fixture(params=["orjson", "stdlib"])

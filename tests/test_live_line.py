@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import otel_tunix
-from otel_tunix.live_line import LiveLine
-from otel_tunix.model import StepSummary
-from otel_tunix.perf_rows import PerfRows
+from otel_tunix.logger.live_line import LiveLine
+from otel_tunix.logger.perf_rows import PerfRows
+from otel_tunix.model.steps import StepSummary
 
 
 def _summary(scope: str, step: int, total: float, busy: float, blocked: float) -> StepSummary:

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import otel_tunix
 from otel_tunix import ConfigurationError, MetricsLogger, MetricsLoggerOptions
-from otel_tunix.metrics_logger import ConsoleBackend
+from otel_tunix.logger.metrics_logger import ConsoleBackend
 from otel_tunix.testing import capture
 
 
@@ -211,8 +211,8 @@ def test_local_run_folder_spans_jsonl_format_session_line_and_summary(tmp_path):
 
 
 def test_queue_full_drops_and_counts_without_blocking():
-    from otel_tunix._recording import Runtime, StepRecord
     from otel_tunix.pipeline.worker import Pipeline
+    from otel_tunix.recording.hot_path import Runtime, StepRecord
 
     release = __import__("threading").Event()
     processed = []

@@ -23,11 +23,11 @@ from collector import DebugSpan, RotelCollector
 from exporters.test_perfetto import TraceView, load, read_files
 
 import otel_tunix
-from otel_tunix import attributes as attr
-from otel_tunix import categories
+from otel_tunix.accounting import categories
+from otel_tunix.consumers.step_accounting import StepSink
 from otel_tunix.exporters.perfetto.converter import convert_jsonl_to_perfetto
 from otel_tunix.pipeline.outside import OutsideSpan
-from otel_tunix.processors import StepSink
+from otel_tunix.settings import attributes as attr
 from otel_tunix.testing import capture
 
 clock = time.perf_counter_ns

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from otel_tunix import MetricsLogger, MetricsLoggerOptions
-from otel_tunix.accounting import account_intervals
-from otel_tunix.logging_backend import LoggingBackend
+from otel_tunix.accounting.step_time import account_intervals
+from otel_tunix.logger.backend import LoggingBackend
+from otel_tunix.logger.perf_rows import PerfRows, perf_metrics, perf_names, perf_value
+from otel_tunix.logger.status import MetricsSummary
 from otel_tunix.metrics.alerts import AlertEngine, SpikeRule, ThresholdRule, above
-from otel_tunix.metrics.status import MetricsSummary
-from otel_tunix.model import StepSummary
-from otel_tunix.perf_rows import PerfRows, perf_metrics, perf_names, perf_value
+from otel_tunix.model.steps import StepSummary
 
 
 def _random_steps(n: int, seed: int) -> list[StepSummary]:
@@ -149,7 +149,7 @@ def test_every_backend_sees_perf_rows_as_the_plain_rows_they_stand_for():
 def test_names_made_up_per_step_stay_bounded_and_readable(monkeypatch):
     """Components named after their step: the names and layouts kept are bounded, and a
     name forgotten meanwhile still reads right."""
-    from otel_tunix import perf_rows
+    from otel_tunix.logger import perf_rows
 
     monkeypatch.setattr(perf_rows, "_MAX_NAMES", 8)
     monkeypatch.setattr(perf_rows, "_NAMES", {})

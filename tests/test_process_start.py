@@ -11,7 +11,7 @@ from processes import child_env
 
 CHILD = """
 import json, time
-from otel_tunix._process import process_start_ns
+from otel_tunix.support.process import process_start_ns
 print(json.dumps({"start": process_start_ns(), "now": time.time_ns()}))
 """
 

@@ -13,7 +13,7 @@ import pytest
 from processes import child_env
 
 import otel_tunix
-from otel_tunix._redact import REDACTED, is_secret_key, redact_text
+from otel_tunix.settings.redact import REDACTED, is_secret_key, redact_text
 
 _CHILD = r"""
 import json, sys, time, urllib.request

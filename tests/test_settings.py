@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import otel_tunix
-from otel_tunix.settings import (
+from otel_tunix.settings.table import (
     SETTINGS,
     ConfigurationError,
     Settings,
@@ -103,10 +103,12 @@ def test_values_parse_to_their_types() -> None:
 
 def test_the_readme_configuration_table_is_the_one_generated_from_the_settings_table() -> None:
     text = (ROOT / "README.md").read_text()
-    start = text.index("<!-- settings table: generated from otel_tunix.settings.SETTINGS -->\n")
+    start = text.index(
+        "<!-- settings table: generated from otel_tunix.settings.table.SETTINGS -->\n"
+    )
     end = text.index("<!-- end of settings table -->")
     block = text[text.index("\n", start) + 1 : end]
-    assert block == markdown_table(), "regenerate it with: python -m otel_tunix.settings"
+    assert block == markdown_table(), "regenerate it with: python -m otel_tunix.settings.table"
     assert {s.name for s in SETTINGS} == set(re.findall(r"^\| `([A-Z0-9_]+)`", block, re.M))
 
 

@@ -10,7 +10,7 @@ from opentelemetry.context import get_current
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, get_current_span
 
-from otel_tunix import _shortcuts as sc
+from otel_tunix.support import shortcuts as sc
 
 
 def test_threads_by_ident_is_what_current_thread_reads() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from processes import child_env
 
-from otel_tunix.metrics.stragglers import RankWindow, compare
+from otel_tunix.consumers.stragglers import RankWindow, compare
 
 
 def _window(rank: int, step_sec: float, forward: float) -> RankWindow:
@@ -335,8 +335,8 @@ def test_on_cuda_the_gpu_wait_of_a_blocked_component_is_the_time_subtracted() ->
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     import otel_tunix
+    from otel_tunix.consumers.stragglers import _blocked_sec
     from otel_tunix.instrumentation import torch as ott
-    from otel_tunix.metrics.stragglers import _blocked_sec
     from otel_tunix.testing import capture
 
     x = torch.randn(4096, 4096, device="cuda")

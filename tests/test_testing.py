@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_tunix
 from otel_tunix import ConfigurationError, StepSummary
-from otel_tunix.processors import StepSink
+from otel_tunix.consumers.step_accounting import StepSink
 from otel_tunix.testing import capture
 
 

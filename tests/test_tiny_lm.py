@@ -8,8 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from otel_tunix.metrics.flops import measure_torch_flops  # noqa: E402
-from otel_tunix.tiny_lm import (  # noqa: E402
+from otel_tunix.demos.tiny_lm import (  # noqa: E402
     ByteWindows,
     TinyLM,
     TinyLMConfig,
@@ -17,6 +16,7 @@ from otel_tunix.tiny_lm import (  # noqa: E402
     split_corpus,
     uniform_loss,
 )
+from otel_tunix.metrics.flops import measure_torch_flops  # noqa: E402
 
 
 def test_the_shipped_text_is_small_utf8_and_split_at_its_last_tenth() -> None:

@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import otel_tunix
-from otel_tunix import attributes as attr
+from otel_tunix.settings import attributes as attr
 from otel_tunix.testing import capture
 
 
@@ -250,10 +250,10 @@ def test_step_attributes_and_sampled_flag():
 
 
 def test_step_before_configure_is_a_noop_with_one_warning(caplog):
-    from otel_tunix import _step
+    from otel_tunix.recording import step as _step
 
     _step._quiet = False
-    from otel_tunix import _errors
+    from otel_tunix.support import errors as _errors
 
     _errors._warned.discard("not-configured")
     with caplog.at_level(logging.WARNING, logger="otel_tunix"):
@@ -345,7 +345,7 @@ def test_device_end_accepts_a_future_and_a_failing_resolver_keeps_host_time(capl
 
 
 def test_a_component_left_in_another_context_still_ends_its_span(caplog):
-    from otel_tunix import _errors
+    from otel_tunix.support import errors as _errors
 
     _errors._warned.discard("component-context")
     """On the step's thread the innermost component is kept on the step, so leaving it in
@@ -606,7 +606,7 @@ def test_a_component_made_outside_steps_is_reused_and_follows_each_steps_samplin
 
 
 def test_stand_ins_are_kept_for_a_bounded_number_of_names(monkeypatch):
-    from otel_tunix import _component
+    from otel_tunix.recording import component as _component
 
     monkeypatch.setattr(_component, "_unrecorded", {})
     monkeypatch.setattr(_component, "_MAX_UNRECORDED", 3)

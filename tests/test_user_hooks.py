@@ -19,7 +19,7 @@ import otel_tunix
 _HANGING = r"""
 import json, sys, threading, time
 import otel_tunix
-from otel_tunix.processors import StepSink
+from otel_tunix.consumers.step_accounting import StepSink
 
 forever = threading.Event()
 

@@ -5,10 +5,11 @@
 floats (step, busy, blocked, idle and each component's time: 8 bytes each), never the
 lines or the spans, so memory grows with the number of steps, not with the file's size.
 
-The counters are those the SDK wrote (computed by :func:`otel_tunix.accounting.account_step`);
-the goodput is the run's ledger (:class:`otel_tunix.analysis.timeline.RunTimeline`, the
-categories of :mod:`otel_tunix.categories`), as ``otel-tunix goodput`` gives it for a run on
-its own. The rules are in ``docs/local-analysis.md`` and ``docs/goodput.md``.
+The counters are those the SDK wrote (computed by
+:func:`otel_tunix.accounting.step_time.account_step`); the goodput is the run's ledger
+(:class:`otel_tunix.analysis.timeline.RunTimeline`, the categories of
+:mod:`otel_tunix.accounting.categories`), as ``otel-tunix goodput`` gives it for a run on its own.
+The rules are in ``docs/local-analysis.md`` and ``docs/goodput.md``.
 
 The streaming readers are in :mod:`otel_tunix.analysis.accumulate`; the terminal tables
 (:func:`~otel_tunix.analysis.summary_tables.render_summary`) in
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from otel_tunix.accounting.categories import is_eval_scope
 from otel_tunix.analysis.accumulate import _FileAcc, _i, _ScopeAcc
 from otel_tunix.analysis.ledger import run_goodput
 from otel_tunix.analysis.readers import (
@@ -35,7 +37,6 @@ from otel_tunix.analysis.readers import (
     spans_rank,
 )
 from otel_tunix.analysis.timeline import Goodput
-from otel_tunix.categories import is_eval_scope
 
 __all__ = [
     "Anomaly",

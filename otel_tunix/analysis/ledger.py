@@ -25,13 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_tunix import categories as cat
-from otel_tunix.analysis.readers import (
-    AnalysisError,
-    folder_spans_files,
-    run_folders,
-    spans_rank,
-)
+from otel_tunix.accounting import categories as cat
+from otel_tunix.analysis.readers import AnalysisError, folder_spans_files, run_folders, spans_rank
 from otel_tunix.analysis.timeline import Goodput, RunTimeline, read_timeline
 
 __all__ = ["JobLedger", "Ledger", "RunLedger", "job_ledger", "run_goodput"]
@@ -111,7 +106,7 @@ class Ledger:
     def to_json(self) -> dict[str, Any]:
         """Exactly the keys ``runs``, ``restarts``, ``redone_steps``, ``compilations``,
         ``wall_time_sec``, ``productive_time_sec``, ``goodput`` and ``badput_sec`` (every
-        category of :data:`otel_tunix.categories.BADPUT`)."""
+        category of :data:`otel_tunix.accounting.categories.BADPUT`)."""
         g = self.goodput
         return {
             "runs": sum(len(j.runs) for j in self.jobs),

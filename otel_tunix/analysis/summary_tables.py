@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_tunix.accounting.categories import BADPUT
 from otel_tunix.analysis.breakdown import MAD_FACTOR, RunSummary
 from otel_tunix.analysis.readers import AnalysisError
 from otel_tunix.analysis.timeline import Goodput
-from otel_tunix.categories import BADPUT
 
 __all__ = ["goodput_table", "render_summary", "rich_table"]
 

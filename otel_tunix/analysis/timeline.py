@@ -3,13 +3,13 @@
 :class:`RunTimeline` takes a spans file's records one at a time (:meth:`RunTimeline.add`) and
 keeps what the ledger needs: the run's start (the ``type: "run"`` header's
 ``process_start_ns``, else its ``start_ns``), every step's window, every component's interval
-with its category (:func:`otel_tunix.categories.classify`, 17 bytes each in arrays), the
+with its category (:func:`otel_tunix.accounting.categories.classify`, 17 bytes each in arrays), the
 compilations and the last record's end. Steps (``type: "step"`` lines), other threads' work
 (``type: "span"`` lines) and components outside any step (``type: "span"`` with
 ``outside: true``) all count; a line cut short by a kill is skipped and counted.
 
 :meth:`RunTimeline.goodput` then gives every instant from the start to the last record one
-category, by :func:`otel_tunix.categories.categorize_intervals` (the one interval
+category, by :func:`otel_tunix.accounting.categories.categorize_intervals` (the one interval
 arithmetic): inside a training step's window, time no badput component covers is
 ``productive``; an evaluation step's window is ``evaluation``; before the first step the
 rest is ``initialization``, between and after steps ``other``; the windows of steps a later
@@ -29,9 +29,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from otel_tunix import categories as cat
+from otel_tunix.accounting import categories as cat
 from otel_tunix.analysis.readers import AnalysisError, ReadStats, iter_records
-from otel_tunix.attributes import BACKGROUND, KIND_BLOCKED
+from otel_tunix.settings.attributes import BACKGROUND, KIND_BLOCKED
 
 __all__ = [
     "COUNTED_COMPILE",

@@ -30,9 +30,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
-from otel_tunix import attributes as attr
-from otel_tunix.categories import declared
+from otel_tunix.accounting.categories import declared
 from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.settings import attributes as attr
 
 __all__ = ["StepEncoder", "encode_any", "encode_key_value"]
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 
 import otel_tunix
-from otel_tunix import attributes as attr
-from otel_tunix._errors import report_internal_error, warn_once
-from otel_tunix.logging_backend import PERF_SOURCE
+from otel_tunix.logger.backend import PERF_SOURCE
+from otel_tunix.settings import attributes as attr
+from otel_tunix.support.errors import report_internal_error, warn_once
 
 _logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from otel_tunix._errors import report_internal_error
-from otel_tunix._recording import CONTEXT_OUTSIDE_STEPS, carried_context, step_context_var
+from otel_tunix.recording.hot_path import CONTEXT_OUTSIDE_STEPS, carried_context, step_context_var
+from otel_tunix.support.errors import report_internal_error
 
 __all__ = ["carry_into_threads", "stop_carrying_into_threads"]
 

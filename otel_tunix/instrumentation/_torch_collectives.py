@@ -3,7 +3,7 @@
 
 In a data-parallel job a collective in every step makes every rank wait for the slowest one
 there: the wait is time the rank does not spend on its own work, so it is recorded as
-``blocked`` (the straggler comparison subtracts it; see ``otel_tunix.metrics.stragglers``).
+``blocked`` (the straggler comparison subtracts it; see ``otel_tunix.consumers.stragglers``).
 
 * A blocking call of one of :data:`COLLECTIVES` (``torch.distributed.all_reduce``, ...) is the
   blocked component of its name (``all_reduce``), from the call to its return.
@@ -34,8 +34,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from otel_tunix._recording import may_record
 from otel_tunix.instrumentation._torch_device import device_component
+from otel_tunix.recording.hot_path import may_record
 
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce",

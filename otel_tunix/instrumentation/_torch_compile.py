@@ -26,10 +26,10 @@ import time
 from typing import Any
 
 import otel_tunix
-from otel_tunix import categories
-from otel_tunix._errors import report_internal_error
+from otel_tunix.accounting import categories
 from otel_tunix.instrumentation import _base
 from otel_tunix.metrics.compilations import cause_of_guard_failure, count_compilation
+from otel_tunix.support.errors import report_internal_error
 
 COMPONENT = "torch_compile"
 categories.declare(COMPONENT, categories.COMPILATION)  # goodput: its time is compilation

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import otel_tunix
-from otel_tunix import attributes as attr
-from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
+from otel_tunix.settings import attributes as attr
+from otel_tunix.support.errors import warn_once
 
 _logger = logging.getLogger("otel_tunix.instrumentation.torch")  # the public module's logger
 _clock = time.perf_counter_ns

@@ -25,10 +25,10 @@ import warnings
 import weakref
 from typing import Any
 
-from otel_tunix._recording import may_record
 from otel_tunix.instrumentation._torch_device import device_component
 from otel_tunix.instrumentation._torch_hooks import _models, _open_models, _quiet
 from otel_tunix.instrumentation._torch_steps import _auto
+from otel_tunix.recording.hot_path import may_record
 
 __all__ = ["RootForward"]
 

@@ -11,12 +11,12 @@ import threading
 import weakref
 from typing import Any
 
-from otel_tunix._recording import may_record
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._torch_collectives import _collectives
 from otel_tunix.instrumentation._torch_compile import _compile_hooks
 from otel_tunix.instrumentation._torch_device import device_component, record_memory_stats
 from otel_tunix.instrumentation._torch_steps import _auto
+from otel_tunix.recording.hot_path import may_record
 
 
 def _torch() -> Any:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import otel_tunix
-from otel_tunix._recording import may_record
+from otel_tunix.recording.hot_path import may_record
 
 
 # --- data loading -----------------------------------------------------------------------

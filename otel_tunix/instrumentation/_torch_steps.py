@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
-from otel_tunix import attributes as attr
-from otel_tunix._recording import now_ns
 from otel_tunix.instrumentation import _base
-from otel_tunix.settings import load_settings
+from otel_tunix.recording.hot_path import now_ns
+from otel_tunix.settings import attributes as attr
+from otel_tunix.settings.table import load_settings
 
 
 # --- distributed ------------------------------------------------------------------------

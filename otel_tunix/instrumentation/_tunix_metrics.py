@@ -12,10 +12,10 @@ import threading
 from typing import Any
 
 import otel_tunix
-from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation.jax import run_meter
-from otel_tunix.logging_backend import PERF_SOURCE, LoggingBackend, to_scalar
-from otel_tunix.metrics.catalog import MODE_ATTRIBUTE, SECONDS_BUCKETS, lookup
+from otel_tunix.logger.backend import PERF_SOURCE, LoggingBackend, to_scalar
+from otel_tunix.model.catalog import MODE_ATTRIBUTE, SECONDS_BUCKETS, lookup
+from otel_tunix.support.errors import warn_once
 
 _logger = logging.getLogger("otel_tunix.instrumentation.tunix")  # the public module's logger
 

@@ -25,11 +25,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from otel_tunix import attributes as attr
-from otel_tunix._current import CurrentRun, get_current
-from otel_tunix._errors import warn_once
-from otel_tunix.model import SpanInfo, StepSummary
-from otel_tunix.processors import StepSink
+from otel_tunix.consumers.step_accounting import StepSink
+from otel_tunix.model.steps import SpanInfo, StepSummary
+from otel_tunix.recording.current_run import CurrentRun, get_current
+from otel_tunix.settings import attributes as attr
+from otel_tunix.support.errors import warn_once
 
 _logger = logging.getLogger("otel_tunix.instrumentation.tunix")  # the public module's logger
 

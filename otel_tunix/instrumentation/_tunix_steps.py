@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import otel_tunix
-from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.instrumentation.jax import record_interval
+from otel_tunix.support.errors import report_internal_error, warn_once
 
 _logger = logging.getLogger("otel_tunix.instrumentation.tunix")  # the public module's logger
 

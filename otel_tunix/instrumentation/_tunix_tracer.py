@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import otel_tunix
-from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._base import step_is_open
 from otel_tunix.instrumentation._tunix_perf import LEARNER_SCOPE, LearnerExport, MetricsT
 from otel_tunix.instrumentation.jax import device_end
+from otel_tunix.support.errors import report_internal_error, warn_once
 
 _logger = logging.getLogger("otel_tunix.instrumentation.tunix")  # the public module's logger
 

@@ -51,14 +51,14 @@ from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
-from otel_tunix import categories
-from otel_tunix._errors import report_internal_error, warn_once
-from otel_tunix._recording import may_record
+from otel_tunix.accounting import categories
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._jax_causes import CompileCauses
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
-from otel_tunix.metrics.catalog import SECONDS_BUCKETS
 from otel_tunix.metrics.compilations import count_compilation
+from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.recording.hot_path import may_record
+from otel_tunix.support.errors import report_internal_error, warn_once
 
 __all__ = [
     "COMPILE_PHASES",

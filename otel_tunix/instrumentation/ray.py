@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 import otel_tunix
-from otel_tunix._errors import warn_once
+from otel_tunix.support.errors import warn_once
 
 __all__ = ["tracing_startup_hook"]
 

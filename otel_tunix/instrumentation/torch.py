@@ -50,21 +50,15 @@ from otel_tunix.instrumentation._torch_compile import (
     instrument_compile,
     uninstrument_compile,
 )
-from otel_tunix.instrumentation._torch_device import (
-    ANCHOR_SLACK_NS as ANCHOR_SLACK_NS,
-)
+from otel_tunix.instrumentation._torch_device import ANCHOR_SLACK_NS as ANCHOR_SLACK_NS
 from otel_tunix.instrumentation._torch_device import (
     DEVICE_DURATION,
     device_component,
     memory_stats,
     record_memory_stats,
 )
-from otel_tunix.instrumentation._torch_device import (
-    REANCHOR_NS as REANCHOR_NS,
-)
-from otel_tunix.instrumentation._torch_device import (
-    SHARE_WINDOW_NS as SHARE_WINDOW_NS,
-)
+from otel_tunix.instrumentation._torch_device import REANCHOR_NS as REANCHOR_NS
+from otel_tunix.instrumentation._torch_device import SHARE_WINDOW_NS as SHARE_WINDOW_NS
 from otel_tunix.instrumentation._torch_forward import RootForward
 from otel_tunix.instrumentation._torch_hooks import (
     _backward,

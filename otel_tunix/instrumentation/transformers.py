@@ -40,12 +40,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import otel_tunix
-from otel_tunix import categories
-from otel_tunix._errors import warn_once
+from otel_tunix.accounting import categories
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation import torch as ott
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.metrics.training import perplexity
+from otel_tunix.support.errors import warn_once
 
 _base.require("transformers", "transformers", "otel_tunix.instrumentation.transformers")
 

@@ -43,35 +43,21 @@ from collections.abc import Callable
 from typing import Any
 
 import otel_tunix
-from otel_tunix import categories
-from otel_tunix._errors import warn_once
+from otel_tunix.accounting import categories
 from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._base import step_is_open
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
-from otel_tunix.instrumentation._tunix_metrics import (
-    CATEGORIES as CATEGORIES,
-)
-from otel_tunix.instrumentation._tunix_metrics import (
-    MODES as MODES,
-)
-from otel_tunix.instrumentation._tunix_metrics import (
-    OTelLoggingBackend,
-    TunixMetric,
-    parse_event,
-)
+from otel_tunix.instrumentation._tunix_metrics import CATEGORIES as CATEGORIES
+from otel_tunix.instrumentation._tunix_metrics import MODES as MODES
+from otel_tunix.instrumentation._tunix_metrics import OTelLoggingBackend, TunixMetric, parse_event
 from otel_tunix.instrumentation._tunix_perf import LEARNER_SCOPE
 from otel_tunix.instrumentation._tunix_steps import _LoopSteps
-from otel_tunix.instrumentation._tunix_tracer import (
-    COMPONENT_NAMES as COMPONENT_NAMES,
-)
-from otel_tunix.instrumentation._tunix_tracer import (
-    DEFAULT_STEP_GROUPS as DEFAULT_STEP_GROUPS,
-)
-from otel_tunix.instrumentation._tunix_tracer import (
-    TAG_ATTRIBUTES as TAG_ATTRIBUTES,
-)
+from otel_tunix.instrumentation._tunix_tracer import COMPONENT_NAMES as COMPONENT_NAMES
+from otel_tunix.instrumentation._tunix_tracer import DEFAULT_STEP_GROUPS as DEFAULT_STEP_GROUPS
+from otel_tunix.instrumentation._tunix_tracer import TAG_ATTRIBUTES as TAG_ATTRIBUTES
 from otel_tunix.instrumentation._tunix_tracer import OTelPerfTracer, TeeTracer
 from otel_tunix.instrumentation.jax import device_end, ensure_compile_tracking
+from otel_tunix.support.errors import warn_once
 
 __all__ = [
     "OTelLoggingBackend",
@@ -312,7 +298,7 @@ already: the declaration keeps them so)."""
 
 
 def declare_categories() -> None:
-    """Declare :data:`CATEGORY_OF` (:func:`otel_tunix.categories.declare`)."""
+    """Declare :data:`CATEGORY_OF` (:func:`otel_tunix.accounting.categories.declare`)."""
     for name, category in CATEGORY_OF.items():
         categories.declare(name, category)
 
@@ -382,7 +368,7 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     * ``CheckpointManager.save``: ``checkpoint_save`` when it saves;
       ``CheckpointManager.maybe_restore``: ``checkpoint_restore`` when there is a checkpoint
       to restore (before the loop).
-    * Goodput categories (:mod:`otel_tunix.categories`): ``checkpoint_save``,
+    * Goodput categories (:mod:`otel_tunix.accounting.categories`): ``checkpoint_save``,
       ``checkpoint_restore``, ``eval_step_compute`` and ``weight_sync`` are declared
       (:data:`CATEGORY_OF`); the ``eval`` steps are evaluation as a whole.
     * Tunix's ``MetricsLogger``: gains an :class:`OTelLoggingBackend` (process 0).

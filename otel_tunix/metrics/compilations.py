@@ -21,8 +21,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from otel_tunix._current import get_current
-from otel_tunix.metrics.instruments import CatalogInstruments
+from otel_tunix.logger.instruments import CatalogInstruments
+from otel_tunix.recording.current_run import get_current
 
 __all__ = [
     "CAUSES",
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 COMPILATIONS = "tunix.compilations"
-"""The counter's name (catalogued in :mod:`otel_tunix.metrics.catalog`)."""
+"""The counter's name (catalogued in :mod:`otel_tunix.model.catalog`)."""
 
 CAUSES = ("first_call", "new_shapes", "new_dtypes", "other", "unknown")
 """Every value of the ``cause`` attribute."""

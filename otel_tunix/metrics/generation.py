@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import numpy as np
 from opentelemetry.metrics import MeterProvider
 
-from otel_tunix._errors import warn_once
-from otel_tunix.metrics.instruments import CatalogInstruments
+from otel_tunix.logger.instruments import CatalogInstruments
+from otel_tunix.support.errors import warn_once
 
 __all__ = ["GenerationMetrics", "GenerationStats", "RequestTimer"]
 

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from otel_tunix._current import get_current
+from otel_tunix.recording.current_run import get_current
 
 __all__ = [
     "SampleWriter",

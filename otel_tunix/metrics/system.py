@@ -39,10 +39,10 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from otel_tunix._errors import report_internal_error, warn_once
-from otel_tunix.metrics import status
-from otel_tunix.metrics.catalog import by_otel_name
-from otel_tunix.metrics.instruments import CatalogInstruments, create_observable
+from otel_tunix.logger import status
+from otel_tunix.logger.instruments import CatalogInstruments, create_observable
+from otel_tunix.model.catalog import by_otel_name
+from otel_tunix.support.errors import report_internal_error, warn_once
 
 __all__ = [
     "DeviceMemoryReading",

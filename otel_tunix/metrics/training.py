@@ -28,13 +28,13 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from otel_tunix._current import get_current
-from otel_tunix._errors import warn_once
-from otel_tunix.logging_backend import to_scalar
+from otel_tunix.logger.backend import to_scalar
 from otel_tunix.metrics.flops import detect_device_name, peak_flops
+from otel_tunix.recording.current_run import get_current
+from otel_tunix.support.errors import warn_once
 
 if TYPE_CHECKING:
-    from otel_tunix.metrics_logger import MetricsLogger
+    from otel_tunix.logger.metrics_logger import MetricsLogger
 
 __all__ = ["TrainingMetrics", "perplexity"]
 

@@ -25,11 +25,11 @@ from typing import Any, Protocol
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_tunix._recording import StepRecord
-from otel_tunix._records import ComponentStart
-from otel_tunix.attributes import BACKGROUND, INCOMPLETE, KIND_BLOCKED, KIND_BUSY
-from otel_tunix.categories import declared
-from otel_tunix.model import BackgroundInterval
+from otel_tunix.accounting.categories import declared
+from otel_tunix.model.steps import BackgroundInterval
+from otel_tunix.recording.hot_path import StepRecord
+from otel_tunix.recording.records import ComponentStart
+from otel_tunix.settings.attributes import BACKGROUND, INCOMPLETE, KIND_BLOCKED, KIND_BUSY
 
 __all__ = ["BackgroundLedger", "BackgroundSpan", "Carried", "StepBackground"]
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from otel_tunix._errors import report_internal_error
+from otel_tunix.support.errors import report_internal_error
 
 __all__ = ["BatchQueue"]
 

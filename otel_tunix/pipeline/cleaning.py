@@ -3,8 +3,8 @@
 A lone surrogate (``"\\ud800"``) in one component name made the OTLP encoder raise on the
 whole export batch (30 of 200 step spans reached the collector); NUL, newlines and names of
 10,000 characters broke collectors and their logs. The worker cleans what the hot path
-recorded before any processor sees it (:func:`otel_tunix._text.clean_name`,
-:func:`~otel_tunix._text.clean_value`): the span is kept under the cleaned name, and each
+recorded before any processor sees it (:func:`otel_tunix.support.text.clean_name`,
+:func:`~otel_tunix.support.text.clean_value`): the span is kept under the cleaned name, and each
 span or value changed is counted (``names_cleaned``, ``values_cleaned`` in
 ``summary.json``). The training thread pays nothing: a name is checked the first time the
 worker sees it; later steps cost a set lookup per component, in C.
@@ -16,10 +16,10 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from otel_tunix import _tally
-from otel_tunix._recording import StepRecord
-from otel_tunix._records import ComponentStart
-from otel_tunix._text import clean_name, clean_value
+from otel_tunix.recording.hot_path import StepRecord
+from otel_tunix.recording.records import ComponentStart
+from otel_tunix.settings import tally as _tally
+from otel_tunix.support.text import clean_name, clean_value
 
 __all__ = ["NameCleaner", "clean_attributes"]
 

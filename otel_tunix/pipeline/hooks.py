@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from otel_tunix import _tally
-from otel_tunix._errors import warn_once
 from otel_tunix.pipeline.batch_queue import BatchQueue
+from otel_tunix.settings import tally as _tally
+from otel_tunix.support.errors import warn_once
 
 __all__ = ["HookRunner", "close_hooks", "closing_threads", "flush_hooks", "runs_user_code"]
 

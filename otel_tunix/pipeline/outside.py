@@ -2,7 +2,7 @@
 
 A component opened while no step is open (a checkpoint restore before the loop, an eval
 loop between steps, a writer after the last step) is recorded by the hot path as the root
-of an :class:`~otel_tunix._step_record.OutsideRecord`, with the components nested in it;
+of an :class:`~otel_tunix.recording.step_record.OutsideRecord`, with the components nested in it;
 the record reaches the worker when the root exits. Each of its components becomes an
 :class:`OutsideSpan`: the root span of a trace of its own and its children, with no step
 or scope, handed to every span processor at once:
@@ -11,7 +11,7 @@ or scope, handed to every span processor at once:
   ``on_outside_spans`` (default: each SDK span to ``on_end``, which is how every exporter
   gets them: OTLP, Perfetto, yours);
 * the accounting processor hands them to its sinks' ``on_outside_spans``
-  (:class:`otel_tunix.processors.StepSink`): the spans JSONL writes a
+  (:class:`otel_tunix.consumers.step_accounting.StepSink`): the spans JSONL writes a
   ``{"type": "span", "outside": true, ...}`` line each, and a sink that keeps a ledger
   (time by goodput category) gets them there;
 * any other span processor gets the SDK spans through ``on_end``.
@@ -28,9 +28,11 @@ from typing import Any, Protocol
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, Status
 
-from otel_tunix._recording import StepRecord, now_ns
-from otel_tunix._shortcuts import new_span_context
-from otel_tunix.attributes import (
+from otel_tunix.accounting.categories import declared
+from otel_tunix.model.steps import SpanInfo
+from otel_tunix.pipeline.span_errors import error_text, span_error
+from otel_tunix.recording.hot_path import StepRecord, now_ns
+from otel_tunix.settings.attributes import (
     COMPONENT,
     DEVICE_END,
     GOODPUT_CATEGORY,
@@ -45,9 +47,7 @@ from otel_tunix.attributes import (
     THREAD_NAME,
     TIME_KIND,
 )
-from otel_tunix.categories import declared
-from otel_tunix.model import SpanInfo
-from otel_tunix.pipeline.span_errors import error_text, span_error
+from otel_tunix.support.shortcuts import new_span_context
 
 __all__ = ["OutsideSpan", "outside_spans"]
 
@@ -80,8 +80,8 @@ class OutsideSpan:
         parent_id: Its parent's span id (0: none).
         root: True for the root of its record (the outside component itself).
         category: The goodput category declared for its name, else ``None``
-            (``otel_tunix.categories.classify(name, blocked, category)`` gives the one the
-            ledger counts).
+            (``otel_tunix.accounting.categories.classify(name, blocked, category)`` gives the one
+            the ledger counts).
         thread_id: The native id of the thread that ran it.
         thread_name: That thread's name.
         attributes: Its attributes beyond the standard ones (its own, device end,
@@ -145,7 +145,7 @@ class OutsideSpan:
         return span
 
     def info(self) -> SpanInfo:
-        """As a :class:`~otel_tunix.model.SpanInfo` (what the spans JSONL writes)."""
+        """As a :class:`~otel_tunix.model.steps.SpanInfo` (what the spans JSONL writes)."""
         d = self.to_json()
         return SpanInfo(
             name=self.name, kind=self.kind, start_ns=self.start_ns, end_ns=self.end_ns,

@@ -22,19 +22,19 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
-from otel_tunix import attributes as attr
-from otel_tunix._errors import ReportOnce, report_internal_error
-from otel_tunix._recording import StepRecord, now_ns
-from otel_tunix._records import ComponentExtras, ComponentStart, step_extras
-from otel_tunix._shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
-from otel_tunix.accounting import account_components
-from otel_tunix.categories import declared
-from otel_tunix.model import Interval, SpanInfo
+from otel_tunix.accounting.categories import declared
+from otel_tunix.accounting.step_time import account_components
+from otel_tunix.model.steps import Interval, SpanInfo
 from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
 from otel_tunix.pipeline.outside import OutsideSpan, outside_spans
 from otel_tunix.pipeline.span_errors import error_text
 from otel_tunix.pipeline.span_errors import span_error as _error
+from otel_tunix.recording.hot_path import StepRecord, now_ns
+from otel_tunix.recording.records import ComponentExtras, ComponentStart, step_extras
+from otel_tunix.settings import attributes as attr
+from otel_tunix.support.errors import ReportOnce, report_internal_error
+from otel_tunix.support.shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
 
 _logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class FinishedStep:
     """One processed step, as the span builder hands it to processors that take whole steps
     (:class:`StepSpanProcessor`: otel-tunix's accounting and export processors).
 
-    The numbers are ready; the SDK spans and the :class:`~otel_tunix.model.SpanInfo`
+    The numbers are ready; the SDK spans and the :class:`~otel_tunix.model.steps.SpanInfo`
     list are built on first use (:meth:`spans`, :meth:`span_infos`), so a run that exports
     no spans builds none, and an exporter builds them as it reads them.
 
@@ -275,7 +275,7 @@ class FinishedStep:
         return spans
 
     def span_infos(self) -> list[SpanInfo]:
-        """The components as :class:`~otel_tunix.model.SpanInfo` (export functions)."""
+        """The components as :class:`~otel_tunix.model.steps.SpanInfo` (export functions)."""
         return self._entries()
 
     def span_json(self) -> list[dict[str, object]]:
@@ -305,7 +305,7 @@ class _SpanEntries:
         self._json: list[dict[str, object]] | None = None
 
     def __call__(self) -> list[SpanInfo]:
-        """The components as :class:`~otel_tunix.model.SpanInfo` (the summary's span
+        """The components as :class:`~otel_tunix.model.steps.SpanInfo` (the summary's span
         factory)."""
         infos = self._infos
         if infos is None:

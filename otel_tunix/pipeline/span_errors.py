@@ -8,7 +8,7 @@ import traceback
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Status, StatusCode
 
-from otel_tunix._text import clean_value
+from otel_tunix.support.text import clean_value
 
 __all__ = ["error_text", "span_error"]
 

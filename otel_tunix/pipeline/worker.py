@@ -23,10 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from otel_tunix._errors import report_internal_error, warn_once
-from otel_tunix._recording import StepRecord, now_ns
-from otel_tunix._records import step_extras
 from otel_tunix.pipeline.batch_queue import BatchQueue
+from otel_tunix.recording.hot_path import StepRecord, now_ns
+from otel_tunix.recording.records import step_extras
+from otel_tunix.support.errors import report_internal_error, warn_once
 
 _logger = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from otel_tunix import environment_variables as env
-from otel_tunix.config import PerformanceMetricsConfig, load_callable
-from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
-from otel_tunix.processors import StepSink
-from otel_tunix.settings import ConfigurationError, Settings
+from otel_tunix.consumers.step_accounting import StepSink
+from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.settings import variables as env
+from otel_tunix.settings.config import PerformanceMetricsConfig, load_callable
+from otel_tunix.settings.table import ConfigurationError, Settings
 
 __all__ = ["RunArguments"]
 
@@ -86,7 +86,7 @@ class RunArguments:
         for sink in self.step_sinks:
             if not isinstance(sink, StepSink):
                 raise ConfigurationError(
-                    f"step_sinks: {sink!r} is not an otel_tunix.processors.StepSink"
+                    f"step_sinks: {sink!r} is not an otel_tunix.consumers.step_accounting.StepSink"
                 )
         for proc in self.span_processors:
             if not isinstance(proc, SpanProcessor):

@@ -21,26 +21,23 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_tunix import _ids, _recording
-from otel_tunix import environment_variables as env
-from otel_tunix._current import RunInfo
-from otel_tunix._job import JobInfo
-from otel_tunix._linefile import record_write_error
-from otel_tunix._resource import RankInfo
-from otel_tunix._shortcuts import active_span_processor
-from otel_tunix._version import __version__
+from otel_tunix.consumers.jsonl import StepJsonlWriter
+from otel_tunix.consumers.live_ledger import FIRST_STEP, LiveLedger
+from otel_tunix.consumers.sinks import ExportFnSink, MetricsLoggerSink, instrument_sink
+from otel_tunix.consumers.step_accounting import StepAccountingProcessor
+from otel_tunix.consumers.stragglers import StragglerDetector
 from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, DatadogStepSink
-from otel_tunix.exporters.jsonl import StepJsonlWriter
-from otel_tunix.live_line import LiveLine
+from otel_tunix.logger.live_line import LiveLine
+from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
 from otel_tunix.metrics.alerts import AlertEngine
-from otel_tunix.metrics.goodput import FIRST_STEP, LiveLedger
-from otel_tunix.metrics.stragglers import StragglerDetector
 from otel_tunix.metrics.system import SystemMetricsSampler
-from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
+from otel_tunix.model.job import JobInfo
+from otel_tunix.model.resource import RankInfo
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
 from otel_tunix.pipeline.worker import Pipeline
-from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.recording import hot_path as _recording
+from otel_tunix.recording.current_run import RunInfo
 from otel_tunix.run import folders, notices, providers
 from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
@@ -65,8 +62,12 @@ from otel_tunix.run.run_parts import (
 )
 from otel_tunix.run.signal_exports import SignalExportStats, new_signal_stats
 from otel_tunix.run.state import RunState
-from otel_tunix.settings import ConfigurationError, Settings
-from otel_tunix.sinks import ExportFnSink, MetricsLoggerSink, instrument_sink
+from otel_tunix.settings import variables as env
+from otel_tunix.settings.table import ConfigurationError, Settings
+from otel_tunix.settings.version import __version__
+from otel_tunix.support import ids as _ids
+from otel_tunix.support.linefile import record_write_error
+from otel_tunix.support.shortcuts import active_span_processor
 
 __all__ = ["Providers", "assemble", "disabled_run", "run_folder"]
 
@@ -400,7 +401,7 @@ def _step_processor(
 
 
 def _ledger(cfg: Any, tp: Any, logger: MetricsLogger, *, own_clock: bool) -> LiveLedger | None:
-    """The live goodput ledger (:mod:`otel_tunix.metrics.goodput`), on the tracer provider
+    """The live goodput ledger (:mod:`otel_tunix.consumers.live_ledger`), on the tracer provider
     beside the accounting processor (``None`` for a run that records nothing). A run on a
     clock of its own (``clock=``) has no process start on that clock: its wall time starts
     at its first step."""

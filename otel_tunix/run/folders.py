@@ -26,8 +26,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from otel_tunix._current import RunInfo
-from otel_tunix.model import ScopeSession
+from otel_tunix.model.steps import ScopeSession
+from otel_tunix.recording.current_run import RunInfo
 from otel_tunix.run.paths import path_component
 
 __all__ = [

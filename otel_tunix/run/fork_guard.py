@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from otel_tunix._shortcuts import sdk_export_locks, span_processors_of
 from otel_tunix.pipeline.export_processor import BatchExportProcessor
 from otel_tunix.run.parts import Part
+from otel_tunix.support.shortcuts import sdk_export_locks, span_processors_of
 
 __all__ = ["FORK_WAIT_SEC", "ForkGuardPart", "export_locks"]
 

@@ -25,7 +25,7 @@ The run id of a job's run: the job id for attempt 1, ``<job id>-attempt<n>`` for
 on all its ranks; the ids of the job's step traces (``_ids.JobStepIds``) are derived from it
 and the attempt, so two attempts never share a trace id.
 
-The first step span of a later attempt links the previous attempt (:mod:`otel_tunix._job`):
+The first step span of a later attempt links the previous attempt (:mod:`otel_tunix.model.job`):
 the last step line of that attempt's spans JSONL (this rank's, in the local run folders),
 else ids derived from (job id, previous attempt) that name no recorded span.
 """
@@ -41,13 +41,14 @@ from typing import Any
 
 from opentelemetry.sdk.resources import OTELResourceDetector
 
-from otel_tunix import _job, _process
-from otel_tunix import attributes as attr
-from otel_tunix import environment_variables as env
-from otel_tunix._job import JobInfo, PreviousAttempt
-from otel_tunix._resource import RankInfo, new_run_id
+from otel_tunix.model import job as _job
+from otel_tunix.model.job import JobInfo, PreviousAttempt
+from otel_tunix.model.resource import RankInfo, new_run_id
 from otel_tunix.run import folders
-from otel_tunix.settings import Settings
+from otel_tunix.settings import attributes as attr
+from otel_tunix.settings import variables as env
+from otel_tunix.settings.table import Settings
+from otel_tunix.support import process as _process
 
 __all__ = ["attempt_run_id", "identify", "launcher_job_id"]
 

@@ -6,9 +6,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from otel_tunix._current import get_current, shut_down
-from otel_tunix._errors import warn_once
+from otel_tunix.recording.current_run import get_current, shut_down
 from otel_tunix.run import signals
+from otel_tunix.support.errors import warn_once
 
 __all__ = ["log"]
 

@@ -17,19 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_tunix import _tally
-from otel_tunix import attributes as attr
-from otel_tunix._current import RunInfo
-from otel_tunix._job import JobInfo
-from otel_tunix._redact import redact_url
-from otel_tunix.config import PerformanceMetricsConfig
-from otel_tunix.model import ScopeSession, StepSummary
+from otel_tunix.consumers.step_accounting import StepSink
+from otel_tunix.model.job import JobInfo
+from otel_tunix.model.steps import ScopeSession, StepSummary
 from otel_tunix.pipeline.export_processor import ExportStats
-from otel_tunix.processors import StepSink
+from otel_tunix.recording.current_run import RunInfo
 from otel_tunix.run.perfetto_trace import convert_hint
 from otel_tunix.run.signal_exports import failures
 from otel_tunix.run.state import RunState
-from otel_tunix.settings import Settings
+from otel_tunix.settings import attributes as attr
+from otel_tunix.settings import tally as _tally
+from otel_tunix.settings.config import PerformanceMetricsConfig
+from otel_tunix.settings.redact import redact_url
+from otel_tunix.settings.table import Settings
 
 __all__ = [
     "Destination",

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from otel_tunix._errors import report_internal_error
+from otel_tunix.support.errors import report_internal_error
 
 __all__ = ["Part", "close_parts", "flush_parts", "left", "parts_in_forked_child", "start_parts"]
 

@@ -8,13 +8,13 @@ import logging
 import os
 from pathlib import Path
 
-from otel_tunix import environment_variables as env
-from otel_tunix._errors import report_internal_error
-from otel_tunix._linefile import record_write_error
-from otel_tunix._resource import RankInfo
-from otel_tunix.config import PerformanceMetricsConfig
+from otel_tunix.model.resource import RankInfo
 from otel_tunix.run.paths import checked_dir
-from otel_tunix.settings import ConfigurationError, Settings
+from otel_tunix.settings import variables as env
+from otel_tunix.settings.config import PerformanceMetricsConfig
+from otel_tunix.settings.table import ConfigurationError, Settings
+from otel_tunix.support.errors import report_internal_error
+from otel_tunix.support.linefile import record_write_error
 
 __all__ = [
     "PERFETTO_AT_SHUTDOWN",

@@ -22,8 +22,6 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_tunix._redact import RedactingFilter
-from otel_tunix._shortcuts import reset_global_providers
 from otel_tunix.exporters.otlp_tls import keep_certificate
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.run.signal_exports import (
@@ -31,7 +29,9 @@ from otel_tunix.run.signal_exports import (
     CountingMetricExporter,
     SignalExportStats,
 )
-from otel_tunix.settings import ConfigurationError, Settings
+from otel_tunix.settings.redact import RedactingFilter
+from otel_tunix.settings.table import ConfigurationError, Settings
+from otel_tunix.support.shortcuts import reset_global_providers
 
 _logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ _REDACTING = RedactingFilter()
 
 
 def redact_exporter_logs() -> None:
-    """Put :class:`~otel_tunix._redact.RedactingFilter` on the OTel exporters' loggers
+    """Put :class:`~otel_tunix.settings.redact.RedactingFilter` on the OTel exporters' loggers
     (those of the modules imported so far): their retry and failure messages quote request
     URLs with their queries (``?sig=...``) as they are. A logger's filter sees only its own
     records, so each one gets it."""

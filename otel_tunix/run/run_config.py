@@ -5,7 +5,7 @@ keys named by ``OTEL_TUNIX_RESOURCE_CONFIG_KEYS`` (none by default) also go on t
 resource as ``tunix.config.<key>`` (scalars; nested dicts flattened with dots): the resource
 travels with every export and becomes Prometheus ``target_info`` labels, so a config is not
 broadcast unless asked. The values of secret-looking keys (``api_key``, ``wandb_token``, ...:
-:func:`otel_tunix._redact.is_secret_key`) are redacted in both. The resource is made by
+:func:`otel_tunix.settings.redact.is_secret_key`) are redacted in both. The resource is made by
 ``configure()``: values set before it (with :func:`set_config`) are on it; values set after
 it go to ``config.json`` only.
 """
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from otel_tunix._current import get_current
-from otel_tunix._redact import REDACTED, is_secret_key, redact_mapping
-from otel_tunix.settings import ConfigurationError
+from otel_tunix.recording.current_run import get_current
+from otel_tunix.settings.redact import REDACTED, is_secret_key, redact_mapping
+from otel_tunix.settings.table import ConfigurationError
 
 __all__ = ["CONFIG_FILE", "config_attributes", "set_config", "take_pending", "write_config"]
 

@@ -16,16 +16,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_tunix import _ids, _recording, _tally
-from otel_tunix._resource import RankInfo
-from otel_tunix._shortcuts import remove_span_processors, silence_periodic_readers
-from otel_tunix.metrics import goodput
-from otel_tunix.metrics_logger import MetricsLogger
+from otel_tunix.consumers import live_ledger as goodput
+from otel_tunix.logger.metrics_logger import MetricsLogger
+from otel_tunix.model.resource import RankInfo
 from otel_tunix.pipeline.export_processor import BatchExportProcessor
+from otel_tunix.recording import hot_path as _recording
 from otel_tunix.run import signals
 from otel_tunix.run.parts import Part, left
 from otel_tunix.run.perfetto_trace import perfetto_from_jsonl
 from otel_tunix.run.state import RunState, register_observables, write_summary
+from otel_tunix.settings import tally as _tally
+from otel_tunix.support import ids as _ids
+from otel_tunix.support.shortcuts import remove_span_processors, silence_periodic_readers
 
 __all__ = [
     "DatadogPart",

@@ -21,21 +21,23 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from otel_tunix import _recording, _resource, _tally
-from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
-from otel_tunix._current import meter as current_meter
-from otel_tunix._resource import build_resource, detect_rank
-from otel_tunix.config import PerformanceMetricsConfig
-from otel_tunix.metrics_logger import MetricsLogger, MetricsLoggerOptions
-from otel_tunix.model import ScopeSession, StepSummary
-from otel_tunix.processors import StepSink
+from otel_tunix.consumers.step_accounting import StepSink
+from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.model import resource as _resource
+from otel_tunix.model.resource import build_resource, detect_rank
+from otel_tunix.model.steps import ScopeSession, StepSummary
+from otel_tunix.recording import hot_path as _recording
+from otel_tunix.recording.current_run import CurrentRun, RunInfo, get_current, set_current
+from otel_tunix.recording.current_run import meter as current_meter
 from otel_tunix.run import assemble, folders, notices, signals
 from otel_tunix.run import job as job_
 from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
 from otel_tunix.run.parts import close_parts, flush_parts, parts_in_forked_child, start_parts
 from otel_tunix.run.state import RunState, write_summary
-from otel_tunix.settings import load_settings
+from otel_tunix.settings import tally as _tally
+from otel_tunix.settings.config import PerformanceMetricsConfig
+from otel_tunix.settings.table import load_settings
 
 _logger = logging.getLogger(__name__)
 
@@ -105,15 +107,16 @@ def configure(
         metric_readers: More OTel ``MetricReader`` objects for the MeterProvider otel-tunix
             builds (an application's own provider keeps its readers; then this must be
             empty).
-        step_sinks: More :class:`~otel_tunix.processors.StepSink` objects: each gets every
-            :class:`~otel_tunix.model.StepSummary` and the session totals.
+        step_sinks: More :class:`~otel_tunix.consumers.step_accounting.StepSink` objects: each gets
+        every
+            :class:`~otel_tunix.model.steps.StepSummary` and the session totals.
         clock: What step and component times are read from instead of
             ``time.perf_counter_ns`` (nanoseconds); span times are then the clock's values
             as they are (no offset to the Unix epoch). For deterministic tests.
         id_seed: Draw trace and span ids from ``random.Random(id_seed)`` instead of the
             OS's entropy. For deterministic tests.
         console_interval: Seconds between live lines on stderr (step, loss, tokens/s, step
-            time, busy / blocked / idle %; :mod:`otel_tunix.live_line`), ``0`` for none
+            time, busy / blocked / idle %; :mod:`otel_tunix.logger.live_line`), ``0`` for none
             (else ``OTEL_TUNIX_CONSOLE_INTERVAL``, default none). Rank 0, with otel-tunix's
             own MetricsLogger.
         run_config: The run's hyperparameters, as ``wandb.config``: written to
@@ -340,6 +343,6 @@ def current_run() -> RunInfo | None:
 
 
 def last_step_summary() -> StepSummary | None:
-    """The latest :class:`~otel_tunix.model.StepSummary` (or ``None``)."""
+    """The latest :class:`~otel_tunix.model.steps.StepSummary` (or ``None``)."""
     run = get_current()
     return run.last_step_summary() if run is not None else None

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from otel_tunix._errors import report_internal_error
+from otel_tunix.support.errors import report_internal_error
 
 __all__ = ["GRACE_SEC", "after_shutdown", "install", "terminating", "uninstall"]
 

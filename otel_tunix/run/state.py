@@ -13,19 +13,20 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_tunix import _recording, _tally
-from otel_tunix import attributes as attr
-from otel_tunix._current import RunInfo
-from otel_tunix._linefile import record_write_error, write_errors
-from otel_tunix.config import PerformanceMetricsConfig
-from otel_tunix.metrics.catalog import Instrument
-from otel_tunix.metrics.instruments import observable
-from otel_tunix.metrics_logger import MetricsLogger
-from otel_tunix.model import ScopeSession
+from otel_tunix.consumers.step_accounting import StepAccountingProcessor
+from otel_tunix.logger.instruments import observable
+from otel_tunix.logger.metrics_logger import MetricsLogger
+from otel_tunix.model.catalog import Instrument
+from otel_tunix.model.steps import ScopeSession
 from otel_tunix.pipeline.export_processor import ExportStats
-from otel_tunix.processors import StepAccountingProcessor
+from otel_tunix.recording import hot_path as _recording
+from otel_tunix.recording.current_run import RunInfo
 from otel_tunix.run.signal_exports import SignalExportStats
-from otel_tunix.settings import Settings
+from otel_tunix.settings import attributes as attr
+from otel_tunix.settings import tally as _tally
+from otel_tunix.settings.config import PerformanceMetricsConfig
+from otel_tunix.settings.table import Settings
+from otel_tunix.support.linefile import record_write_error, write_errors
 
 __all__ = ["RunState", "register_observables", "write_summary"]
 
@@ -65,13 +66,13 @@ class RunState:
     """The spans JSONL whose Perfetto translation did not fit in the shutdown's budget
     (left to ``otel-tunix convert``)."""
     ledger: Any = None
-    """The live goodput ledger (:class:`otel_tunix.metrics.goodput.LiveLedger`)."""
+    """The live goodput ledger (:class:`otel_tunix.consumers.live_ledger.LiveLedger`)."""
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:
     """The run's observable instruments (step counts and rates, dropped steps, span counts),
     reading ``state``; ``None`` (a disabled run) leaves them nothing to report. A later run
-    on the same meter takes them over (:func:`~otel_tunix.metrics.instruments.observable`).
+    on the same meter takes them over (:func:`~otel_tunix.logger.instruments.observable`).
     """
     counter, gauge = Instrument.COUNTER, Instrument.GAUGE
     instruments = (

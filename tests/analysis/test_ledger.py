@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from processes import child_env
 
-from otel_tunix import categories as cat
+from otel_tunix.accounting import categories as cat
 from otel_tunix.analysis.ledger import job_ledger
 from otel_tunix.analysis.readers import iter_records
 from otel_tunix.cli import main
@@ -34,7 +34,7 @@ EPS = 0.001  # two clocks (the child's time.time_ns, the SDK's perf_counter + of
 PROGRAM = textwrap.dedent(
     f"""
     import json, sys, time
-    from otel_tunix._process import process_start_ns
+    from otel_tunix.support.process import process_start_ns
     proc_start = process_start_ns()  # the process start, as the kernel says
     import otel_tunix
 

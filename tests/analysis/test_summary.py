@@ -20,15 +20,9 @@ from analysis_runs import (
     make_synced_rank,
 )
 
-from otel_tunix import categories as gp
+from otel_tunix.accounting import categories as gp
 from otel_tunix.analysis.accumulate import waited_sec
-from otel_tunix.analysis.breakdown import (
-    MAD_FACTOR,
-    MAD_FLOOR,
-    RunSummary,
-    ScopeStats,
-    summarize,
-)
+from otel_tunix.analysis.breakdown import MAD_FACTOR, MAD_FLOOR, RunSummary, ScopeStats, summarize
 from otel_tunix.analysis.readers import iter_records
 from otel_tunix.cli import main
 

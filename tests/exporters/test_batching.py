@@ -16,12 +16,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 import otel_tunix
-from otel_tunix import _shortcuts
-from otel_tunix import attributes as attr
 from otel_tunix.pipeline import span_builder
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.pipeline.span_builder import StepSpanProcessor
 from otel_tunix.pipeline.worker import resolve_device_ends
+from otel_tunix.settings import attributes as attr
+from otel_tunix.support import shortcuts as _shortcuts
 from otel_tunix.testing import capture, steps_set_aside
 
 
@@ -279,7 +279,7 @@ def test_shutdown_gives_up_after_the_export_timeout_when_the_exporter_hangs():
 
 
 def test_bad_bsp_environment_is_a_configuration_error_naming_the_variable(monkeypatch):
-    from otel_tunix.settings import ConfigurationError
+    from otel_tunix.settings.table import ConfigurationError
 
     for name, bad in (("OTEL_BSP_MAX_QUEUE_SIZE", "lots"), ("OTEL_BSP_SCHEDULE_DELAY", "-5")):
         monkeypatch.setenv(name, bad)
@@ -505,7 +505,7 @@ def test_spans_are_built_only_for_exporters_and_then_once_per_step(monkeypatch, 
 
 
 def test_span_infos_from_records_match_those_read_from_the_sdk_spans():
-    from otel_tunix.processors import span_info
+    from otel_tunix.consumers.step_accounting import span_info
 
     otel_tunix.configure(output_dir="none")
     with steps_set_aside() as kept, otel_tunix.step(3, scope="eval"):

@@ -30,7 +30,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from otel_tunix.accounting import account_step
+from otel_tunix.accounting.step_time import account_step
 from otel_tunix.exporters.datadog import (
     DatadogClient,
     DatadogMetricExporter,
@@ -39,7 +39,7 @@ from otel_tunix.exporters.datadog import (
     datadog_enabled,
     resource_tags,
 )
-from otel_tunix.model import SpanInfo, StepSummary
+from otel_tunix.model.steps import SpanInfo, StepSummary
 
 _CLEARED_ENV = (
     "DD_AGENT_HOST",

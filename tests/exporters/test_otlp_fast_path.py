@@ -21,11 +21,11 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from otlp_receiver import grpc_receiver, http_receiver
 
 import otel_tunix
-from otel_tunix._shortcuts import span_processors_of
+from otel_tunix.consumers.step_accounting import StepSpanProcessor
 from otel_tunix.exporters.otlp import GrpcStepExporter, HttpStepExporter
 from otel_tunix.exporters.otlp_encoding import StepEncoder
 from otel_tunix.pipeline.export_processor import BatchExportProcessor
-from otel_tunix.processors import StepSpanProcessor
+from otel_tunix.support.shortcuts import span_processors_of
 
 STEPS = 6
 

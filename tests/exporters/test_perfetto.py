@@ -29,15 +29,15 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.util._importlib_metadata import entry_points
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from otel_tunix import attributes as attr
-from otel_tunix.accounting import account_step
+from otel_tunix.accounting.step_time import account_step
 from otel_tunix.exporters.perfetto import (
     PerfettoSpanExporter,
     PerfettoTraceWriter,
     TraceSpan,
     convert_jsonl_to_perfetto,
 )
-from otel_tunix.model import SpanInfo
+from otel_tunix.model.steps import SpanInfo
+from otel_tunix.settings import attributes as attr
 
 T0 = 1_700_000_000_000_000_000  # Unix epoch ns
 MS = 1_000_000

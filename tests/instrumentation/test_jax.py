@@ -13,8 +13,8 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 import otel_tunix  # noqa: E402
-from otel_tunix import attributes as attr  # noqa: E402
 from otel_tunix.instrumentation import jax as otj  # noqa: E402
+from otel_tunix.settings import attributes as attr  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import otel_tunix
-from otel_tunix import attributes as attr
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
+from otel_tunix.settings import attributes as attr
 from otel_tunix.testing import capture
 
 

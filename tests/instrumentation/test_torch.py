@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import otel_tunix  # noqa: E402
-from otel_tunix import attributes as attr  # noqa: E402
 from otel_tunix.instrumentation import _torch_device  # noqa: E402
 from otel_tunix.instrumentation import torch as ott  # noqa: E402
+from otel_tunix.settings import attributes as attr  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

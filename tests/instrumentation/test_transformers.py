@@ -13,8 +13,8 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 import otel_tunix  # noqa: E402
-from otel_tunix import attributes as attr  # noqa: E402
 from otel_tunix.instrumentation import transformers as otf  # noqa: E402
+from otel_tunix.settings import attributes as attr  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
 

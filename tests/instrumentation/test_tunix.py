@@ -24,7 +24,6 @@ nnx = pytest.importorskip("flax.nnx")
 peft_trainer = pytest.importorskip("tunix.sft.peft_trainer")
 tunix_metrics_logger = pytest.importorskip("tunix.sft.metrics_logger")
 
-from otel_tunix import attributes as attr  # noqa: E402
 from otel_tunix.instrumentation.jax import JaxInstrumentor  # noqa: E402
 from otel_tunix.instrumentation.tunix import (  # noqa: E402
     OTelLoggingBackend,
@@ -32,7 +31,8 @@ from otel_tunix.instrumentation.tunix import (  # noqa: E402
     TunixInstrumentor,
     parse_event,
 )
-from otel_tunix.metrics.catalog import MODE_ATTRIBUTE as MODE  # noqa: E402
+from otel_tunix.model.catalog import MODE_ATTRIBUTE as MODE  # noqa: E402
+from otel_tunix.settings import attributes as attr  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing tunix alone takes a few seconds

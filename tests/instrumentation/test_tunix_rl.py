@@ -28,12 +28,8 @@ grpo_lib = pytest.importorskip("tunix.rl.grpo.grpo_learner")
 base_rollout = pytest.importorskip("tunix.rl.rollout.base_rollout")
 tc = pytest.importorskip("tunix.tests.test_common")
 
-from otel_tunix import attributes as attr  # noqa: E402
-from otel_tunix.instrumentation.tunix import (  # noqa: E402
-    OTelPerfTracer,
-    TeeTracer,
-    TunixInstrumentor,
-)
+from otel_tunix.instrumentation.tunix import OTelPerfTracer, TeeTracer, TunixInstrumentor  # noqa: E402
+from otel_tunix.settings import attributes as attr  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
 pytestmark = pytest.mark.slow

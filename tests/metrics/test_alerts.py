@@ -15,6 +15,7 @@ from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogR
 from opentelemetry.sdk.trace import TracerProvider
 
 import otel_tunix
+from otel_tunix.logger.status import get_metrics_summary
 from otel_tunix.metrics import alerts as al
 from otel_tunix.metrics.alerts import (
     AlertEngine,
@@ -28,7 +29,6 @@ from otel_tunix.metrics.alerts import (
     default_rules,
     outside,
 )
-from otel_tunix.metrics.status import get_metrics_summary
 from otel_tunix.testing import capture
 
 
@@ -409,7 +409,7 @@ def test_rule_window_keeps_its_values_sorted_and_the_median_exact():
     import random
     import statistics
 
-    from otel_tunix.metrics.alerts.rules import _median, _Window
+    from otel_tunix.model.alert_rules import _median, _Window
 
     rng = random.Random(7)
     w = _Window(50)

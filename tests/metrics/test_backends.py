@@ -11,7 +11,7 @@ import pytest
 
 import otel_tunix
 from otel_tunix import MetricsLoggerOptions
-from otel_tunix.metrics.backends import TensorBoardBackend, WandbBackend
+from otel_tunix.logger.backends import TensorBoardBackend, WandbBackend
 from otel_tunix.testing import capture
 
 

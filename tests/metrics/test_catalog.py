@@ -11,7 +11,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_tunix import MetricsLogger, MetricsLoggerOptions
-from otel_tunix.metrics.catalog import (
+from otel_tunix.logger.instruments import CatalogOTelBackend
+from otel_tunix.model.catalog import (
     CATALOG,
     E2E_LATENCY_BUCKETS,
     Instrument,
@@ -20,7 +21,6 @@ from otel_tunix.metrics.catalog import (
     lookup,
     markdown_table,
 )
-from otel_tunix.metrics.instruments import CatalogOTelBackend
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

@@ -1,7 +1,7 @@
 """Alerts and the system sampler wired into ``configure()`` (the core change of issue 5).
 
-These tests need the core hook ``otel_tunix._step_view.add_step_event`` and the ``alerts`` /
-``system_metrics`` / ``logger_provider`` options of ``configure()``; they skip without them.
+These tests need the core hook ``otel_tunix.recording.step_view.add_step_event`` and the ``alerts``
+/ ``system_metrics`` / ``logger_provider`` options of ``configure()``; they skip without them.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 
 import otel_tunix
-from otel_tunix.config import ConfigurationError
 from otel_tunix.metrics import get_metrics_summary
 from otel_tunix.metrics.alerts import AlertEngine
+from otel_tunix.settings.config import ConfigurationError
 from otel_tunix.testing import capture
 
 

@@ -14,8 +14,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_tunix.metrics import generation
-from otel_tunix.metrics.catalog import TIME_TO_FIRST_TOKEN_BUCKETS
 from otel_tunix.metrics.generation import GenerationMetrics
+from otel_tunix.model.catalog import TIME_TO_FIRST_TOKEN_BUCKETS
 
 PREFILL_SEC = 0.12
 DECODE_SEC = 0.03

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import otel_tunix
-from otel_tunix import categories
-from otel_tunix._process import process_start_ns
+from otel_tunix.accounting import categories
+from otel_tunix.support.process import process_start_ns
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -175,7 +175,7 @@ def test_outside_components_count_where_no_step_covers_them() -> None:
     """The consumer of the recording layer's outside spans: a restore before the first step
     is ``checkpoint_restore``, not initialization; an evaluation between steps is
     ``evaluation``, not ``other``."""
-    from otel_tunix.metrics.goodput import LiveLedger
+    from otel_tunix.consumers.live_ledger import LiveLedger
 
     base = time.time_ns()
     ledger = LiveLedger(start_ns=base)

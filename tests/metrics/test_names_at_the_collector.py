@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import otel_tunix
-from otel_tunix.metrics.catalog import MODE_ATTRIBUTE, by_otel_name, lookup
+from otel_tunix.model.catalog import MODE_ATTRIBUTE, by_otel_name, lookup
 
 pytest.importorskip("torch")
 
-from otel_tunix import demo
+from otel_tunix.demos import sft as demo
 
 
 def test_training_metrics_reach_the_collector_under_tunix_names(

@@ -21,11 +21,11 @@ from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 from opentelemetry.sdk.resources import Resource
 
 import otel_tunix
-from otel_tunix.metrics.catalog import SECONDS_BUCKETS
-from otel_tunix.metrics.step_histograms import STEP_HISTOGRAMS
-from otel_tunix.model import StepSummary
+from otel_tunix.consumers.sinks import InstrumentSink, instrument_sink
+from otel_tunix.consumers.step_histograms import STEP_HISTOGRAMS
+from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.model.steps import StepSummary
 from otel_tunix.run import setup
-from otel_tunix.sinks import InstrumentSink, instrument_sink
 
 NAMES = [name for name, _ in STEP_HISTOGRAMS]
 

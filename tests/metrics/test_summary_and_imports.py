@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import otel_tunix
-from otel_tunix.metrics import status
+from otel_tunix.logger import status
 from otel_tunix.testing import capture
 
 
@@ -60,7 +60,8 @@ def test_metrics_import_with_only_the_sdk_and_numpy():
         sys.meta_path.insert(0, Block())
         import numpy as np
         import otel_tunix.metrics as m
-        from otel_tunix.metrics import rl, training, generation, system, alerts, backends
+        from otel_tunix.metrics import rl, training, generation, system, alerts
+        from otel_tunix.logger import backends
         assert rl.rl_metrics(rewards=np.ones(3))["rewards/mean"] == 1.0
         assert m.TrainingMetrics(peak_flops_per_device=1e12, flops_per_token=1e6).step(
             tokens=1, step_time_sec=1.0)["mfu"] == 1e-6

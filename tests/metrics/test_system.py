@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_tunix.metrics import status
+from otel_tunix.logger import status
 from otel_tunix.metrics import system as sysm
 from otel_tunix.metrics.system import GpuReading, SystemMetricsSampler, instrument_queue
 
@@ -133,8 +133,8 @@ def test_an_observable_whose_callback_reaches_its_provider_does_not_keep_it_aliv
     import gc
     import weakref
 
-    from otel_tunix.metrics.catalog import Instrument
-    from otel_tunix.metrics.instruments import observable
+    from otel_tunix.logger.instruments import observable
+    from otel_tunix.model.catalog import Instrument
 
     reader = InMemoryMetricReader()  # not the fixture's: pytest would keep it (and mp)
     mp = MeterProvider(metric_readers=[reader])

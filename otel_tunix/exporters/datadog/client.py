@@ -15,7 +15,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 from otel_tunix.exporters.datadog.tags import TagsLike, _tag_key, _tag_list
-from otel_tunix.settings import load_settings
+from otel_tunix.settings.table import load_settings
 
 if TYPE_CHECKING:
     from datadog.dogstatsd import DogStatsd
@@ -129,7 +129,7 @@ def _install_repeat_filter() -> None:
 
 class _Reporter:
     """Logs each kind of failure (of DogStatsD, or of a value given) once per owner object:
-    :class:`otel_tunix._errors.ReportOnce` at warning level, the traceback optional."""
+    :class:`otel_tunix.support.errors.ReportOnce` at warning level, the traceback optional."""
 
     def __init__(self) -> None:
         self._seen: set[str] = set()

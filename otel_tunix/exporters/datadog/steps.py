@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Final, Unpack
 
 from opentelemetry.sdk.resources import Resource
 
-from otel_tunix import attributes as attr
+from otel_tunix.consumers.step_accounting import StepSink
 from otel_tunix.exporters.datadog.client import (
     DatadogClient,
     DatadogOptions,
@@ -15,10 +15,10 @@ from otel_tunix.exporters.datadog.client import (
     _send,
 )
 from otel_tunix.exporters.datadog.tags import TagsLike, _tag_key, _tag_list, resource_tags
-from otel_tunix.processors import StepSink
+from otel_tunix.settings import attributes as attr
 
 if TYPE_CHECKING:
-    from otel_tunix.model import ScopeSession, StepSummary
+    from otel_tunix.model.steps import ScopeSession, StepSummary
 
 __all__ = [
     "COMPONENT_BLOCKED_TIME",

@@ -10,7 +10,7 @@ from typing import Final
 
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 
-from otel_tunix import attributes as attr
+from otel_tunix.settings import attributes as attr
 
 __all__ = ["RESOURCE_TAGS", "TagsLike", "resource_tags"]
 

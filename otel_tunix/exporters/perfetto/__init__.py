@@ -16,7 +16,7 @@ Layout of the trace:
 * step slices carry their attributes and their busy / blocked / idle times as arguments, and
   three counter tracks per scope (``perf/<scope>/busy_time_sec``, ``.../blocked_time_sec``,
   ``.../idle_time_sec``) get one value per step, computed by
-  :func:`otel_tunix.accounting.account_step`;
+  :func:`otel_tunix.accounting.step_time.account_step`;
 * span events (exceptions, alerts) are instants on their span's track.
 
 The translation works on plain :class:`TraceSpan` records, so the same code converts a

@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from otel_tunix.attributes import (
+from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int, _as_str
+from otel_tunix.exporters.perfetto.writer import PerfettoTraceWriter
+from otel_tunix.settings.attributes import (
     GOODPUT_CATEGORY,
     KIND_BLOCKED,
     KIND_BUSY,
@@ -20,8 +22,6 @@ from otel_tunix.attributes import (
     SPAN_TYPE_COMPONENT,
     SPAN_TYPE_STEP,
 )
-from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int, _as_str
-from otel_tunix.exporters.perfetto.writer import PerfettoTraceWriter
 
 __all__ = ["ConversionTimeout", "convert_jsonl_to_perfetto"]
 

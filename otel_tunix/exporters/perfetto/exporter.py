@@ -19,12 +19,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_tunix._errors import warn_once
-from otel_tunix._linefile import record_write_error
-from otel_tunix.attributes import RANK
 from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int
 from otel_tunix.exporters.perfetto.writer import DEFAULT_MAX_PENDING_SPANS, PerfettoTraceWriter
-from otel_tunix.settings import load_settings
+from otel_tunix.settings.attributes import RANK
+from otel_tunix.settings.table import load_settings
+from otel_tunix.support.errors import warn_once
+from otel_tunix.support.linefile import record_write_error
 
 __all__ = ["DEFAULT_DIRECTORY", "PerfettoSpanExporter", "default_directory"]
 

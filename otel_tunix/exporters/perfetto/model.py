@@ -14,7 +14,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_tunix.attributes import (
+from otel_tunix.settings.attributes import (
     RANK,
     RUN_ID,
     SCOPE,

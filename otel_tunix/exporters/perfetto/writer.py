@@ -16,9 +16,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Final
 
-from otel_tunix._text import utf8_text
-from otel_tunix.accounting import account_step
-from otel_tunix.attributes import (
+from otel_tunix.accounting.step_time import account_step
+from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan
+from otel_tunix.model.steps import SpanInfo
+from otel_tunix.settings.attributes import (
     BACKGROUND,
     COMPONENT,
     KIND_BLOCKED,
@@ -31,8 +32,7 @@ from otel_tunix.attributes import (
     THREAD_ID,
     THREAD_NAME,
 )
-from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan
-from otel_tunix.model import SpanInfo
+from otel_tunix.support.text import utf8_text
 
 try:
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb

@@ -15,7 +15,7 @@ Each transition
    when the metric was logged inside ``otel_tunix.step(...)``; otherwise (a metric logged
    after the step, or a ``perf/...`` metric logged by otel-tunix's worker) the next sampled
    step that starts, with ``tunix.alert.step`` naming the step the value belongs to.
-   This is the core hook ``otel_tunix._step_view.add_step_event`` (see ``docs/alerts.md``);
+   This is the core hook ``otel_tunix.recording.step_view.add_step_event`` (see ``docs/alerts.md``);
    while otel-tunix is off the event goes on the current span only when that span is a
    recording span of the application's own;
 2. emits an **OTel log record** (``event_name="tunix.alert"``, severity WARN / ERROR, INFO
@@ -38,7 +38,7 @@ No method raises into the training loop; a failing action is reported once.
 
 The package, one concept per module:
 
-* :mod:`~otel_tunix.metrics.alerts.rules`: thresholds, the rule kinds, :func:`default_rules`;
+* :mod:`~otel_tunix.model.alert_rules`: thresholds, the rule kinds, :func:`default_rules`;
 * :mod:`~otel_tunix.metrics.alerts.engine`: :class:`Alert` and :class:`AlertEngine` (evaluation,
   state, hysteresis);
 * :mod:`~otel_tunix.metrics.alerts.actions`: what a transition does, one
@@ -51,10 +51,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from otel_tunix._current import get_current
 from otel_tunix.metrics.alerts.actions import EVENT_NAME, AlertAction
 from otel_tunix.metrics.alerts.engine import Alert, AlertEngine
-from otel_tunix.metrics.alerts.rules import (
+from otel_tunix.model.alert_rules import (
     DropRule,
     NonFiniteRule,
     Rule,
@@ -67,6 +66,7 @@ from otel_tunix.metrics.alerts.rules import (
     default_rules,
     outside,
 )
+from otel_tunix.recording.current_run import get_current
 
 __all__ = [
     "EVENT_NAME",

@@ -21,14 +21,14 @@ from opentelemetry import _logs, trace
 from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.context import get_current as current_context
 
-from otel_tunix._errors import ReportOnce
-from otel_tunix._linefile import LineFile, record_write_error
-from otel_tunix._recording import get_runtime
-from otel_tunix._step_view import add_step_event
-from otel_tunix._version import __version__
 from otel_tunix.exporters.datadog import DatadogClient, datadog_enabled
-from otel_tunix.metrics.alerts.rules import Severity
-from otel_tunix.metrics.instruments import CatalogInstruments
+from otel_tunix.logger.instruments import CatalogInstruments
+from otel_tunix.model.alert_rules import Severity
+from otel_tunix.recording.hot_path import get_runtime
+from otel_tunix.recording.step_view import add_step_event
+from otel_tunix.settings.version import __version__
+from otel_tunix.support.errors import ReportOnce
+from otel_tunix.support.linefile import LineFile, record_write_error
 
 if TYPE_CHECKING:
     from otel_tunix.metrics.alerts.engine import Alert
@@ -75,7 +75,7 @@ class AlertAction(ABC):
 
 class SpanEventAction(AlertAction):
     """A ``tunix.alert`` event on the step span: the step open in the calling context, else
-    the next sampled step that starts (``otel_tunix._step_view.add_step_event``); while
+    the next sampled step that starts (``otel_tunix.recording.step_view.add_step_event``); while
     otel-tunix is off, the current span when it is a recording span of the application's."""
 
     name = "span"

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_tunix._errors import ReportOnce
-from otel_tunix.logging_backend import LoggingBackend, row_names
+from otel_tunix.logger.backend import LoggingBackend, row_names
+from otel_tunix.logger.perf_rows import PerfRows, perf_value
 from otel_tunix.metrics.alerts.actions import (
     LOGGER_NAME,
     AlertAction,
@@ -31,8 +31,8 @@ from otel_tunix.metrics.alerts.actions import (
     LogRecordAction,
     SpanEventAction,
 )
-from otel_tunix.metrics.alerts.rules import Rule, Severity, _Window, default_rules
-from otel_tunix.perf_rows import PerfRows, perf_value
+from otel_tunix.model.alert_rules import Rule, Severity, _Window, default_rules
+from otel_tunix.support.errors import ReportOnce
 
 __all__ = ["Alert", "AlertEngine"]
 

@@ -1,0 +1,3 @@
+"""The demos behind `otel-tunix demo`: SFT and RL on a tiny byte-level language model, on the
+CPU, fully instrumented.
+"""
