@@ -1,20 +1,26 @@
-"""Shared fixtures: a clean OTel / otel-tunix state and environment for every test."""
+"""Shared fixtures: a clean OTel / otel-tunix state and environment for every test, a
+configured run with its run folder (``local_run``), a real collector (``rotel_collector``).
+The one JSONL reader and the run folder's files are in ``tests/run_files.py``."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from run_files import RunFolder
 
+import otel_tunix
 from otel_tunix.testing import reset
 
 _PREFIXES = ("OTEL_", "DD_", "DATADOG_")
-_LAUNCHER_VARS = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-    "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK", "PMI_SIZE", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT",
-)  # fmt: skip
+_LAUNCHER_VARS = frozenset(
+    "RANK WORLD_SIZE LOCAL_RANK SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_JOB_ID"
+    " TORCHELASTIC_RUN_ID TORCHELASTIC_RESTART_COUNT SLURM_RESTART_COUNT"
+    " OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE PMI_RANK PMI_SIZE".split()
+)
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +41,24 @@ def clean_otel_state(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[None
     reset()
 
 
-# --- a real OpenTelemetry collector (rotel) on loopback; see tests/collector.py -----------
+@pytest.fixture
+def local_run(tmp_path: Path) -> Iterator[Callable[..., RunFolder]]:
+    """``configure()`` with a run folder of its own (``tmp_path / "run"``, system metrics off
+    unless given): call it with ``configure()``'s keyword arguments, get the
+    :class:`run_files.RunFolder` to read once the test has called ``otel_tunix.shutdown()``
+    (teardown shuts the run down if the test did not)."""
 
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
+    def start(**kwargs: Any) -> RunFolder:
+        kwargs.setdefault("output_dir", tmp_path / "run")
+        kwargs.setdefault("system_metrics", False)
+        otel_tunix.configure(**kwargs)
+        return RunFolder(Path(kwargs["output_dir"]))
+
+    yield start
+    otel_tunix.shutdown()
+
+
+# --- a real OpenTelemetry collector (rotel) on loopback; see tests/collector.py -----------
 
 from collector import RotelCollector  # noqa: E402
 

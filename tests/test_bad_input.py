@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import urllib.request
@@ -17,10 +16,6 @@ from otel_tunix.settings.table import ConfigurationError
 
 ODD = "step\ud800compute"  # a lone surrogate: not encodable as UTF-8
 SHOWN = "step\ufffdcompute"
-
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _slice_names(path: Path) -> list[str]:
@@ -54,37 +49,35 @@ def _jax_int(n: int) -> object:
     [np.int64, np.int32, np.uint16, _torch_int, _jax_int],
     ids=["np.int64", "np.int32", "np.uint16", "torch", "jax"],
 )
-def test_integer_like_step_numbers_keep_their_value(tmp_path, make):
-    otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
+def test_integer_like_step_numbers_keep_their_value(local_run, make):
+    run = local_run()
     for n in range(1001, 1006):
         with otel_tunix.step(make(n)):
             with otel_tunix.component("train_step_compute"):
                 pass
     otel_tunix.get_metrics_logger().log("loss", 0.5, step=make(1005))
     otel_tunix.shutdown()
-    steps = [x["step"] for x in _lines(tmp_path / "spans.jsonl") if x["type"] == "step"]
-    assert steps == [1001, 1002, 1003, 1004, 1005]
-    logged = [x for x in _lines(tmp_path / "metrics.jsonl") if x.get("metrics")]
+    assert [x["step"] for x in run.steps()] == [1001, 1002, 1003, 1004, 1005]
+    logged = [x for x in run.metrics() if x.get("metrics")]
     assert [(x["step"], x["metrics"]) for x in logged if "loss" in x["metrics"]] == [
         (1005, {"loss": 0.5})
     ]
 
 
-def test_a_step_number_that_is_no_integer_is_counted_and_reported_by_type(tmp_path, caplog):
-    otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
+def test_a_step_number_that_is_no_integer_is_counted_and_reported_by_type(local_run, caplog):
+    run = local_run()
     with caplog.at_level(logging.WARNING, logger="otel_tunix"):
         for n in ("secret-prompt", 2.5, True):
             with otel_tunix.step(n):  # type: ignore[arg-type]
                 pass
     otel_tunix.shutdown()
-    steps = [x["step"] for x in _lines(tmp_path / "spans.jsonl") if x["type"] == "step"]
-    assert steps == [0, 1, 2]  # the scope's count, as documented
+    assert [x["step"] for x in run.steps()] == [0, 1, 2]  # the scope's count, as documented
     assert "secret-prompt" not in caplog.text
     assert "got a str" in caplog.text
 
 
-def test_text_values_are_never_echoed_and_a_bad_name_is_said_without_a_traceback(tmp_path, caplog):
-    otel_tunix.configure(output_dir=tmp_path, system_metrics=False)
+def test_text_values_are_never_echoed_and_a_bad_name_is_said_without_a_traceback(local_run, caplog):
+    run = local_run()
     logger = otel_tunix.get_metrics_logger()
     with caplog.at_level(logging.WARNING, logger="otel_tunix"):
         logger.log("completion", "the user's secret prompt", step=1)
@@ -100,7 +93,7 @@ def test_text_values_are_never_echoed_and_a_bad_name_is_said_without_a_traceback
     assert any("metric name must be a string, got a NoneType" in m for m in messages)
     assert any("metric name must be a string, got a int" in m for m in messages)
     assert not any(r.exc_info for r in caplog.records)  # no traceback anywhere
-    logged = [x for x in _lines(tmp_path / "metrics.jsonl") if x.get("metrics")]
+    logged = [x for x in run.metrics() if x.get("metrics")]
     assert [(x["step"], x["metrics"]) for x in logged if "loss" in x["metrics"]] == [
         (2, {"loss": 1.5}),
         (3, {"loss": 1.0}),

@@ -11,11 +11,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("rich")
 
+from run_files import read_jsonl
+
 from otel_tunix.demos import rl as demo_rl
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def test_async_rl_demo_traces_actor_and_learner(
@@ -27,7 +25,7 @@ def test_async_rl_demo_traces_actor_and_learner(
     assert "RL step-time breakdown" in text
     assert "rollout idle" in text and "learner blocked" in text
 
-    records = _lines(out / "spans.jsonl")
+    records = read_jsonl(out / "spans.jsonl")
     steps = [r for r in records if r["type"] == "step"]
     actor = [r for r in steps if r["scope"] == "rl/actor"]
     learner = [r for r in steps if r["scope"] == "rl/learner"]
@@ -67,7 +65,7 @@ def test_async_rl_demo_traces_actor_and_learner(
     # the two loops overlap in time: the actor runs ahead of the learner
     assert min(r["start_ns"] for r in actor) < min(r["end_ns"] for r in learner)
 
-    metrics = _lines(out / "metrics.jsonl")
+    metrics = read_jsonl(out / "metrics.jsonl")
     logged = {k for m in metrics for k in m.get("metrics", {})}
     assert {
         "rewards/mean", "rewards/std", "kl", "loss", "pg_clipfrac", "staleness",
@@ -211,11 +209,13 @@ def test_generation_stops_each_completion_at_its_end_token() -> None:
 
 def _alerts(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "alerts.jsonl"
-    return _lines(path) if path.exists() else []
+    return read_jsonl(path) if path.exists() else []
 
 
 def _learner_rows(run_dir: Path) -> list[dict[str, Any]]:
-    rows = [m for m in _lines(run_dir / "metrics.jsonl") if "rewards/mean" in m.get("metrics", {})]
+    rows = [
+        m for m in read_jsonl(run_dir / "metrics.jsonl") if "rewards/mean" in m.get("metrics", {})
+    ]
     return [{"step": m["step"], **m["metrics"]} for m in rows]
 
 

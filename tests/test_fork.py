@@ -14,9 +14,9 @@ import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 from processes import child_env
+from run_files import read_jsonl
 
 FORKS = 40
 
@@ -72,10 +72,6 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_forty_forks_under_a_busy_logger_none_hangs_and_none_touches_the_parents_files(
     tmp_path,
 ):
@@ -91,23 +87,23 @@ def test_forty_forks_under_a_busy_logger_none_hangs_and_none_touches_the_parents
     assert result["codes"] == [0] * FORKS  # -14 (SIGALRM) would be a hung child
     steps = result["steps"]
 
-    spans = _lines(out / "spans.jsonl")
+    spans = read_jsonl(out / "spans.jsonl")
     assert [x["step"] for x in spans if x["type"] == "step"] == list(range(steps))
     assert [x["type"] for x in spans].count("session") == 1  # the parent's only
     assert [x["type"] for x in spans][-1] == "session"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] is True
     assert [s["steps"] for s in summary["scopes"]] == [steps]
-    names = {name for x in _lines(out / "metrics.jsonl") for name in x.get("metrics", {})}
+    names = {name for x in read_jsonl(out / "metrics.jsonl") for name in x.get("metrics", {})}
     assert names >= {"loss", "a", "b"}
     assert not names & {"child_loss", "own_loss"}
 
     own = sorted(out.glob("forked-*"))  # the children that configured a run of their own
     assert len(own) == FORKS // 2
     for folder in own:
-        steps_of_child = [x for x in _lines(folder / "spans.jsonl") if x["type"] == "step"]
+        steps_of_child = [x for x in read_jsonl(folder / "spans.jsonl") if x["type"] == "step"]
         assert [(x["step"], list(x["components"])) for x in steps_of_child] == [(7, ["own_work"])]
-        logged = [x["metrics"] for x in _lines(folder / "metrics.jsonl") if "metrics" in x]
+        logged = [x["metrics"] for x in read_jsonl(folder / "metrics.jsonl") if "metrics" in x]
         assert {"own_loss": 3.0} in logged
 
 

@@ -4,7 +4,6 @@ and printed for docs/guarantees.md."""
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from processes import child_env
+from run_files import read_jsonl
 
 import otel_tunix
 
@@ -41,14 +41,6 @@ PROGRAM = textwrap.dedent(
         n += 1
     """
 )
-
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    text = path.read_text()
-    assert not text or text.endswith("\n"), f"{path.name} ends in a torn line"
-    return [json.loads(line) for line in text.splitlines()]
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
@@ -107,8 +99,16 @@ def _kill_after(out: Path, delay: float) -> tuple[int, dict[str, int | None]]:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     reader.join(timeout=60)
-    spans = [x["step"] for x in _jsonl(out / "spans.jsonl") if x["type"] == "step"]
-    losses = [x["step"] for x in _jsonl(out / "metrics.jsonl") if "loss" in x.get("metrics", {})]
+    spans = [
+        x["step"]
+        for x in read_jsonl(out / "spans.jsonl", missing_ok=True, whole=True)
+        if x["type"] == "step"
+    ]
+    losses = [
+        x["step"]
+        for x in read_jsonl(out / "metrics.jsonl", missing_ok=True, whole=True)
+        if "loss" in x.get("metrics", {})
+    ]
     traced = _trace_steps(out / "trace")
     last = {"spans.jsonl": spans, "metrics.jsonl": losses, "trace.pftrace": traced}
     for name, steps in last.items():  # what a file holds is the steps in order, no gap

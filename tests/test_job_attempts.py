@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from processes import child_env
+from run_files import read_jsonl
 
 import otel_tunix
 from otel_tunix.model import job as _job
@@ -44,13 +45,8 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text()
-    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
-
-
 def _steps(path: Path) -> list[dict[str, Any]]:
-    return [x for x in _lines(path) if x["type"] == "step"]
+    return [x for x in read_jsonl(path, whole=True) if x["type"] == "step"]
 
 
 def _start(tmp_path: Path, first: int, last: int, hold: bool, **env: str) -> subprocess.Popen[str]:
@@ -91,8 +87,8 @@ def test_a_killed_run_started_again_is_attempt_2_linking_its_last_step(
     second = _start(tmp_path, 6, 9, hold=False, **env)  # resumed from a checkpoint at 6
     assert second.wait(timeout=60) == 0
 
-    head1 = _lines(folder / "spans.jsonl")[0]
-    head2 = _lines(folder / "run-2" / "spans.jsonl")[0]
+    head1 = read_jsonl(folder / "spans.jsonl", whole=True)[0]
+    head2 = read_jsonl(folder / "run-2" / "spans.jsonl", whole=True)[0]
     assert (head1["job_id"], head1["attempt"]) == ("pretrain-7", 1)
     assert (head2["job_id"], head2["attempt"]) == ("pretrain-7", 2)
     assert head1["run_id"] == "pretrain-7" and head2["run_id"] == "pretrain-7-attempt2"
@@ -114,7 +110,7 @@ def test_a_killed_run_started_again_is_attempt_2_linking_its_last_step(
             "tunix.step": 7,
         },
     }
-    meta = _lines(folder / "run-2" / "metrics.jsonl")[0]
+    meta = read_jsonl(folder / "run-2" / "metrics.jsonl", whole=True)[0]
     assert meta["type"] == "meta" and meta["run_id"] == "pretrain-7-attempt2"
     assert {k: meta[k] for k in ("job_id", "attempt", "process_start_ns", "link")} == {
         k: head2[k] for k in ("job_id", "attempt", "process_start_ns", "link")
@@ -195,7 +191,7 @@ def test_ranks_starting_at_once_agree_on_the_attempt_and_never_share_a_trace(
     runs = [folder, folder / "run-2", folder / "run-3"]
     traces: list[set[str]] = []
     for attempt, run in enumerate(runs, start=1):
-        heads = [_lines(run / f"spans-rank{r}.jsonl")[0] for r in range(2)]
+        heads = [read_jsonl(run / f"spans-rank{r}.jsonl", whole=True)[0] for r in range(2)]
         assert {(h["job_id"], h["attempt"], h["run_id"]) for h in heads} == {
             ("sft-3", attempt, "sft-3" if attempt == 1 else f"sft-3-attempt{attempt}")
         }
@@ -246,7 +242,7 @@ def test_a_launcher_restart_count_names_the_attempt(
     assert info.resource.attributes["tunix.job.id"] == job_id
     assert info.resource.attributes["tunix.job.attempt"] == 3
     # no record of attempt 2 here (another host's disk): the link's ids stand for it
-    head = _lines(tmp_path / "out" / "spans.jsonl")[0]
+    head = read_jsonl(tmp_path / "out" / "spans.jsonl", whole=True)[0]
     trace_id, span_id = _job.derived_ids(job_id, 2)
     assert head["link"]["trace_id"] == f"{trace_id:032x}"
     assert head["link"]["span_id"] == f"{span_id:016x}"
@@ -290,7 +286,7 @@ def test_a_run_without_a_job_id_is_a_job_of_its_own(tmp_path: Path) -> None:
     assert (first.job.job_id, first.job.attempt) == (first.run_id, 1)
     assert (second.job.job_id, second.job.attempt) == (second.run_id, 1)
     assert first.run_id != second.run_id
-    assert "link" not in _lines(tmp_path / "out" / "run-2" / "spans.jsonl")[0]
+    assert "link" not in read_jsonl(tmp_path / "out" / "run-2" / "spans.jsonl", whole=True)[0]
 
 
 @pytest.mark.parametrize(

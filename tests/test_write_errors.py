@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 from processes import child_env
+from run_files import read_jsonl
 
 PROGRAM = textwrap.dedent(
     """
@@ -69,12 +70,6 @@ def _run(out: Path, limit: int, space: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _records(path: Path) -> list[dict]:
-    text = path.read_text()
-    assert text.endswith("\n")  # no torn last line
-    return [json.loads(line) for line in text.splitlines()]  # every line whole
-
-
 def test_a_disk_that_fills_and_frees_loses_only_counted_whole_records(tmp_path):
     out = tmp_path / "run"
     proc = _run(out, 64 * 1024, "frees")
@@ -88,14 +83,14 @@ def test_a_disk_that_fills_and_frees_loses_only_counted_whole_records(tmp_path):
     for path in (spans, metrics):  # reported once each, in words, naming the file
         assert proc.stderr.count(f"cannot write {path}: File too large") == 1
 
-    lines = _records(out / "spans.jsonl")
+    lines = read_jsonl(out / "spans.jsonl", whole=True)
     assert len(lines) + errors[spans]["records_lost"] == SPANS_RECORDS
     steps = [x["step"] for x in lines if x["type"] == "step"]
     assert 0 < errors[spans]["records_lost"] < 400
     assert steps[-100:] == list(range(400, 500))  # written again once space came back
     assert [x["type"] for x in lines][-1] == "session"
 
-    logged = _records(out / "metrics.jsonl")
+    logged = read_jsonl(out / "metrics.jsonl", whole=True)
     assert len(logged) + errors[metrics]["records_lost"] == METRICS_RECORDS
     assert [x["step"] for x in logged if "loss" in x.get("metrics", {})][-100:] == list(
         range(400, 500)
@@ -115,4 +110,4 @@ def test_a_disk_that_stays_full_never_raises_out_of_shutdown(tmp_path):
     assert proc.stderr.count(f"cannot write {out / 'summary.json'}: File too large") == 1
     assert not (out / "summary.json.tmp").exists()
     for name in ("spans.jsonl", "metrics.jsonl"):
-        assert _records(out / name)  # what was written before the disk filled, whole
+        assert read_jsonl(out / name, whole=True)  # what was written before the disk filled, whole

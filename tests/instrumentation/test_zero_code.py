@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,6 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("opentelemetry.instrumentation")
 
 from opentelemetry.util._importlib_metadata import entry_points
+from run_files import read_jsonl
 
 INSTRUMENT = Path(sys.executable).with_name("opentelemetry-instrument")
 
@@ -133,14 +133,10 @@ def run_instrumented(
     return proc, run_dir
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
 def test_unmodified_trainer_script_gets_steps_components_and_metrics(tmp_path: Path) -> None:
     _, run_dir = run_instrumented(tmp_path)
-    records = _lines(run_dir / "spans.jsonl")
+    records = read_jsonl(run_dir / "spans.jsonl")
     steps = [r for r in records if r["type"] == "step"]
     assert [(r["scope"], r["step"]) for r in steps] == [("train", 0), ("train", 1), ("train", 2)]
     for r in steps:
@@ -162,7 +158,7 @@ def test_unmodified_trainer_script_gets_steps_components_and_metrics(tmp_path: P
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resource"]["service.name"] == "zero-code-test"
     assert summary["scopes"][0]["scope"] == "train"
-    metrics = _lines(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     logged = {k for m in metrics for k in m.get("metrics", {})}
     assert {"loss", "grad_norm", "learning_rate", "perplexity"} <= logged
     assert {"perf/train/step_time_sec", "perf/train/forward/busy_time_sec"} <= logged
@@ -177,7 +173,7 @@ def test_disabling_the_instrumentations(tmp_path: Path) -> None:
     _, run_dir = run_instrumented(
         tmp_path / "a", OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="otel_tunix_transformers"
     )
-    steps = [r for r in _lines(run_dir / "spans.jsonl") if r["type"] == "step"]
+    steps = [r for r in read_jsonl(run_dir / "spans.jsonl") if r["type"] == "step"]
     assert [r["step"] for r in steps] == [0, 1, 2]
     assert set(steps[1]["components"]) == {
         "train_data_load",
@@ -208,7 +204,7 @@ def test_plain_iterator_loop_steps_cover_the_loop_forward_included(tmp_path: Pat
     )
     clock = json.loads((tmp_path / "clock.json").read_text())
     wall = (clock["end_ns"] - clock["start_ns"]) * 1e-9
-    steps = [r for r in _lines(run_dir / "spans.jsonl") if r["type"] == "step"]
+    steps = [r for r in read_jsonl(run_dir / "spans.jsonl") if r["type"] == "step"]
     assert len(steps) == 150
     assert all(clock["start_ns"] <= r["start_ns"] and r["end_ns"] <= clock["end_ns"] for r in steps)
     covered = sum(r["step_time_sec"] for r in steps)

@@ -10,14 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_files import read_jsonl
 
 import otel_tunix
 from otel_tunix.accounting import categories
 from otel_tunix.support.process import process_start_ns
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 class _Clock:
@@ -88,7 +85,9 @@ def test_live_goodput_at_the_collector_matches_summary_metrics_and_the_clocks(
     # between steps: a few statements (the loop's time less what its steps slept at least)
     assert bad[categories.OTHER] <= loop_wall - sum(clock.low.values())
     # and against the spans as written: each category the time of its components
-    spans = [s for r in _lines(out / "spans.jsonl") if r.get("type") == "step" for s in r["spans"]]
+    spans = [
+        s for r in read_jsonl(out / "spans.jsonl") if r.get("type") == "step" for s in r["spans"]
+    ]
     for name, category in (
         ("train_data_load", "data_stall"),
         ("checkpoint_save", "checkpoint_save"),
@@ -101,7 +100,7 @@ def test_live_goodput_at_the_collector_matches_summary_metrics_and_the_clocks(
     assert summary["scopes"]["eval"] == {categories.EVALUATION: pytest.approx(bad["evaluation"])}
 
     # the same figures as MetricsLogger scalars (the last row that has them)
-    rows = [r for r in _lines(out / "metrics.jsonl") if "goodput" in r.get("metrics", {})]
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "goodput" in r.get("metrics", {})]
     last = rows[-1]["metrics"]
     assert last["goodput"] == pytest.approx(summary["goodput"], rel=1e-12)
     assert last["productive_time_sec"] == pytest.approx(summary["productive_time_sec"])
@@ -220,7 +219,7 @@ def test_with_sampling_the_steps_not_recorded_count_as_the_recorded_ones(tmp_pat
     # shared out as the recorded steps' own shares (as their spans measured them): within
     # the smallest and the largest of those
     shares = []
-    for r in _lines(out / "spans.jsonl"):
+    for r in read_jsonl(out / "spans.jsonl"):
         if r.get("type") == "step":
             load = sum(
                 s["end_ns"] - s["start_ns"] for s in r["spans"] if s["name"] == "train_data_load"
@@ -304,7 +303,7 @@ def test_each_steps_categories_are_categorize_intervals_of_its_spans(tmp_path: P
     otel_tunix.shutdown()
 
     expected: dict[str, float] = {}
-    for r in _lines(out / "spans.jsonl"):
+    for r in read_jsonl(out / "spans.jsonl"):
         if r.get("type") != "step":
             continue
         intervals = [
