@@ -94,9 +94,12 @@ def _plot_parser() -> argparse.ArgumentParser:
     ap.add_argument("paths", nargs="*", metavar="PATH", help="metrics files or run folders")
     ap.add_argument("--input", "-i", nargs="+", default=[], metavar="PATH", help="more inputs")
     ap.add_argument(
-        "--metrics", "-m", nargs="+", metavar="NAME",
+        "--metrics",
+        "-m",
+        nargs="+",
+        metavar="NAME",
         help="metric names as written (loss, train.loss, rewards/mean) or prefixes (perf/train)",
-    )  # fmt: skip
+    )
     ap.add_argument("--x-key", default="step", help="x axis: step (default), time, epoch, ...")
     ap.add_argument("--smooth", type=int, default=0, metavar="N", help="moving average window")
     ap.add_argument("--out", "-o", type=Path, help="image file to write (.png, .svg, .pdf)")
@@ -104,9 +107,11 @@ def _plot_parser() -> argparse.ArgumentParser:
     ap.add_argument("--live", action="store_true", help="re-render as the files grow (Ctrl-C)")
     ap.add_argument("--interval", type=float, default=2.0, help="--live poll interval, seconds")
     ap.add_argument(
-        "--max-points", type=int, default=None,
+        "--max-points",
+        type=int,
+        default=None,
         help="thin each line to about this many points (default 5000; 0: draw all)",
-    )  # fmt: skip
+    )
     ap.add_argument("--title", help="figure title")
     return ap
 

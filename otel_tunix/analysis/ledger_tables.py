@@ -28,8 +28,14 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
         rt = rich_table(
             f"{name}: {len(job.runs)} run(s), {job.restarts} restart(s), "
             f"{job.redone_steps} redone step(s), {job.compilations} compilation(s)",
-            "folder", "attempt", "steps", "redone", "gap before s", "wall s", "goodput %",
-        )  # fmt: skip
+            "folder",
+            "attempt",
+            "steps",
+            "redone",
+            "gap before s",
+            "wall s",
+            "goodput %",
+        )
         for r in job.runs:
             attempt = "" if r.attempt is None else str(r.attempt)
             rt.add_row(

@@ -165,10 +165,16 @@ def _draw_marks(ax: Any, marks: Sequence[Mark], x_key: str, t0: float) -> None:
             continue
         ax.axvline(x, color="tab:red", linestyle="--", linewidth=0.9, alpha=0.8)
         ax.annotate(
-            m.text, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
-            textcoords="offset points", va="top", fontsize=7, color="tab:red",
+            m.text,
+            xy=(x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -3),
+            textcoords="offset points",
+            va="top",
+            fontsize=7,
+            color="tab:red",
             wrap=True,
-        )  # fmt: skip
+        )
 
 
 def plot_metrics(

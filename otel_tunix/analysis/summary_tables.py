@@ -80,13 +80,24 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
         t = table(
             f"{s.scope}: {s.steps} steps, {s.steps_per_sec:.2f} steps/s, "
             f"{s.sampled_steps} sampled; ms over the steps each ran in",
-            "component", "kind", "mean", "p50", "p95", "% step", "ran in",
-        )  # fmt: skip
+            "component",
+            "kind",
+            "mean",
+            "p50",
+            "p95",
+            "% step",
+            "ran in",
+        )
         for c in s.components:
             t.add_row(
-                c.name, c.kind, _ms(c.mean_sec), _ms(c.p50_sec), _ms(c.p95_sec),
-                _pc(c.share), str(c.steps),
-            )  # fmt: skip
+                c.name,
+                c.kind,
+                _ms(c.mean_sec),
+                _ms(c.p50_sec),
+                _ms(c.p95_sec),
+                _pc(c.share),
+                str(c.steps),
+            )
         t.add_section()
         for kind, d, style in (
             ("busy", s.busy, None),
@@ -94,13 +105,25 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             ("idle", s.idle, "yellow"),
         ):
             t.add_row(
-                f"total {kind}", kind, _ms(d.mean), _ms(d.p50), _ms(d.p95), _pc(d.share), "",
+                f"total {kind}",
+                kind,
+                _ms(d.mean),
+                _ms(d.p50),
+                _ms(d.p95),
+                _pc(d.share),
+                "",
                 style=style,
-            )  # fmt: skip
+            )
         t.add_row(
-            "step", "", _ms(s.step.mean), _ms(s.step.p50), _ms(s.step.p95), "100.0",
-            str(s.sampled_steps), style="bold",
-        )  # fmt: skip
+            "step",
+            "",
+            _ms(s.step.mean),
+            _ms(s.step.p50),
+            _ms(s.step.p95),
+            "100.0",
+            str(s.sampled_steps),
+            style="bold",
+        )
         con.print(t)
 
     g = summary.goodput
@@ -117,8 +140,13 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
         at = table(
             f"Anomalous steps: {summary.anomaly_count} slower than median + {MAD_FACTOR:g}·MAD "
             f"(slowest {shown})",
-            "scope", *(("rank",) if ranked else ()), "step", "ms", "limit ms", "grew most (ms)",
-        )  # fmt: skip
+            "scope",
+            *(("rank",) if ranked else ()),
+            "step",
+            "ms",
+            "limit ms",
+            "grew most (ms)",
+        )
         for a in summary.anomalies[:shown]:
             grew = ""
             if a.component:
@@ -127,9 +155,13 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
                 grew += " (first step)"
             rank = (str(a.rank) if a.rank is not None else "",) if ranked else ()
             at.add_row(
-                a.scope, *rank, str(a.step), f"{a.step_time_sec * 1e3:.1f}",
-                f"{a.threshold_sec * 1e3:.1f}", grew.strip(),
-            )  # fmt: skip
+                a.scope,
+                *rank,
+                str(a.step),
+                f"{a.step_time_sec * 1e3:.1f}",
+                f"{a.threshold_sec * 1e3:.1f}",
+                grew.strip(),
+            )
         con.print(at)
     elif not summary.anomaly_count:
         con.print(f"No anomalous steps (none slower than median + {MAD_FACTOR:g}·MAD).\n")
@@ -138,17 +170,29 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
         rt = table(
             "Ranks, slowest first by own time (step time minus blocked; main scope, ms): "
             "slowest " + ", ".join(map(str, summary.slowest_ranks)),
-            "rank", "scope", "steps", "own", "step mean", "p50", "p95", "own vs median",
+            "rank",
+            "scope",
+            "steps",
+            "own",
+            "step mean",
+            "p50",
+            "p95",
+            "own vs median",
             "goodput %",
-        )  # fmt: skip
+        )
         for r in summary.ranks:
             rt.add_row(
-                "" if r.rank is None else str(r.rank), r.scope, str(r.sampled_steps),
-                _ms(r.mean_own_sec), _ms(r.mean_step_sec), _ms(r.p50_step_sec),
+                "" if r.rank is None else str(r.rank),
+                r.scope,
+                str(r.sampled_steps),
+                _ms(r.mean_own_sec),
+                _ms(r.mean_step_sec),
+                _ms(r.p50_step_sec),
                 _ms(r.p95_step_sec),
-                f"{r.slowdown * 100:+.1f}%", _pc(r.goodput),
+                f"{r.slowdown * 100:+.1f}%",
+                _pc(r.goodput),
                 style="bold red" if r.straggler else None,
-            )  # fmt: skip
+            )
         con.print(rt)
     for n in [*summary.notes, *g.notes]:
         con.print(f"[dim]note: {n}[/]")

@@ -65,14 +65,22 @@ class InstrumentSink(StepSink):
 
         def hist(name: str, desc: str) -> Histogram:
             return meter.create_histogram(
-                name, unit="s", description=desc,
+                name,
+                unit="s",
+                description=desc,
                 explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS),
-            )  # fmt: skip
+            )
 
         (
-            self._step, self._busy, self._blocked, self._idle, self._c_busy, self._c_blocked,
-            self._device_lag, self._c_device,
-        ) = (hist(name, desc) for name, desc in STEP_HISTOGRAMS)  # fmt: skip
+            self._step,
+            self._busy,
+            self._blocked,
+            self._idle,
+            self._c_busy,
+            self._c_blocked,
+            self._device_lag,
+            self._c_device,
+        ) = (hist(name, desc) for name, desc in STEP_HISTOGRAMS)
 
     def on_steps(self, summaries: Sequence[StepSummary]) -> None:
         """A batch of steps: folded at once where the step histograms are otel-tunix's
@@ -222,9 +230,10 @@ class ExportFnSink(StepSink):
         except Exception:
             self.failures += 1
             self._report(
-                "fn", "otel-tunix: export function %s raised (reported once; the run goes on)",
+                "fn",
+                "otel-tunix: export function %s raised (reported once; the run goes on)",
                 self._name,
-            )  # fmt: skip
+            )
             return
         for name, value in values.items():
             if self._instruments is not None:

@@ -102,9 +102,14 @@ class RankWindow:
         d = json.loads(raw)
         slowest = tuple((int(n), str(t)) for n, t in d.get("slowest", ()))
         return cls(
-            d["rank"], d["first"], d["last"], d["step_time"], d["components"],
-            d.get("own_time"), slowest,
-        )  # fmt: skip
+            d["rank"],
+            d["first"],
+            d["last"],
+            d["step_time"],
+            d["components"],
+            d.get("own_time"),
+            slowest,
+        )
 
 
 @dataclass(frozen=True, slots=True)

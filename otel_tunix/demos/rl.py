@@ -470,13 +470,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sync", action="store_true", help="actor and learner in turn, one thread")
     ap.add_argument(
-        "--fault", default=None, metavar="KIND@STEP",
+        "--fault",
+        default=None,
+        metavar="KIND@STEP",
         help="inject a fault: lr-blowup@N (learning rate x 100 from learner step N on)",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--console-interval", type=float, default=2.0,
+        "--console-interval",
+        type=float,
+        default=2.0,
         help="seconds between live lines on stderr (default 2; 0: none)",
-    )  # fmt: skip
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.steps < 1:

@@ -301,13 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
     ap.add_argument("--workers", type=int, default=1, help="DataLoader worker processes")
     ap.add_argument(
-        "--peak-tflops", type=float, default=None,
+        "--peak-tflops",
+        type=float,
+        default=None,
         help="peak TFLOP/s of the device for MFU (default: an assumed CPU peak, printed)",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--console-interval", type=float, default=2.0,
+        "--console-interval",
+        type=float,
+        default=2.0,
         help="seconds between live lines on stderr (default 2; 0: none)",
-    )  # fmt: skip
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.steps < 1:

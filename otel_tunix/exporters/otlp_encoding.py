@@ -270,8 +270,11 @@ class StepEncoder:
                 head = self._component(ck, step.thread_info)
             t = times.get(name)
             if t is None or t[2] > 1:  # the uncommon shapes: one body, then its length
-                out.append(self._component_span(tidf, sid, parent_id, head, start + off,
-                                                end + off, type_step, t))  # fmt: skip
+                out.append(
+                    self._component_span(
+                        tidf, sid, parent_id, head, start + off, end + off, type_step, t
+                    )
+                )
                 continue
             add(
                 (
@@ -291,19 +294,35 @@ class StepEncoder:
             ids = ids[:8]  # a root: no parent id
         s = step.summary
         if rec.attributes:  # the application's attributes come first: encoded one by one
-            step_attrs = {**step.attributes, attr.SPAN_TYPE: attr.SPAN_TYPE_STEP,
-                          attr.STEP: number, attr.SCOPE: scope,
-                          attr.STEP_DURATION: s.step_time_sec,
-                          attr.STEP_BUSY_TIME: s.busy_time_sec,
-                          attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
-                          attr.STEP_IDLE_TIME: s.idle_time_sec}  # fmt: skip
+            step_attrs = {
+                **step.attributes,
+                attr.SPAN_TYPE: attr.SPAN_TYPE_STEP,
+                attr.STEP: number,
+                attr.SCOPE: scope,
+                attr.STEP_DURATION: s.step_time_sec,
+                attr.STEP_BUSY_TIME: s.busy_time_sec,
+                attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
+                attr.STEP_IDLE_TIME: s.idle_time_sec,
+            }
             attrs = self._attributes.encode(step_attrs)
             name_kind = _len_field(0x2A, f"{scope}_step".encode()) + _INTERNAL + b"\x39"
         else:  # thread id and name, type, step, scope, four times
             name_kind, step_head = self._step_head(scope, step_thread, step.thread_info)
-            attrs = b"%b%b%b%b" % (step_head[0], step_attr, step_head[1], _pack_step_times(
-                _DURATION_KV, s.step_time_sec, _BUSY_STEP_KV, s.busy_time_sec,
-                _BLOCKED_STEP_KV, s.blocked_time_sec, _IDLE_KV, s.idle_time_sec))  # fmt: skip
+            attrs = b"%b%b%b%b" % (
+                step_head[0],
+                step_attr,
+                step_head[1],
+                _pack_step_times(
+                    _DURATION_KV,
+                    s.step_time_sec,
+                    _BUSY_STEP_KV,
+                    s.busy_time_sec,
+                    _BLOCKED_STEP_KV,
+                    s.blocked_time_sec,
+                    _IDLE_KV,
+                    s.idle_time_sec,
+                ),
+            )
         body = b"".join(
             (
                 tidf,
@@ -318,16 +337,25 @@ class StepEncoder:
 
     @staticmethod
     def _component_span(
-        tidf: bytes, sid: int, parent_id: int, head: tuple[bytes, bytes, int], start: int,
-        end: int, type_step: bytes, t: tuple[float, float, int] | None,
-    ) -> bytes:  # fmt: skip
+        tidf: bytes,
+        sid: int,
+        parent_id: int,
+        head: tuple[bytes, bytes, int],
+        start: int,
+        end: int,
+        type_step: bytes,
+        t: tuple[float, float, int] | None,
+    ) -> bytes:
         """A component span whose name has no accounted times, or several components."""
         if t is None:
             accounted = head[1][: -len(_BUSY_KV)]  # the tail without the busy time's key
         else:
             busy, blocked_s, count = t
-            accounted = b"%b%b%b" % (head[1], _pack_accounted(busy, _BLOCKED_KV, blocked_s),
-                                     _attribute(attr.COMPONENT_COUNT, count))  # fmt: skip
+            accounted = b"%b%b%b" % (
+                head[1],
+                _pack_accounted(busy, _BLOCKED_KV, blocked_s),
+                _attribute(attr.COMPONENT_COUNT, count),
+            )
         body = b"".join(
             (
                 tidf,
@@ -365,8 +393,21 @@ class StepEncoder:
         )
         name_kind = _len_field(0x2A, name.encode()) + _INTERNAL + b"\x39"
         tail += _BUSY_KV
-        fixed = (18 + 2 + 8 + 2 + 8 + len(name_kind) + 8 + 1 + 8 + len(_TYPE_COMPONENT)
-                 + len(tail) + _ACCOUNTED_SIZE + len(_STATUS_AND_FLAGS))  # fmt: skip
+        fixed = (
+            18
+            + 2
+            + 8
+            + 2
+            + 8
+            + len(name_kind)
+            + 8
+            + 1
+            + 8
+            + len(_TYPE_COMPONENT)
+            + len(tail)
+            + _ACCOUNTED_SIZE
+            + len(_STATUS_AND_FLAGS)
+        )
         head = (name_kind, tail, fixed)
         if len(self._components) >= _MAX_CACHED:  # names made up per step
             self._components.clear()

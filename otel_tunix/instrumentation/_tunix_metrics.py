@@ -26,10 +26,23 @@ MODES = ("train", "eval")
 
 CATEGORIES = frozenset(
     {
-        "advantages", "clip_ratio", "completions", "loss", "objective", "perf", "policy",
-        "returns", "reward", "rewards", "sample", "score", "scores", "val", "values",
+        "advantages",
+        "clip_ratio",
+        "completions",
+        "loss",
+        "objective",
+        "perf",
+        "policy",
+        "returns",
+        "reward",
+        "rewards",
+        "sample",
+        "score",
+        "scores",
+        "val",
+        "values",
     }
-)  # fmt: skip
+)
 """First name parts that Tunix's RL cluster splits off as a "prefix" but that belong to the
 metric name (``rewards/mean`` is logged as ``rewards/train/mean``). Other prefixes are
 trainer roles (``actor``, ``critic``, a ``metrics_prefix``)."""
@@ -231,9 +244,12 @@ class OTelLoggingBackend(LoggingBackend):
 
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
         warn_once(
-            (id(self), key), msg, *args, logger=_logger,
+            (id(self), key),
+            msg,
+            *args,
+            logger=_logger,
             exc_info=_logger.isEnabledFor(logging.DEBUG),
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         """Stop publishing (Tunix calls it when its MetricsLogger closes)."""

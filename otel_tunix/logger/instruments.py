@@ -157,9 +157,13 @@ def create_observable(meter: Meter, spec: MetricSpec, callback: ObservableCallba
         return out
 
     observable(
-        meter, spec.instrument, spec.otel_name, with_const,
-        unit=spec.unit, description=spec.description,
-    )  # fmt: skip
+        meter,
+        spec.instrument,
+        spec.otel_name,
+        with_const,
+        unit=spec.unit,
+        description=spec.description,
+    )
 
 
 class CatalogInstruments:

@@ -42,33 +42,87 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 T: Final = 1e12
-PEAK_FLOPS: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType({
-    # NVIDIA (dense tensor-core peaks; fp32 is the non-tensor-core CUDA-core peak)
-    "a100": {"fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T,
-             "int8": 624 * T},
-    "h100-sxm": {"fp32": 67 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T,
-                 "fp8": 1978.9 * T, "int8": 1978.9 * T},
-    "h100-pcie": {"fp32": 51 * T, "tf32": 378 * T, "bf16": 756 * T, "fp16": 756 * T,
-                  "fp8": 1513 * T, "int8": 1513 * T},
-    "h100-nvl": {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835 * T, "fp16": 835 * T,
-                 "fp8": 1670 * T, "int8": 1670 * T},
-    "h200": {"fp32": 67 * T, "tf32": 494.7 * T, "bf16": 989.4 * T, "fp16": 989.4 * T,
-             "fp8": 1978.9 * T, "int8": 1978.9 * T},
-    "h200-nvl": {"fp32": 60 * T, "tf32": 417.5 * T, "bf16": 835 * T, "fp16": 835 * T,
-                 "fp8": 1670 * T, "int8": 1670 * T},
-    "b200": {"tf32": 1100 * T, "bf16": 2250 * T, "fp16": 2250 * T, "fp8": 4500 * T,
-             "int8": 4500 * T},
-    "l40s": {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T, "fp16": 362.05 * T,
-             "fp8": 733 * T, "int8": 733 * T},
-    # AMD
-    "mi300x": {"fp32": 163.4 * T, "tf32": 653.7 * T, "bf16": 1307.4 * T, "fp16": 1307.4 * T,
-               "fp8": 2614.9 * T, "int8": 2614.9 * T},
-    # Google TPU (per chip)
-    "tpu-v4": {"bf16": 275 * T, "int8": 275 * T},
-    "tpu-v5e": {"bf16": 197 * T, "int8": 394 * T},
-    "tpu-v5p": {"bf16": 459 * T, "int8": 918 * T},
-    "tpu-v6e": {"bf16": 918 * T, "int8": 1836 * T},
-})  # fmt: skip
+PEAK_FLOPS: Final[Mapping[str, Mapping[str, float]]] = MappingProxyType(
+    {
+        # NVIDIA (dense tensor-core peaks; fp32 is the non-tensor-core CUDA-core peak)
+        "a100": {
+            "fp32": 19.5 * T,
+            "tf32": 156 * T,
+            "bf16": 312 * T,
+            "fp16": 312 * T,
+            "int8": 624 * T,
+        },
+        "h100-sxm": {
+            "fp32": 67 * T,
+            "tf32": 494.7 * T,
+            "bf16": 989.4 * T,
+            "fp16": 989.4 * T,
+            "fp8": 1978.9 * T,
+            "int8": 1978.9 * T,
+        },
+        "h100-pcie": {
+            "fp32": 51 * T,
+            "tf32": 378 * T,
+            "bf16": 756 * T,
+            "fp16": 756 * T,
+            "fp8": 1513 * T,
+            "int8": 1513 * T,
+        },
+        "h100-nvl": {
+            "fp32": 60 * T,
+            "tf32": 417.5 * T,
+            "bf16": 835 * T,
+            "fp16": 835 * T,
+            "fp8": 1670 * T,
+            "int8": 1670 * T,
+        },
+        "h200": {
+            "fp32": 67 * T,
+            "tf32": 494.7 * T,
+            "bf16": 989.4 * T,
+            "fp16": 989.4 * T,
+            "fp8": 1978.9 * T,
+            "int8": 1978.9 * T,
+        },
+        "h200-nvl": {
+            "fp32": 60 * T,
+            "tf32": 417.5 * T,
+            "bf16": 835 * T,
+            "fp16": 835 * T,
+            "fp8": 1670 * T,
+            "int8": 1670 * T,
+        },
+        "b200": {
+            "tf32": 1100 * T,
+            "bf16": 2250 * T,
+            "fp16": 2250 * T,
+            "fp8": 4500 * T,
+            "int8": 4500 * T,
+        },
+        "l40s": {
+            "fp32": 91.6 * T,
+            "tf32": 183 * T,
+            "bf16": 362.05 * T,
+            "fp16": 362.05 * T,
+            "fp8": 733 * T,
+            "int8": 733 * T,
+        },
+        # AMD
+        "mi300x": {
+            "fp32": 163.4 * T,
+            "tf32": 653.7 * T,
+            "bf16": 1307.4 * T,
+            "fp16": 1307.4 * T,
+            "fp8": 2614.9 * T,
+            "int8": 2614.9 * T,
+        },
+        # Google TPU (per chip)
+        "tpu-v4": {"bf16": 275 * T, "int8": 275 * T},
+        "tpu-v5e": {"bf16": 197 * T, "int8": 394 * T},
+        "tpu-v5p": {"bf16": 459 * T, "int8": 918 * T},
+        "tpu-v6e": {"bf16": 918 * T, "int8": 1836 * T},
+    }
+)
 """Dense peak FLOP/s per device key and dtype (``fp32``, ``tf32``, ``bf16``, ``fp16``,
 ``fp8``, ``int8``). A dtype missing for a device means no reliable figure: MFU is omitted."""
 
@@ -93,10 +147,17 @@ _DEVICE_PATTERNS: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
 )
 
 _DTYPE_ALIASES: Final = {
-    "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-    "float": "fp32", "tensorfloat32": "tf32", "float8": "fp8", "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8", "e4m3": "fp8",
-}  # fmt: skip
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "tensorfloat32": "tf32",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "e4m3": "fp8",
+}
 
 
 def device_key(device_name: str) -> str | None:

@@ -77,8 +77,16 @@ class RequestTimer:
     unless :meth:`finish` was called.
     """
 
-    __slots__ = ("_done", "_owner", "first", "last", "prompt_tokens", "scheduled", "start",
-                 "tokens")  # fmt: skip
+    __slots__ = (
+        "_done",
+        "_owner",
+        "first",
+        "last",
+        "prompt_tokens",
+        "scheduled",
+        "start",
+        "tokens",
+    )
 
     def __init__(self, owner: GenerationMetrics, prompt_tokens: int, start: float) -> None:
         self._owner = owner
@@ -103,9 +111,12 @@ class RequestTimer:
         self.tokens += n
 
     def finish(
-        self, finish_reason: str = "stop", *, output_tokens: int | None = None,
+        self,
+        finish_reason: str = "stop",
+        *,
+        output_tokens: int | None = None,
         now: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Record the request (once): ``finish_reason`` ``stop``, ``length``, ``error``...
 
         ``output_tokens`` overrides the count of :meth:`token` calls.
@@ -150,8 +161,7 @@ class GenerationMetrics:
         self._active = 0
         self._prompt = 0
         self._output = 0
-        self._last: dict[str, float | None] = {"ttft": None, "tpot": None, "e2e": None,
-                                               "tps": None}  # fmt: skip
+        self._last: dict[str, float | None] = {"ttft": None, "tpot": None, "e2e": None, "tps": None}
 
     # --- the manual form --------------------------------------------------------------
     def request(self, prompt_tokens: int = 0, *, start: float | None = None) -> RequestTimer:
@@ -316,8 +326,9 @@ class GenerationMetrics:
             total += n
             for j in range(min(n, len(stamps))):
                 timer.token(1, now=stamps[j])
-            timer.finish(reason, output_tokens=n, now=stamps[n - 1] if 0 < n <= len(stamps)
-                         else end)  # fmt: skip
+            timer.finish(
+                reason, output_tokens=n, now=stamps[n - 1] if 0 < n <= len(stamps) else end
+            )
         for timer in timers[rows:]:
             timer.finish("unknown", now=end)
         self._throughput(total, end - timers[0].start if timers else 0.0)

@@ -134,8 +134,12 @@ def _stats_of(flat: np.ndarray, prefix: str, stats: Sequence[Stat]) -> dict[str,
     if flat.size == 0:
         return {}
     fns: dict[str, Callable[[np.ndarray], Any]] = {
-        "sum": np.sum, "mean": np.mean, "std": np.std, "max": np.max, "min": np.min,
-    }  # fmt: skip
+        "sum": np.sum,
+        "mean": np.mean,
+        "std": np.std,
+        "max": np.max,
+        "min": np.min,
+    }
     return {f"{prefix}/{s}": float(fns[s](flat)) for s in stats}
 
 
@@ -368,10 +372,18 @@ def rl_metrics(
     fn_names = list(reward_fns or {})
     scalar_names = [k for k, v in scalars.items() if v is not None]
     host = to_host(
-        rewards, scores, kl_penalty, advantages, returns, values, mask,
-        completion_lengths, completion_mask,
-        *(reward_fns or {}).values(), *(scalars[k] for k in scalar_names),
-    )  # fmt: skip
+        rewards,
+        scores,
+        kl_penalty,
+        advantages,
+        returns,
+        values,
+        mask,
+        completion_lengths,
+        completion_mask,
+        *(reward_fns or {}).values(),
+        *(scalars[k] for k in scalar_names),
+    )
     r, sc, klp, adv, ret, val, m, ln, cm = host[:9]
     fn_arrays = host[9 : 9 + len(fn_names)]
     scalar_arrays = host[9 + len(fn_names) :]
@@ -459,8 +471,11 @@ class SampleWriter:
         lines = []
         for i, (p, c) in enumerate(zip(prompts, completions, strict=False)):
             rec: dict[str, Any] = {
-                "step": step, "index": i, "prompt": self._cut(p), "completion": self._cut(c),
-            }  # fmt: skip
+                "step": step,
+                "index": i,
+                "prompt": self._cut(p),
+                "completion": self._cut(c),
+            }
             if rw_list is not None and i < len(rw_list):
                 rec["reward"] = rw_list[i]
             if trajectory_ids is not None and i < len(trajectory_ids):

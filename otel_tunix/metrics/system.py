@@ -516,21 +516,45 @@ class SystemMetricsSampler:
             obs("hw.temperature", gpu(lambda g: g.temperature_celsius))
             obs("hw.gpu.clock.sm", gpu(lambda g: g.sm_clock_hz))
         if self._proc is not None:
-            obs("process.cpu.time", lambda s: [
-                Observation(s.process.cpu_user_sec, {"cpu.mode": "user"}),
-                Observation(s.process.cpu_system_sec, {"cpu.mode": "system"}),
-            ] if s.process else [])  # fmt: skip
-            obs("process.cpu.utilization", lambda s: [Observation(s.process.cpu_utilization)]
-                if s.process and s.process.cpu_utilization is not None else [])  # fmt: skip
-            obs("process.memory.usage",
-                lambda s: [Observation(s.process.rss_bytes)] if s.process else [])  # fmt: skip
-            obs("system.memory.usage",
-                lambda s: [Observation(s.host.memory_used_bytes)] if s.host else [])  # fmt: skip
-            obs("system.memory.limit",
-                lambda s: [Observation(s.host.memory_total_bytes)] if s.host else [])  # fmt: skip
-            obs("system.memory.utilization", lambda s: [
-                Observation(s.host.memory_used_bytes / s.host.memory_total_bytes)
-            ] if s.host and s.host.memory_total_bytes else [])  # fmt: skip
+            obs(
+                "process.cpu.time",
+                lambda s: (
+                    [
+                        Observation(s.process.cpu_user_sec, {"cpu.mode": "user"}),
+                        Observation(s.process.cpu_system_sec, {"cpu.mode": "system"}),
+                    ]
+                    if s.process
+                    else []
+                ),
+            )
+            obs(
+                "process.cpu.utilization",
+                lambda s: (
+                    [Observation(s.process.cpu_utilization)]
+                    if s.process and s.process.cpu_utilization is not None
+                    else []
+                ),
+            )
+            obs(
+                "process.memory.usage",
+                lambda s: [Observation(s.process.rss_bytes)] if s.process else [],
+            )
+            obs(
+                "system.memory.usage",
+                lambda s: [Observation(s.host.memory_used_bytes)] if s.host else [],
+            )
+            obs(
+                "system.memory.limit",
+                lambda s: [Observation(s.host.memory_total_bytes)] if s.host else [],
+            )
+            obs(
+                "system.memory.utilization",
+                lambda s: (
+                    [Observation(s.host.memory_used_bytes / s.host.memory_total_bytes)]
+                    if s.host and s.host.memory_total_bytes
+                    else []
+                ),
+            )
 
         def dev(attr_name: str) -> Callable[[SystemSample], list[Observation]]:
             def read(s: SystemSample) -> list[Observation]:
@@ -547,5 +571,7 @@ class SystemMetricsSampler:
             obs("tunix.memory.reserved", dev("reserved_bytes"))
             obs("tunix.memory.peak_allocated", dev("peak_bytes"))
             obs("tunix.memory.limit", dev("limit_bytes"))
-        obs("tunix.queue.depth",
-            lambda s: [Observation(n, {"queue": k}) for k, n in s.queues.items()])  # fmt: skip
+        obs(
+            "tunix.queue.depth",
+            lambda s: [Observation(n, {"queue": k}) for k, n in s.queues.items()],
+        )

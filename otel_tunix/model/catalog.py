@@ -29,9 +29,27 @@ from types import MappingProxyType
 from typing import Final
 
 SECONDS_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
-)  # fmt: skip
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    500.0,
+    1000.0,
+)
 """Histogram boundaries for durations in seconds: 0.5 ms to ~17 min (the SDK's default
 boundaries are shaped for milliseconds)."""
 
@@ -64,26 +82,95 @@ class Instrument(StrEnum):
 
 
 TIME_TO_FIRST_TOKEN_BUCKETS: Final[tuple[float, ...]] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 """vLLM's ``vllm:time_to_first_token_seconds`` boundaries."""
 
 INTER_TOKEN_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 """vLLM's ``vllm:inter_token_latency_seconds`` boundaries (time per output token)."""
 
 E2E_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-)  # fmt: skip
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 """vLLM's request-latency boundaries (end-to-end, prefill and decode time)."""
 
 TOKEN_COUNT_BUCKETS: Final[tuple[float, ...]] = (
-    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
-)  # fmt: skip
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    16777216,
+    67108864,
+)
 """The GenAI semantic conventions' advice for ``gen_ai.client.token.usage``."""
 
 
@@ -136,8 +223,13 @@ def _stats(
     stats: tuple[str, ...] = ("mean", "std", "max", "min"),
     unit: str = "1",
 ) -> list[MetricSpec]:
-    words = {"mean": "Mean", "std": "Standard deviation", "max": "Maximum", "min": "Minimum",
-             "sum": "Sum"}  # fmt: skip
+    words = {
+        "mean": "Mean",
+        "std": "Standard deviation",
+        "max": "Maximum",
+        "min": "Minimum",
+        "sum": "Sum",
+    }
     return [
         MetricSpec(
             f"{otel_prefix}.{s}",
@@ -620,11 +712,15 @@ _BY_LOGGER: Final = MappingProxyType(
 )
 _BY_OTEL: Final = MappingProxyType({s.otel_name: s for s in reversed(CATALOG)})  # first row wins
 _PATTERNS: Final = tuple(
-    (re.compile("^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(s.logger_name)) + "$"),
-     s)
+    (
+        re.compile(
+            "^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(s.logger_name)) + "$"
+        ),
+        s,
+    )
     for s in CATALOG
     if s.logger_name and "{" in s.logger_name
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True, slots=True)

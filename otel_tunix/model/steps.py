@@ -350,8 +350,11 @@ class ScopeSession:
     def add_all(self, summaries: Iterable[StepSummary]) -> None:
         """Add sampled steps' counters, in order (the worker's batches)."""
         step_time, busy, blocked, idle = (
-            self.step_time_sec, self.busy_time_sec, self.blocked_time_sec, self.idle_time_sec
-        )  # fmt: skip
+            self.step_time_sec,
+            self.busy_time_sec,
+            self.blocked_time_sec,
+            self.idle_time_sec,
+        )
         # Steps with the same component names in the same order (the usual run of steps)
         # are summed a column at a time: transposed by zip and added by sum(), in C, in the
         # same order as one step at a time (~0.7k instructions less a component than a
@@ -369,8 +372,11 @@ class ScopeSession:
             self.sampled_steps += len(times)
             self._add_columns(names, times)
         self.step_time_sec, self.busy_time_sec, self.blocked_time_sec, self.idle_time_sec = (
-            step_time, busy, blocked, idle
-        )  # fmt: skip
+            step_time,
+            busy,
+            blocked,
+            idle,
+        )
 
     def _add_columns(
         self, names: tuple[str, ...], run: list[Iterable[tuple[float, float, int]]]

@@ -39,9 +39,17 @@ class Carried:
     step's record, where the hot path stores it)."""
 
     __slots__ = (
-        "blocked", "counted", "home", "name", "parent", "sid", "spanned", "start", "thread",
+        "blocked",
+        "counted",
+        "home",
+        "name",
+        "parent",
+        "sid",
+        "spanned",
+        "start",
+        "thread",
         "trace",
-    )  # fmt: skip
+    )
 
     def __init__(
         self, comp: ComponentStart, home: StepRecord, loose: bool, spanned: bool = False
@@ -147,9 +155,14 @@ class BackgroundLedger:
                     if out is None:
                         out = StepBackground()
                     out.intervals.append(
-                        (c.name, c.blocked, c.start, end if c_end is None else c_end,
-                         0 if c.counted else 1)
-                    )  # fmt: skip
+                        (
+                            c.name,
+                            c.blocked,
+                            c.start,
+                            end if c_end is None else c_end,
+                            0 if c.counted else 1,
+                        )
+                    )
                     c.counted = True
                 if c_end is not None and c_end <= end:  # no later step of this thread
                     if not c.spanned:  # can overlap it: its span is handed on
@@ -226,8 +239,16 @@ class BackgroundSpan:
         trace_id: Its trace id.
     """
 
-    __slots__ = ("_builder", "_carried", "_end", "_incomplete", "_span", "number", "scope",
-                 "trace_id")  # fmt: skip
+    __slots__ = (
+        "_builder",
+        "_carried",
+        "_end",
+        "_incomplete",
+        "_span",
+        "number",
+        "scope",
+        "trace_id",
+    )
 
     def __init__(self, builder: _Builder, carried: Carried, end: int, incomplete: bool) -> None:
         self._builder = builder

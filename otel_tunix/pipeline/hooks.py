@@ -92,9 +92,11 @@ class HookRunner:
         returns it (alive while the hook has not finished)."""
         if self._closer is None:
             self._closer = threading.Thread(
-                target=self._close, args=(final,), name=f"otel-tunix-close-{self.name}",
+                target=self._close,
+                args=(final,),
+                name=f"otel-tunix-close-{self.name}",
                 daemon=True,
-            )  # fmt: skip
+            )
             self._closer.start()
         return self._closer
 

@@ -60,9 +60,16 @@ class _Builder(Protocol):
     def thread(self, thread: Any) -> tuple[int, str]: ...
 
     def full_span(
-        self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],
-        events: tuple[Event, ...], status: Status, start: int, end: int,
-    ) -> ReadableSpan: ...  # fmt: skip
+        self,
+        name: str,
+        ctx: SpanContext,
+        parent: SpanContext | None,
+        attrs: dict[str, Any],
+        events: tuple[Event, ...],
+        status: Status,
+        start: int,
+        end: int,
+    ) -> ReadableSpan: ...
 
 
 class OutsideSpan:
@@ -90,9 +97,23 @@ class OutsideSpan:
         scope: Always ``None`` (no step), as ``number``.
     """
 
-    __slots__ = ("_builder", "_span", "attributes", "blocked", "category", "end_ns", "error",
-                 "name", "parent_id", "root", "span_id", "start_ns", "thread_id",
-                 "thread_name", "trace_id")  # fmt: skip
+    __slots__ = (
+        "_builder",
+        "_span",
+        "attributes",
+        "blocked",
+        "category",
+        "end_ns",
+        "error",
+        "name",
+        "parent_id",
+        "root",
+        "span_id",
+        "start_ns",
+        "thread_id",
+        "thread_name",
+        "trace_id",
+    )
 
     outside = True
     """Tells these from :class:`~otel_tunix.pipeline.background.BackgroundSpan`."""
@@ -100,9 +121,13 @@ class OutsideSpan:
     number = None
 
     def __init__(
-        self, builder: _Builder, rec: StepRecord, comp: tuple[Any, ...], end: int,
+        self,
+        builder: _Builder,
+        rec: StepRecord,
+        comp: tuple[Any, ...],
+        end: int,
         attributes: dict[str, object],
-    ) -> None:  # fmt: skip
+    ) -> None:
         name, blocked, sid, parent, start, thread = comp
         off = builder.offset
         self._builder = builder
@@ -130,29 +155,46 @@ class OutsideSpan:
         """The SDK span (built on first use and kept)."""
         span = self._span
         if span is None:
-            attributes = {**self.attributes, SPAN_TYPE: SPAN_TYPE_COMPONENT, COMPONENT: self.name,
-                          TIME_KIND: self.kind, THREAD_ID: self.thread_id,
-                          THREAD_NAME: self.thread_name}  # fmt: skip
+            attributes = {
+                **self.attributes,
+                SPAN_TYPE: SPAN_TYPE_COMPONENT,
+                COMPONENT: self.name,
+                TIME_KIND: self.kind,
+                THREAD_ID: self.thread_id,
+                THREAD_NAME: self.thread_name,
+            }
             if self.category is not None:
                 attributes[GOODPUT_CATEGORY] = self.category
             trace, parent = self.trace_id, self.parent_id
             status, events = span_error(self.error, self.end_ns)
             span = self._span = self._builder.full_span(
-                self.name, new_span_context(trace, self.span_id),
-                new_span_context(trace, parent) if parent else None, attributes, events, status,
-                self.start_ns, self.end_ns,
-            )  # fmt: skip
+                self.name,
+                new_span_context(trace, self.span_id),
+                new_span_context(trace, parent) if parent else None,
+                attributes,
+                events,
+                status,
+                self.start_ns,
+                self.end_ns,
+            )
         return span
 
     def info(self) -> SpanInfo:
         """As a :class:`~otel_tunix.model.steps.SpanInfo` (what the spans JSONL writes)."""
         d = self.to_json()
         return SpanInfo(
-            name=self.name, kind=self.kind, start_ns=self.start_ns, end_ns=self.end_ns,
-            thread=self.thread_name, thread_id=self.thread_id, span_id=str(d["span_id"]),
-            parent=d["parent"], error=d.get("error"),  # type: ignore[arg-type]
-            attributes=self.attributes, category=self.category,
-        )  # fmt: skip
+            name=self.name,
+            kind=self.kind,
+            start_ns=self.start_ns,
+            end_ns=self.end_ns,
+            thread=self.thread_name,
+            thread_id=self.thread_id,
+            span_id=str(d["span_id"]),
+            parent=d["parent"],  # type: ignore[arg-type]
+            error=d.get("error"),  # type: ignore[arg-type]
+            attributes=self.attributes,
+            category=self.category,
+        )
 
     def to_json(self) -> dict[str, object]:
         """Its line of the spans JSONL file: ``type: "span"``, ``outside: true``, no scope

@@ -352,9 +352,8 @@ class SpanBuilder:
         self._threads: dict[Any, tuple[int, str]] = {}
         self._attributes: dict[
             str,
-            tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None,
-                  str | None],
-        ] = {}  # fmt: skip
+            tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None, str | None],
+        ] = {}
         """Per component name: (blocked, thread, scope, step, the attributes of its spans,
         the name's times in that step, its declared category) as last made (never changed
         once made: spans and other threads may hold them)."""
@@ -405,9 +404,10 @@ class SpanBuilder:
                 deliver(steps)
             except Exception:
                 self._report(
-                    id(proc), "otel-tunix: span processor %s raised (reported once)",
+                    id(proc),
+                    "otel-tunix: span processor %s raised (reported once)",
                     type(proc).__name__,
-                )  # fmt: skip
+                )
 
     def finish(self, force: bool) -> None:
         """Hand on the spans of background work that no later step can overlap any more
@@ -425,9 +425,10 @@ class SpanBuilder:
             self._deliver(spans, lambda proc: proc.on_background_spans(spans))
 
     def _deliver(
-        self, spans: Sequence[BackgroundSpan | OutsideSpan],
+        self,
+        spans: Sequence[BackgroundSpan | OutsideSpan],
         whole: Callable[[StepSpanProcessor], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Spans handed on apart from a step: ``whole`` (them all at once) to a
         :class:`StepSpanProcessor`, each SDK span to ``on_end`` of the others."""
         for proc in span_processors_of(self._processor):
@@ -439,25 +440,35 @@ class SpanBuilder:
                         proc.on_end(span.span())
             except Exception:
                 self._report(
-                    id(proc), "otel-tunix: span processor %s raised (reported once)",
+                    id(proc),
+                    "otel-tunix: span processor %s raised (reported once)",
                     type(proc).__name__,
-                )  # fmt: skip
+                )
 
     def background_span(self, c: Carried, end: int, attrs: dict[str, object]) -> ReadableSpan:
         """The SDK span of a background component handed on after its step."""
         home = c.home
         off = self.offset
         parent = new_span_context(c.trace, c.parent) if c.parent else None
-        attributes = {**attrs, **self._component_attributes(
-            c.name, c.blocked, c.thread or home.thread, home.scope, home.number, None
-        )}  # fmt: skip
+        attributes = {
+            **attrs,
+            **self._component_attributes(
+                c.name, c.blocked, c.thread or home.thread, home.scope, home.number, None
+            ),
+        }
         ex = home.extras
         error = ex.errors.get(c.sid) if ex is not None else None
         status, events = _error(error, end + off)
         return self.full_span(
-            c.name, new_span_context(c.trace, c.sid), parent, attributes, events, status,
-            c.start + off, end + off,
-        )  # fmt: skip
+            c.name,
+            new_span_context(c.trace, c.sid),
+            parent,
+            attributes,
+            events,
+            status,
+            c.start + off,
+            end + off,
+        )
 
     def thread(self, thread: Any) -> tuple[int, str]:
         """(native id, name) of a recorded thread, cached: the lookups cost per span."""
@@ -545,11 +556,16 @@ class SpanBuilder:
             out.append(make(name, ctx, parent_ctx, attrs, start_pc + off, end + off))
         parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None
         s = step.summary
-        step_attrs = {**step.attributes, _SPAN_TYPE: attr.SPAN_TYPE_STEP, _STEP: number,
-                      _SCOPE: scope, attr.STEP_DURATION: s.step_time_sec,
-                      attr.STEP_BUSY_TIME: s.busy_time_sec,
-                      attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
-                      attr.STEP_IDLE_TIME: s.idle_time_sec}  # fmt: skip
+        step_attrs = {
+            **step.attributes,
+            _SPAN_TYPE: attr.SPAN_TYPE_STEP,
+            _STEP: number,
+            _SCOPE: scope,
+            attr.STEP_DURATION: s.step_time_sec,
+            attr.STEP_BUSY_TIME: s.busy_time_sec,
+            attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
+            attr.STEP_IDLE_TIME: s.idle_time_sec,
+        }
         if s.background_times:
             step_attrs[attr.STEP_BACKGROUND_TIME] = s.background_time_sec
         name = f"{scope}_step"
@@ -559,9 +575,16 @@ class SpanBuilder:
                 events += _step_events(rec, step.end_ns - off, off)
             links = (rec.link,) if rec.link is not None else ()
             step_span = self.full_span(
-                name, step_ctx, parent, step_attrs, events, status, step.start_ns, step.end_ns,
+                name,
+                step_ctx,
+                parent,
+                step_attrs,
+                events,
+                status,
+                step.start_ns,
+                step.end_ns,
                 links,
-            )  # fmt: skip
+            )
         else:
             step_span = make(name, step_ctx, parent, step_attrs, step.start_ns, step.end_ns)
         out.append(step_span)
@@ -582,9 +605,15 @@ class SpanBuilder:
         return out
 
     def _component_attributes(
-        self, name: str, blocked: bool, thread: Any, scope: str, number: int,
-        extra: dict[str, object] | None, times: tuple[float, float, int] | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        name: str,
+        blocked: bool,
+        thread: Any,
+        scope: str,
+        number: int,
+        extra: dict[str, object] | None,
+        times: tuple[float, float, int] | None = None,
+    ) -> dict[str, Any]:
         """A component span's attributes. Components with the same name, kind, thread and
         scope share one dict (spans hand out read-only views of it), copied with the step
         number and the name's times in a later step: the run's steps repeat the same
@@ -606,8 +635,14 @@ class SpanBuilder:
                     attrs[_STEP] = number
                     _set_times(attrs, times)
                     self._attributes[name] = (
-                        blocked, thread, scope, number, attrs, times, category
-                    )  # fmt: skip
+                        blocked,
+                        thread,
+                        scope,
+                        number,
+                        attrs,
+                        times,
+                        category,
+                    )
                 return attrs
         tid, tname = self.thread(thread)
         attrs = {
@@ -630,16 +665,32 @@ class SpanBuilder:
         return attrs
 
     def full_span(
-        self, name: str, ctx: SpanContext, parent: SpanContext | None, attrs: dict[str, Any],
-        events: tuple[Event, ...], status: Status, start: int, end: int,
+        self,
+        name: str,
+        ctx: SpanContext,
+        parent: SpanContext | None,
+        attrs: dict[str, Any],
+        events: tuple[Event, ...],
+        status: Status,
+        start: int,
+        end: int,
         links: tuple[Link, ...] = (),
-    ) -> ReadableSpan:  # fmt: skip
+    ) -> ReadableSpan:
         """A span with an error status, events or links (the few that :data:`SpanMaker`
         does not make)."""
         return sdk_span(
-            self._resource, self._scope, name, ctx, parent, attrs, start, end, events, status,
+            self._resource,
+            self._scope,
+            name,
+            ctx,
+            parent,
+            attrs,
+            start,
+            end,
+            events,
+            status,
             links,
-        )  # fmt: skip
+        )
 
 
 def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) -> None:

@@ -139,21 +139,36 @@ def configure(
         _tally.start_run()  # summary.json's "safety" counts from here
         settings = load_settings()
         args = RunArguments(
-            service_name=service_name, perf=perf, output_dir=output_dir, run_id=run_id,
-            metrics_logger=metrics_logger, tracer_provider=tracer_provider,
-            meter_provider=meter_provider, span_exporters=span_exporters,
-            resource_attributes=resource_attributes, alerts=alerts,
-            system_metrics=system_metrics, logger_provider=logger_provider,
-            span_processors=span_processors, metric_readers=metric_readers,
-            step_sinks=step_sinks, clock=clock, id_seed=id_seed,
-            console_interval=console_interval, run_config=run_config,
-        )  # fmt: skip
+            service_name=service_name,
+            perf=perf,
+            output_dir=output_dir,
+            run_id=run_id,
+            metrics_logger=metrics_logger,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            span_exporters=span_exporters,
+            resource_attributes=resource_attributes,
+            alerts=alerts,
+            system_metrics=system_metrics,
+            logger_provider=logger_provider,
+            span_processors=span_processors,
+            metric_readers=metric_readers,
+            step_sinks=step_sinks,
+            clock=clock,
+            id_seed=id_seed,
+            console_interval=console_interval,
+            run_config=run_config,
+        )
         cfg = args.check(settings)
         rank = detect_rank(settings)
         job, rid = job_.identify(
-            settings, run_id=run_id, rank=rank, resource_attributes=resource_attributes,
-            output_dir=output_dir, forked=_forked_from_a_run,
-        )  # fmt: skip
+            settings,
+            run_id=run_id,
+            rank=rank,
+            resource_attributes=resource_attributes,
+            output_dir=output_dir,
+            forked=_forked_from_a_run,
+        )
         config = run_config_.take_pending(rid, run_config)
         ours = _resource.resource_attributes(
             service_name=service_name,

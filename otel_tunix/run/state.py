@@ -77,13 +77,25 @@ def register_observables(meter: Any, state: RunState | None) -> None:
     counter, gauge = Instrument.COUNTER, Instrument.GAUGE
     instruments = (
         (counter, "tunix.steps", "{step}", "Steps run (sampled or not)"),
-        (counter, "tunix.telemetry.spans", "{span}",
-         "Spans given to otel-tunix's batch exporters, by result"),
-        (gauge, "tunix.session.steps_per_second", "{step}/s",
-         "Steps per second from the first to the latest step of a scope"),
-        (counter, "tunix.telemetry.dropped_steps", "{step}",
-         "Sampled steps otel-tunix could not record"),
-    )  # fmt: skip
+        (
+            counter,
+            "tunix.telemetry.spans",
+            "{span}",
+            "Spans given to otel-tunix's batch exporters, by result",
+        ),
+        (
+            gauge,
+            "tunix.session.steps_per_second",
+            "{step}/s",
+            "Steps per second from the first to the latest step of a scope",
+        ),
+        (
+            counter,
+            "tunix.telemetry.dropped_steps",
+            "{step}",
+            "Sampled steps otel-tunix could not record",
+        ),
+    )
     if state is None or state.runtime is None:
         for kind, name, unit, desc in instruments:
             observable(meter, kind, name, None, unit=unit, description=desc)

@@ -34,9 +34,20 @@ __all__ = [
 
 REDACTED = "[REDACTED]"
 _WORDS = frozenset(
-    ("key", "token", "secret", "password", "passwd", "credential", "credentials", "auth",
-     "authorization", "apikey", "pwd")
-)  # fmt: skip
+    (
+        "key",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "credential",
+        "credentials",
+        "auth",
+        "authorization",
+        "apikey",
+        "pwd",
+    )
+)
 _ENDINGS = ("apikey", "accesskey", "secretkey", "privatekey", "token", "secret", "password")
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.\-]*://)([^\s/?#@]*@)?([^\s?#]*)(\?[^\s#'\"]*)?")

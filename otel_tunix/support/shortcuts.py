@@ -226,16 +226,33 @@ one run with internal kind, unset status, and no events or links."""
 
 
 def sdk_span(
-    resource: Resource, scope: InstrumentationScope, name: str, context: SpanContext,
-    parent: SpanContext | None, attributes: dict[str, Any], start_time: int, end_time: int,
-    events: tuple[Any, ...] = (), status: Status = _UNSET, links: tuple[Any, ...] = (),
-) -> ReadableSpan:  # fmt: skip
+    resource: Resource,
+    scope: InstrumentationScope,
+    name: str,
+    context: SpanContext,
+    parent: SpanContext | None,
+    attributes: dict[str, Any],
+    start_time: int,
+    end_time: int,
+    events: tuple[Any, ...] = (),
+    status: Status = _UNSET,
+    links: tuple[Any, ...] = (),
+) -> ReadableSpan:
     """A span of a run made by the SDK's own constructor (internal kind)."""
     return ReadableSpan(
-        name, context=context, parent=parent, resource=resource, attributes=attributes,
-        events=events, links=links, kind=_INTERNAL, status=status, start_time=start_time,
-        end_time=end_time, instrumentation_scope=scope,
-    )  # fmt: skip
+        name,
+        context=context,
+        parent=parent,
+        resource=resource,
+        attributes=attributes,
+        events=events,
+        links=links,
+        kind=_INTERNAL,
+        status=status,
+        start_time=start_time,
+        end_time=end_time,
+        instrumentation_scope=scope,
+    )
 
 
 def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
@@ -249,17 +266,26 @@ def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
     the installed SDK); otherwise the constructor itself.
     """
     shared = {
-        "_resource": resource, "_instrumentation_scope": scope, "_instrumentation_info": None,
-        "_kind": _INTERNAL, "_status": _UNSET, "_events": (), "_links": (),
-    }  # fmt: skip
+        "_resource": resource,
+        "_instrumentation_scope": scope,
+        "_instrumentation_info": None,
+        "_kind": _INTERNAL,
+        "_status": _UNSET,
+        "_events": (),
+        "_links": (),
+    }
     cls = type("RunSpan", (ReadableSpan,), {**shared, "__slots__": ()})
     cls.__module__ = __name__
     new = object.__new__
 
     def make(
-        name: str, context: SpanContext, parent: SpanContext | None,
-        attributes: dict[str, Any], start_time: int, end_time: int,
-    ) -> ReadableSpan:  # fmt: skip
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, Any],
+        start_time: int,
+        end_time: int,
+    ) -> ReadableSpan:
         span: Any = new(cls)
         span._name = name
         span._context = context
@@ -270,9 +296,13 @@ def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
         return span  # type: ignore[no-any-return]
 
     def by_constructor(
-        name: str, context: SpanContext, parent: SpanContext | None,
-        attributes: dict[str, Any], start_time: int, end_time: int,
-    ) -> ReadableSpan:  # fmt: skip
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, Any],
+        start_time: int,
+        end_time: int,
+    ) -> ReadableSpan:
         return sdk_span(resource, scope, name, context, parent, attributes, start_time, end_time)
 
     try:
@@ -286,10 +316,21 @@ def span_maker(resource: Resource, scope: InstrumentationScope) -> SpanMaker:
 def _same_span(a: ReadableSpan, b: ReadableSpan) -> bool:
     """Whether two spans answer every public property alike."""
     props = (
-        "name", "context", "parent", "resource", "attributes", "events", "links", "kind",
-        "start_time", "end_time", "instrumentation_scope", "dropped_attributes",
-        "dropped_events", "dropped_links",
-    )  # fmt: skip
+        "name",
+        "context",
+        "parent",
+        "resource",
+        "attributes",
+        "events",
+        "links",
+        "kind",
+        "start_time",
+        "end_time",
+        "instrumentation_scope",
+        "dropped_attributes",
+        "dropped_events",
+        "dropped_links",
+    )
     return (
         all(getattr(a, p) == getattr(b, p) for p in props)
         and (a.status.status_code, a.status.description)

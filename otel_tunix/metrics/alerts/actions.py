@@ -54,8 +54,11 @@ _logger = logging.getLogger(LOGGER_NAME)
 EVENT_NAME = "tunix.alert"
 """Name of the span event and of the log record's event."""
 
-_LOG_SEVERITY = {Severity.OK: ("INFO", 9), Severity.WARNING: ("WARN", 13),
-                 Severity.CRITICAL: ("ERROR", 17)}  # fmt: skip
+_LOG_SEVERITY = {
+    Severity.OK: ("INFO", 9),
+    Severity.WARNING: ("WARN", 13),
+    Severity.CRITICAL: ("ERROR", 17),
+}
 
 
 class AlertAction(ABC):
@@ -121,9 +124,11 @@ class LogRecordAction(AlertAction):
         except TypeError:  # opentelemetry-api < 1.35: no context / event_name
             ctx = trace.get_current_span().get_span_context()
             record = LogRecord(
-                trace_id=ctx.trace_id, span_id=ctx.span_id, trace_flags=ctx.trace_flags,
+                trace_id=ctx.trace_id,
+                span_id=ctx.span_id,
+                trace_flags=ctx.trace_flags,
                 **fields,
-            )  # fmt: skip
+            )
         self._otel_logger.emit(record)
 
 
@@ -166,20 +171,28 @@ class DatadogAction(AlertAction):
         dd = self.client()
         if dd is None:
             return
-        tags = {"rule": alert.rule, "metric": alert.metric,
-                "severity": alert.severity.name.lower()}  # fmt: skip
+        tags = {"rule": alert.rule, "metric": alert.metric, "severity": alert.severity.name.lower()}
         if alert.step is not None:
             tags["step"] = str(alert.step)
-        dd.service_check(f"tunix.alert.{alert.rule}", int(alert.severity), tags=tags,
-                         message=alert.message)  # fmt: skip
+        dd.service_check(
+            f"tunix.alert.{alert.rule}", int(alert.severity), tags=tags, message=alert.message
+        )
         if alert.fired or alert.resolved:
             kind = {Severity.CRITICAL: "error", Severity.WARNING: "warning"}.get(
                 alert.severity, "success"
             )
-            title = (f"otel-tunix: {alert.rule} {alert.severity.name.lower()}" if alert.fired
-                     else f"otel-tunix: {alert.rule} resolved")  # fmt: skip
-            dd.event(title, alert.message, alert_type=kind, tags=tags,
-                     aggregation_key=f"tunix.alert.{alert.rule}.{alert.metric}")  # fmt: skip
+            title = (
+                f"otel-tunix: {alert.rule} {alert.severity.name.lower()}"
+                if alert.fired
+                else f"otel-tunix: {alert.rule} resolved"
+            )
+            dd.event(
+                title,
+                alert.message,
+                alert_type=kind,
+                tags=tags,
+                aggregation_key=f"tunix.alert.{alert.rule}.{alert.metric}",
+            )
 
     def close(self) -> None:
         """Flush the client given, close the one created here."""
@@ -222,9 +235,10 @@ class CounterAction(AlertAction):
         if self._counter is None:
             self._counter = CatalogInstruments(self._meter_provider)
         self._counter.record(
-            "tunix.alert.firings", 1,
+            "tunix.alert.firings",
+            1,
             {"rule": alert.rule, "severity": alert.severity.name.lower()},
-        )  # fmt: skip
+        )
 
 
 class JsonlAction(AlertAction):

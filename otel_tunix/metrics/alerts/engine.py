@@ -321,9 +321,16 @@ class AlertEngine(LoggingBackend):
                 return None
             s.level = severity
             alert = Alert(
-                rule, metric, severity, previous, value, step, condition, message,
+                rule,
+                metric,
+                severity,
+                previous,
+                value,
+                step,
+                condition,
+                message,
                 extra=dict(attributes or {}),
-            )  # fmt: skip
+            )
             self.history.append(alert)
         self._act(alert)
         return alert
