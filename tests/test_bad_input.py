@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 
 import otel_tunix
-from otel_tunix.settings.table import ConfigurationError
+from otel_tunix.settings.parsing import ConfigurationError
 
 ODD = "step\ud800compute"  # a lone surrogate: not encodable as UTF-8
 SHOWN = "step\ufffdcompute"

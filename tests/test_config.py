@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_tunix
 from otel_tunix import ConfigurationError, PerformanceMetricsConfig
-from otel_tunix.settings.table import load_settings
+from otel_tunix.settings.values import load_settings
 from otel_tunix.testing import capture
 
 

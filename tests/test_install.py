@@ -58,7 +58,7 @@ _CORE_CHECK = textwrap.dedent(
     """
     import os, sys
     import otel_tunix
-    from otel_tunix.settings.table import ConfigurationError
+    from otel_tunix.settings.parsing import ConfigurationError
 
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
     try:

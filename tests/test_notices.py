@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import otel_tunix
 from otel_tunix.run.notices import destinations, otlp_endpoint
-from otel_tunix.settings.table import load_settings
+from otel_tunix.settings.values import load_settings
 
 
 class _Refusing(SpanExporter):

@@ -9,13 +9,9 @@ from pathlib import Path
 import pytest
 
 import otel_tunix
-from otel_tunix.settings.table import (
-    SETTINGS,
-    ConfigurationError,
-    Settings,
-    load_settings,
-    markdown_table,
-)
+from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.table import SETTINGS, markdown_table
+from otel_tunix.settings.values import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "otel_tunix"
@@ -113,7 +109,7 @@ def test_the_readme_configuration_table_is_the_one_generated_from_the_settings_t
 
 
 def test_the_environment_is_read_only_by_the_settings_module() -> None:
-    """``os.environ`` / ``os.getenv`` appear in settings/table.py only, and in the distro, which
+    """``os.environ`` / ``os.getenv`` appear in settings/values.py only, and in the distro, which
     sets (never reads for itself) ``OTEL_PYTHON_CONFIGURATOR`` for opentelemetry-instrument."""
     readers: set[str] = set()
     for path in PACKAGE.rglob("*.py"):
@@ -122,4 +118,4 @@ def test_the_environment_is_read_only_by_the_settings_module() -> None:
             if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
                 if isinstance(node.value, ast.Name) and node.value.id == "os":
                     readers.add(str(path.relative_to(PACKAGE)))
-    assert readers == {"settings/table.py", "instrumentation/distro.py"}
+    assert readers == {"settings/values.py", "instrumentation/distro.py"}

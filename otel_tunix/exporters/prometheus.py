@@ -51,7 +51,7 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.metrics_core import Metric
 
-from otel_tunix.settings.table import load_setting
+from otel_tunix.settings.values import load_setting
 from otel_tunix.settings.variables import OTEL_TUNIX_PROMETHEUS_HOST, OTEL_TUNIX_PROMETHEUS_PORT
 from otel_tunix.support.text import utf8_text
 

@@ -14,7 +14,7 @@ import otel_tunix
 from otel_tunix.instrumentation import _base
 from otel_tunix.recording.hot_path import now_ns
 from otel_tunix.settings import attributes as attr
-from otel_tunix.settings.table import load_settings
+from otel_tunix.settings.values import load_settings
 
 
 # --- distributed ------------------------------------------------------------------------

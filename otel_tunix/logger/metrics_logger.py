@@ -49,7 +49,8 @@ from otel_tunix.pipeline.hooks import (
     runs_user_code,
 )
 from otel_tunix.settings import tally as _tally
-from otel_tunix.settings.table import ConfigurationError, Settings, load_settings
+from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.values import Settings, load_settings
 from otel_tunix.support.errors import ReportOnce, warn_once
 from otel_tunix.support.fork import at_fork_in_child, silence_file
 from otel_tunix.support.json_lines import dumps_line, floats_finite

@@ -16,7 +16,7 @@ from otel_tunix.model.job import JobInfo
 from otel_tunix.settings import attributes as attr
 from otel_tunix.settings import tally as _tally
 from otel_tunix.settings.redact import REDACTED, is_secret_key
-from otel_tunix.settings.table import Settings
+from otel_tunix.settings.values import Settings
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tunix.pipeline.batch_queue import BatchQueue
 from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
-from otel_tunix.settings.table import Settings, load_settings
+from otel_tunix.settings.values import Settings, load_settings
 from otel_tunix.support.errors import warn_once
 from otel_tunix.support.shortcuts import SUPPRESS_INSTRUMENTATION_KEY
 
@@ -184,7 +184,7 @@ class BatchExportProcessor(StepSpanProcessor):
         export_timeout_millis: How long ``shutdown`` waits for the last export
             (``OTEL_BSP_EXPORT_TIMEOUT``, 30000).
         settings: Where the ``OTEL_BSP_*`` defaults come from (default: the environment,
-            read by :func:`~otel_tunix.settings.table.load_settings`).
+            read by :func:`~otel_tunix.settings.values.load_settings`).
     """
 
     def __init__(

@@ -16,7 +16,8 @@ from otel_tunix.consumers.step_accounting import StepSink
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.settings import variables as env
 from otel_tunix.settings.config import PerformanceMetricsConfig, load_callable
-from otel_tunix.settings.table import ConfigurationError, Settings
+from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.values import Settings
 
 __all__ = ["RunArguments"]
 

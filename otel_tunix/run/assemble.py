@@ -63,7 +63,8 @@ from otel_tunix.run.run_parts import (
 from otel_tunix.run.signal_exports import SignalExportStats, new_signal_stats
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import variables as env
-from otel_tunix.settings.table import ConfigurationError, Settings
+from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.values import Settings
 from otel_tunix.settings.version import __version__
 from otel_tunix.support import ids as _ids
 from otel_tunix.support.linefile import record_write_error

@@ -47,7 +47,7 @@ from otel_tunix.model.resource import RankInfo, new_run_id
 from otel_tunix.run import folders
 from otel_tunix.settings import attributes as attr
 from otel_tunix.settings import variables as env
-from otel_tunix.settings.table import Settings
+from otel_tunix.settings.values import Settings
 from otel_tunix.support import process as _process
 
 __all__ = ["attempt_run_id", "identify", "launcher_job_id"]

@@ -29,7 +29,7 @@ from otel_tunix.settings import attributes as attr
 from otel_tunix.settings import tally as _tally
 from otel_tunix.settings.config import PerformanceMetricsConfig
 from otel_tunix.settings.redact import redact_url
-from otel_tunix.settings.table import Settings
+from otel_tunix.settings.values import Settings
 
 __all__ = [
     "Destination",

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from otel_tunix.settings.table import ConfigurationError
+from otel_tunix.settings.parsing import ConfigurationError
 
 __all__ = ["checked_dir", "checked_file", "path_component"]
 

@@ -12,7 +12,8 @@ from otel_tunix.model.resource import RankInfo
 from otel_tunix.run.paths import checked_dir
 from otel_tunix.settings import variables as env
 from otel_tunix.settings.config import PerformanceMetricsConfig
-from otel_tunix.settings.table import ConfigurationError, Settings
+from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.values import Settings
 from otel_tunix.support.errors import report_internal_error
 from otel_tunix.support.linefile import record_write_error
 

@@ -29,8 +29,9 @@ from otel_tunix.run.signal_exports import (
     CountingMetricExporter,
     SignalExportStats,
 )
+from otel_tunix.settings.parsing import ConfigurationError
 from otel_tunix.settings.redact import RedactingFilter
-from otel_tunix.settings.table import ConfigurationError, Settings
+from otel_tunix.settings.values import Settings
 from otel_tunix.support.shortcuts import reset_global_providers
 
 _logger = logging.getLogger(__name__)

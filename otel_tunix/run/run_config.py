@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_tunix.recording.current_run import get_current
+from otel_tunix.settings.parsing import ConfigurationError
 from otel_tunix.settings.redact import REDACTED, is_secret_key, redact_mapping
-from otel_tunix.settings.table import ConfigurationError
 
 __all__ = ["CONFIG_FILE", "config_attributes", "set_config", "take_pending", "write_config"]
 

@@ -37,7 +37,7 @@ from otel_tunix.run.parts import close_parts, flush_parts, parts_in_forked_child
 from otel_tunix.run.state import RunState, write_summary
 from otel_tunix.settings import tally as _tally
 from otel_tunix.settings.config import PerformanceMetricsConfig
-from otel_tunix.settings.table import load_settings
+from otel_tunix.settings.values import load_settings
 
 _logger = logging.getLogger(__name__)
 

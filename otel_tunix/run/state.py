@@ -25,7 +25,7 @@ from otel_tunix.run.signal_exports import SignalExportStats
 from otel_tunix.settings import attributes as attr
 from otel_tunix.settings import tally as _tally
 from otel_tunix.settings.config import PerformanceMetricsConfig
-from otel_tunix.settings.table import Settings
+from otel_tunix.settings.values import Settings
 from otel_tunix.support.linefile import record_write_error, write_errors
 
 __all__ = ["RunState", "register_observables", "write_summary"]

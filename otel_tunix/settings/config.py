@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from otel_tunix.settings.table import MAX_INTERVAL_MS, ConfigurationError, Settings, load_settings
+from otel_tunix.settings.parsing import MAX_INTERVAL_MS, ConfigurationError
+from otel_tunix.settings.values import Settings, load_settings
 
 __all__ = ["ConfigurationError", "PerformanceMetricsConfig"]
 
@@ -95,7 +96,7 @@ class PerformanceMetricsConfig:
 
     def resolved(self, settings: Settings | None = None) -> PerformanceMetricsConfig:
         """A copy with every unset field taken from ``settings`` (default: the environment,
-        read by :func:`~otel_tunix.settings.table.load_settings`)."""
+        read by :func:`~otel_tunix.settings.values.load_settings`)."""
         s = settings if settings is not None else load_settings()
         return PerformanceMetricsConfig(
             enabled=self.enabled if self.enabled is not None else s.enabled,

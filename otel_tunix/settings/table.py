@@ -1,10 +1,11 @@
 """Every environment variable otel-tunix reads, in one table, read in one place.
 
-:data:`SETTINGS` lists each variable with its type, default, documentation and parser;
-:func:`load_settings` reads them all into a frozen :class:`Settings` (``configure()`` does it
-once per run and hands the values to what it builds). A value that does not parse is a
-:class:`ConfigurationError` naming the variable and what is allowed. The README's
-configuration table is checked against this table by the test suite.
+:data:`SETTINGS` lists each variable with its type, default, documentation and parser
+(:mod:`~otel_tunix.settings.parsing`); :func:`~otel_tunix.settings.values.load_settings`
+reads them all into a frozen :class:`~otel_tunix.settings.values.Settings` (``configure()``
+does it once per run and hands the values to what it builds). A value that does not parse is
+a :class:`~otel_tunix.settings.parsing.ConfigurationError` naming the variable and what is
+allowed. The README's configuration table is checked against this table by the test suite.
 
 Variables the OpenTelemetry SDK and its exporters read themselves (``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_HEADERS``, ...) and those the ``datadog``
@@ -16,146 +17,29 @@ The shape follows Logfire's ``config_params.py``: one table, loaded and cast in 
 
 from __future__ import annotations
 
-import os
-import urllib.parse
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import Final
 
 from otel_tunix.settings import variables as env
-from otel_tunix.settings.redact import redact_setting
+from otel_tunix.settings.parsing import (
+    MAX_INTERVAL_MS,
+    MAX_SHUTDOWN_SEC,
+    Setting,
+    _components,
+    _names,
+    _non_negative_int,
+    _port,
+    _positive_float,
+    _positive_int,
+    _protocol,
+    _seconds,
+    _seconds_or_off,
+    _text,
+    _url,
+    parse_bool,
+    parse_interval_ms,
+)
 
-__all__ = [
-    "SETTINGS",
-    "ConfigurationError",
-    "Setting",
-    "Settings",
-    "load_setting",
-    "load_settings",
-    "markdown_table",
-]
-
-
-class ConfigurationError(ValueError):
-    """A configuration value is not allowed; the message names the field and what is."""
-
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-_OFF = frozenset({"none", "off", "false", "0"})
-MAX_INTERVAL_MS: Final = 60_000.0
-"""Largest allowed ``OTEL_TUNIX_PROCESS_INTERVAL_MS``."""
-MAX_SHUTDOWN_SEC: Final = 3600.0
-"""Largest allowed ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``."""
-
-
-# --- parsers: text (stripped, non-empty) -> value; ValueError when not allowed ------------
-
-
-def parse_bool(raw: str) -> bool:
-    value = raw.lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError
-
-
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value < 1:
-        raise ValueError
-    return value
-
-
-def _non_negative_int(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError
-    return value
-
-
-def _positive_float(raw: str) -> float:
-    value = float(raw)
-    if not value > 0 or value == float("inf"):
-        raise ValueError
-    return value
-
-
-def _port(raw: str) -> int:
-    value = int(raw)
-    if not 0 <= value <= 65535:
-        raise ValueError
-    return value
-
-
-def _text(raw: str) -> str:
-    return raw
-
-
-def _names(raw: str) -> tuple[str, ...]:
-    """A comma-separated list of exporter names, lower-cased; ``none`` means none."""
-    names = tuple(n.strip().lower() for n in raw.split(",") if n.strip())
-    return () if "none" in names else names
-
-
-def _components(raw: str) -> tuple[str, ...] | None:
-    return tuple(c.strip() for c in raw.split(",") if c.strip()) or None
-
-
-def parse_interval_ms(raw: str) -> float:
-    value = float(raw)
-    if not 0 < value <= MAX_INTERVAL_MS:
-        raise ValueError
-    return value
-
-
-def _seconds(raw: str) -> float:
-    value = float(raw)
-    if not 0 < value <= MAX_SHUTDOWN_SEC:
-        raise ValueError
-    return value
-
-
-def _seconds_or_off(raw: str) -> float | None:
-    if raw.lower() in _OFF:
-        return None
-    value = float(raw)
-    if not value > 0:
-        raise ValueError
-    return value
-
-
-def _url(raw: str) -> str:
-    """A URL with its scheme and host: ``localhost:4317`` alone would be read as the scheme
-    ``localhost`` (and gRPC would then go over TLS and fail)."""
-    parsed = urllib.parse.urlsplit(raw)
-    if parsed.scheme.lower() not in ("http", "https") or not parsed.hostname:
-        raise ValueError
-    parsed.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
-    return raw
-
-
-def _protocol(raw: str) -> str:
-    if raw not in ("grpc", "http/protobuf"):
-        raise ValueError
-    return raw
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """One environment variable: its name, the :class:`Settings` field it fills, how it
-    parses, its default, what it means, and what values are allowed (for errors and docs)."""
-
-    name: str
-    field: str
-    parse: Callable[[str], Any]
-    default: Any
-    doc: str
-    allowed: str
-    read_by: str = "otel-tunix"
-    """Who parses it: ``otel-tunix`` (into :class:`Settings`), else the package named, which
-    reads it itself (the row documents it)."""
+__all__ = ["SETTINGS", "markdown_table"]
 
 
 _BOOL = "true or false (also 1/0, yes/no, on/off)"
@@ -750,146 +634,6 @@ SETTINGS: Final[tuple[Setting, ...]] = (
 """Every environment variable otel-tunix knows, in the README's order."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Settings:
-    """The values of :data:`SETTINGS` (each field's meaning is its row's ``doc``)."""
-
-    enabled: bool = True
-    sampling_rate: int = 1
-    components: tuple[str, ...] | None = None
-    scope: str = "tunix"
-    output_dir: str | None = None
-    export_jsonl_path: str | None = None
-    export_fn: str | None = None
-    run_id: str | None = None
-    job_id: str | None = None
-    job_attempt: str | None = None
-    log_all_ranks: bool = False
-    quiet: bool = False
-    console_interval: float | None = None
-    perfetto_dir: str | None = None
-    process_interval_ms: float = 250.0
-    shutdown_timeout: float = 5.0
-    resource_config_keys: tuple[str, ...] | None = None
-    max_metric_names: int = 2000
-    alerts: bool = True
-    job_traces: bool = True
-    straggler_window: int = 50
-    prometheus_run_labels: bool = True
-    straggler_scope: str = "train"
-    straggler_margin: float = 0.2
-    straggler_windows: int = 3
-    system_metrics_interval: float | None = 10.0
-    raise_internal_errors: bool = False
-    otlp_fast_path: bool = True
-    metrics_fast_path: bool = True
-    prometheus_host: str | None = None
-    otel_prometheus_host: str | None = None
-    prometheus_port: int | None = None
-    otel_prometheus_port: int | None = None
-    datadog_enabled: bool = False
-    sdk_disabled: bool = False
-    traces_exporter: tuple[str, ...] | None = None
-    metrics_exporter: tuple[str, ...] | None = None
-    logs_exporter: tuple[str, ...] | None = None
-    otlp_endpoint: str | None = None
-    otlp_traces_endpoint: str | None = None
-    otlp_metrics_endpoint: str | None = None
-    otlp_logs_endpoint: str | None = None
-    otlp_protocol: str = "grpc"
-    otlp_traces_protocol: str | None = None
-    otlp_metrics_protocol: str | None = None
-    otlp_logs_protocol: str | None = None
-    bsp_schedule_delay_ms: int = 5000
-    bsp_max_queue_size: int | None = None
-    bsp_max_export_batch_size: int | None = None
-    bsp_export_timeout_ms: int = 30000
-    rank: int | None = None
-    ompi_rank: int | None = None
-    pmi_rank: int | None = None
-    slurm_procid: int | None = None
-    world_size: int | None = None
-    ompi_world_size: int | None = None
-    pmi_size: int | None = None
-    slurm_ntasks: int | None = None
-    local_rank: int | None = None
-    ompi_local_rank: int | None = None
-    slurm_localid: int | None = None
-    torchelastic_run_id: str | None = None
-    torchelastic_restart_count: str | None = None
-    slurm_job_id: str | None = None
-    slurm_restart_count: str | None = None
-
-    # --- values several readers combine -------------------------------------------------
-
-    @property
-    def launcher_rank(self) -> int | None:
-        """The rank a launcher gave (torchrun, MPI, SLURM, in that order), else ``None``."""
-        return _first(self.rank, self.ompi_rank, self.pmi_rank, self.slurm_procid)
-
-    @property
-    def launcher_world_size(self) -> int | None:
-        return _first(self.world_size, self.ompi_world_size, self.pmi_size, self.slurm_ntasks)
-
-    @property
-    def launcher_local_rank(self) -> int | None:
-        return _first(self.local_rank, self.ompi_local_rank, self.slurm_localid)
-
-    @property
-    def datadog_wanted(self) -> bool:
-        """Metrics to Datadog: ``DATADOG_ENABLED``, or ``OTEL_METRICS_EXPORTER`` names it."""
-        return self.datadog_enabled or "datadog" in (self.metrics_exporter or ())
-
-    def exporters(self, signal: str) -> tuple[str, ...]:
-        """The exporter names of ``signal`` (``traces``, ``metrics`` or ``logs``): its
-        ``OTEL_<SIGNAL>_EXPORTER`` list, or ``otlp`` when that is unset and an OTLP endpoint
-        of the signal is set, else none."""
-        names: tuple[str, ...] | None = getattr(self, f"{signal}_exporter")
-        if names is not None:
-            return names
-        endpoint = self.otlp_endpoint or getattr(self, f"otlp_{signal}_endpoint")
-        return ("otlp",) if endpoint else ()
-
-    def otlp_protocol_of(self, signal: str) -> str:
-        """The OTLP protocol of ``signal``: its own variable, else the shared one."""
-        own: str | None = getattr(self, f"otlp_{signal}_protocol")
-        return own or self.otlp_protocol
-
-
-def _first(*values: int | None) -> int | None:
-    return next((v for v in values if v is not None), None)
-
-
-def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read every variable of :data:`SETTINGS` from ``environ`` (default ``os.environ``).
-
-    Unset or blank variables take the default.
-
-    Raises:
-        ConfigurationError: a value does not parse; the message names the variable and
-            what is allowed.
-    """
-    source = os.environ if environ is None else environ
-    return Settings(**{s.field: load_setting(s.name, source) for s in SETTINGS if s.field})
-
-
-def load_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
-    """The value of the one variable ``name`` of :data:`SETTINGS` (for code that runs
-    outside a run, like the internal-error policy; everything else reads
-    :func:`load_settings` once)."""
-    setting = _BY_NAME[name]
-    raw = (os.environ if environ is None else environ).get(name)
-    if raw is None or not raw.strip():
-        return setting.default
-    try:
-        return setting.parse(raw.strip())
-    except ValueError:
-        shown = redact_setting(name, raw)  # an endpoint's credentials, a header's value
-        raise ConfigurationError(
-            f"{name}={shown!r} is not allowed; use {setting.allowed}"
-        ) from None
-
-
 def _default_text(setting: Setting) -> str:
     value = setting.default
     if value is None:
@@ -912,19 +656,6 @@ def markdown_table() -> str:
         lines.append(f"| `{s.name}` | {s.doc} | {_default_text(s)} | {s.allowed} | {s.read_by} |")
     return "\n".join(lines) + "\n"
 
-
-_BY_NAME: Final = {s.name: s for s in SETTINGS if s.field}
-
-
-def _check_table() -> None:
-    """The table and :class:`Settings` name the same fields with the same defaults."""
-    declared = {f.name: f.default for f in fields(Settings)}
-    table = {s.field: s.default for s in SETTINGS if s.field}
-    if declared != table:  # pragma: no cover - a programming error caught at import
-        raise AssertionError(f"SETTINGS and Settings differ: {declared.keys() ^ table.keys()}")
-
-
-_check_table()
 
 if __name__ == "__main__":
     print(markdown_table(), end="")

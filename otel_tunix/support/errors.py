@@ -19,7 +19,7 @@ import os
 import threading
 
 from otel_tunix.settings import variables as env
-from otel_tunix.settings.table import load_setting
+from otel_tunix.settings.values import load_setting
 
 __all__ = ["ReportOnce", "forget_reports", "report_internal_error", "warn_once"]
 

@@ -279,7 +279,7 @@ def test_shutdown_gives_up_after_the_export_timeout_when_the_exporter_hangs():
 
 
 def test_bad_bsp_environment_is_a_configuration_error_naming_the_variable(monkeypatch):
-    from otel_tunix.settings.table import ConfigurationError
+    from otel_tunix.settings.parsing import ConfigurationError
 
     for name, bad in (("OTEL_BSP_MAX_QUEUE_SIZE", "lots"), ("OTEL_BSP_SCHEDULE_DELAY", "-5")):
         monkeypatch.setenv(name, bad)

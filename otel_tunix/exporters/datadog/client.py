@@ -15,7 +15,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 from otel_tunix.exporters.datadog.tags import TagsLike, _tag_key, _tag_list
-from otel_tunix.settings.table import load_settings
+from otel_tunix.settings.values import load_settings
 
 if TYPE_CHECKING:
     from datadog.dogstatsd import DogStatsd

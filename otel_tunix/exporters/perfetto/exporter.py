@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int
 from otel_tunix.exporters.perfetto.writer import DEFAULT_MAX_PENDING_SPANS, PerfettoTraceWriter
 from otel_tunix.settings.attributes import RANK
-from otel_tunix.settings.table import load_settings
+from otel_tunix.settings.values import load_settings
 from otel_tunix.support.errors import warn_once
 from otel_tunix.support.linefile import record_write_error
 
