@@ -9,7 +9,7 @@ import pytest
 
 import otel_tunix
 from otel_tunix.accounting.step_time import account_step, union_ns
-from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.model.metric_spec import SECONDS_BUCKETS
 from otel_tunix.model.steps import SpanInfo
 from otel_tunix.settings import attributes as attr
 from otel_tunix.testing import capture

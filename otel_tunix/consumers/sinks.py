@@ -26,7 +26,7 @@ from otel_tunix.consumers.step_histograms import (
 from otel_tunix.logger.backend import PERF_SOURCE, otel_metric_name, to_scalar
 from otel_tunix.logger.metrics_logger import MetricsLogger
 from otel_tunix.logger.perf_rows import PerfRows
-from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.model.metric_spec import SECONDS_BUCKETS
 from otel_tunix.model.steps import ScopeSession, StepSummary
 from otel_tunix.settings import attributes as attr
 from otel_tunix.support.errors import ReportOnce

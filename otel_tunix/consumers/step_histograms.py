@@ -51,7 +51,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.model.metric_spec import SECONDS_BUCKETS
 from otel_tunix.model.steps import StepSummary
 from otel_tunix.settings import attributes as attr
 from otel_tunix.support.errors import report_internal_error
@@ -75,7 +75,7 @@ STEP_HISTOGRAMS: Final[tuple[tuple[str, str], ...]] = (
     ("tunix.component.device_time", "Time from a component's dispatch to its device completion"),
 )
 """``(name, description)`` of each histogram made from the steps (unit ``s``, boundaries
-:data:`~otel_tunix.model.catalog.SECONDS_BUCKETS`; attribute ``scope``, and ``component``
+:data:`~otel_tunix.model.metric_spec.SECONDS_BUCKETS`; attribute ``scope``, and ``component``
 for ``tunix.component.*``). Both paths make them from this table."""
 
 _DURATION, _BUSY, _BLOCKED, _IDLE, _C_BUSY, _C_BLOCKED, _DEVICE_LAG, _C_DEVICE = range(8)

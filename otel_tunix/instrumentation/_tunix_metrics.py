@@ -14,7 +14,8 @@ from typing import Any
 import otel_tunix
 from otel_tunix.instrumentation.jax import run_meter
 from otel_tunix.logger.backend import PERF_SOURCE, LoggingBackend, to_scalar
-from otel_tunix.model.catalog import MODE_ATTRIBUTE, SECONDS_BUCKETS, lookup
+from otel_tunix.model.catalog import lookup
+from otel_tunix.model.metric_spec import MODE_ATTRIBUTE, SECONDS_BUCKETS
 from otel_tunix.support.errors import warn_once
 
 _logger = logging.getLogger("otel_tunix.instrumentation.tunix")  # the public module's logger

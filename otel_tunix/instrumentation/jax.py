@@ -56,7 +56,7 @@ from otel_tunix.instrumentation import _base
 from otel_tunix.instrumentation._jax_causes import CompileCauses
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.metrics.compilations import count_compilation
-from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.model.metric_spec import SECONDS_BUCKETS
 from otel_tunix.recording.hot_path import may_record
 from otel_tunix.support.errors import report_internal_error, warn_once
 

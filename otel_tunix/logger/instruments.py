@@ -25,14 +25,8 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from otel_tunix.logger.backend import PERF_SOURCE, LoggingBackend, otel_metric_name
-from otel_tunix.model.catalog import (
-    CATALOG,
-    Instrument,
-    MetricSpec,
-    by_otel_name,
-    guess_unit,
-    lookup,
-)
+from otel_tunix.model.catalog import CATALOG, by_otel_name, guess_unit, lookup
+from otel_tunix.model.metric_spec import Instrument, MetricSpec
 from otel_tunix.recording.current_run import meter as current_meter
 from otel_tunix.settings.version import __version__
 

@@ -33,7 +33,8 @@ from otel_tunix.metrics.flops import (
 from otel_tunix.metrics.generation import GenerationMetrics
 from otel_tunix.metrics.system import SystemMetricsSampler, instrument_queue
 from otel_tunix.metrics.training import TrainingMetrics, perplexity
-from otel_tunix.model.catalog import CATALOG, Instrument, MetricSpec, lookup
+from otel_tunix.model.catalog import CATALOG, lookup
+from otel_tunix.model.metric_spec import Instrument, MetricSpec
 
 __all__ = [
     "CATALOG",

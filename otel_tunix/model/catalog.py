@@ -23,188 +23,30 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-SECONDS_BUCKETS: tuple[float, ...] = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    25.0,
-    50.0,
-    100.0,
-    250.0,
-    500.0,
-    1000.0,
+from otel_tunix.model.metric_spec import (
+    E2E_LATENCY_BUCKETS,
+    INTER_TOKEN_LATENCY_BUCKETS,
+    MODE_ATTRIBUTE,
+    SECONDS_BUCKETS,
+    TIME_TO_FIRST_TOKEN_BUCKETS,
+    TOKEN_COUNT_BUCKETS,
+    Instrument,
+    MetricSpec,
 )
-"""Histogram boundaries for durations in seconds: 0.5 ms to ~17 min (the SDK's default
-boundaries are shaped for milliseconds)."""
 
 __all__ = [
     "CATALOG",
-    "E2E_LATENCY_BUCKETS",
-    "INTER_TOKEN_LATENCY_BUCKETS",
-    "MODE_ATTRIBUTE",
-    "SECONDS_BUCKETS",
-    "TIME_TO_FIRST_TOKEN_BUCKETS",
-    "TOKEN_COUNT_BUCKETS",
-    "Instrument",
     "Match",
-    "MetricSpec",
     "by_otel_name",
     "guess_unit",
     "lookup",
     "markdown_table",
     "rows",
 ]
-
-
-class Instrument(StrEnum):
-    """OTel instrument kinds used by the catalog."""
-
-    GAUGE = "gauge"
-    COUNTER = "counter"
-    UP_DOWN_COUNTER = "updowncounter"
-    HISTOGRAM = "histogram"
-
-
-TIME_TO_FIRST_TOKEN_BUCKETS: Final[tuple[float, ...]] = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-"""vLLM's ``vllm:time_to_first_token_seconds`` boundaries."""
-
-INTER_TOKEN_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-"""vLLM's ``vllm:inter_token_latency_seconds`` boundaries (time per output token)."""
-
-E2E_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-"""vLLM's request-latency boundaries (end-to-end, prefill and decode time)."""
-
-TOKEN_COUNT_BUCKETS: Final[tuple[float, ...]] = (
-    1,
-    4,
-    16,
-    64,
-    256,
-    1024,
-    4096,
-    16384,
-    65536,
-    262144,
-    1048576,
-    4194304,
-    16777216,
-    67108864,
-)
-"""The GenAI semantic conventions' advice for ``gen_ai.client.token.usage``."""
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """One row of the catalog.
-
-    Attributes:
-        otel_name: OTel instrument name (dotted).
-        instrument: Instrument kind.
-        unit: UCUM-style unit (``s``, ``By``, ``W``, ``Cel``, ``Hz``, ``1``, ``{token}``).
-        description: What the number is.
-        group: ``training``, ``rl``, ``generation``, ``gpu``, ``system``, ``alerts``,
-            ``compilation`` or ``goodput``.
-        logger_name: The MetricsLogger (slash-style) name, or ``None`` for instruments that
-            are only recorded directly. ``{name}`` placeholders match one path segment and
-            become the attribute ``name``.
-        attributes: Constant attributes of the series.
-        scale: The OTel value is the logged value times this (``tflops_per_step`` is logged
-            in TFLOP and recorded in ``{flop}``).
-        buckets: Histogram boundaries, in the unit.
-        semconv: The name, kind and unit come from the OTel semantic conventions.
-    """
-
-    otel_name: str
-    instrument: Instrument
-    unit: str
-    description: str
-    group: str
-    logger_name: str | None = None
-    attributes: Mapping[str, str] = field(default_factory=dict)
-    scale: float = 1.0
-    buckets: tuple[float, ...] | None = None
-    semconv: bool = False
 
 
 G, C, U, H = (
@@ -243,8 +85,6 @@ def _stats(
     ]
 
 
-MODE_ATTRIBUTE: Final = "tunix.training.mode"
-"""Tunix's attribute for its MetricsLogger mode (``train`` or ``eval``)."""
 _TRAIN: Final = MappingProxyType({MODE_ATTRIBUTE: "train"})
 _EVAL: Final = MappingProxyType({MODE_ATTRIBUTE: "eval"})
 _LOSS = "Loss of the training step (mode train) or of an evaluation (mode eval)"

@@ -16,7 +16,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from otel_tunix.consumers.step_accounting import StepAccountingProcessor
 from otel_tunix.logger.instruments import observable
 from otel_tunix.logger.metrics_logger import MetricsLogger
-from otel_tunix.model.catalog import Instrument
+from otel_tunix.model.metric_spec import Instrument
 from otel_tunix.model.steps import ScopeSession
 from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.recording import hot_path as _recording

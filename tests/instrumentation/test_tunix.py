@@ -31,7 +31,7 @@ from otel_tunix.instrumentation.tunix import (  # noqa: E402
     TunixInstrumentor,
     parse_event,
 )
-from otel_tunix.model.catalog import MODE_ATTRIBUTE as MODE  # noqa: E402
+from otel_tunix.model.metric_spec import MODE_ATTRIBUTE as MODE  # noqa: E402
 from otel_tunix.settings import attributes as attr  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 

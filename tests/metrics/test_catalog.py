@@ -12,15 +12,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_tunix import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.logger.instruments import CatalogOTelBackend
-from otel_tunix.model.catalog import (
-    CATALOG,
-    E2E_LATENCY_BUCKETS,
-    Instrument,
-    by_otel_name,
-    guess_unit,
-    lookup,
-    markdown_table,
-)
+from otel_tunix.model.catalog import CATALOG, by_otel_name, guess_unit, lookup, markdown_table
+from otel_tunix.model.metric_spec import E2E_LATENCY_BUCKETS, Instrument
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_tunix.metrics import generation
 from otel_tunix.metrics.generation import GenerationMetrics
-from otel_tunix.model.catalog import TIME_TO_FIRST_TOKEN_BUCKETS
+from otel_tunix.model.metric_spec import TIME_TO_FIRST_TOKEN_BUCKETS
 
 PREFILL_SEC = 0.12
 DECODE_SEC = 0.03

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import otel_tunix
-from otel_tunix.model.catalog import MODE_ATTRIBUTE, by_otel_name, lookup
+from otel_tunix.model.catalog import by_otel_name, lookup
+from otel_tunix.model.metric_spec import MODE_ATTRIBUTE
 
 pytest.importorskip("torch")
 

@@ -23,7 +23,7 @@ from opentelemetry.sdk.resources import Resource
 import otel_tunix
 from otel_tunix.consumers.sinks import InstrumentSink, instrument_sink
 from otel_tunix.consumers.step_histograms import STEP_HISTOGRAMS
-from otel_tunix.model.catalog import SECONDS_BUCKETS
+from otel_tunix.model.metric_spec import SECONDS_BUCKETS
 from otel_tunix.model.steps import StepSummary
 from otel_tunix.run import setup
 

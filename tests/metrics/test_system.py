@@ -134,7 +134,7 @@ def test_an_observable_whose_callback_reaches_its_provider_does_not_keep_it_aliv
     import weakref
 
     from otel_tunix.logger.instruments import observable
-    from otel_tunix.model.catalog import Instrument
+    from otel_tunix.model.metric_spec import Instrument
 
     reader = InMemoryMetricReader()  # not the fixture's: pytest would keep it (and mp)
     mp = MeterProvider(metric_readers=[reader])
