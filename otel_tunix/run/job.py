@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ _logger = logging.getLogger(__name__)
 _last: JobInfo | None = None  # this process's latest run's: a forked child keeps its parent's
 
 _HEADER_MAX = 1 << 20  # a header line longer than this is not ours
+_INT64_MAX = (1 << 63) - 1  # an attempt or a count must fit the int64 that OTLP carries
+_DECIMAL = re.compile(r"[0-9]+")  # plain ASCII digits: no sign, float, "1_000" or "٣"
 _TAIL_CHUNK = 1 << 16
 
 
@@ -127,22 +130,22 @@ def _text(value: Any) -> str | None:
 
 
 def _number(name: str, value: Any, least: int) -> int | None:
-    """``value`` as a whole number >= ``least``; otherwise reported, naming ``name``, and
-    ``None`` (ignored: the run goes on)."""
+    """``value`` as a whole number in [``least``, 2^63): an ``int``, or a string of plain
+    ASCII digits (``"1e3"``, ``"1_000"``, ``"1.0"`` or ``"٣"`` are not); otherwise reported,
+    naming ``name``, and ``None`` (ignored: the run goes on)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    try:
-        if isinstance(value, bool) or not float(value).is_integer():
-            raise ValueError
-        number = int(float(value))
-    except (TypeError, ValueError, OverflowError):
-        number = None
-    if number is None or number < least:
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value.strip()) and len(value) < 30:
+        number = int(value.strip())
+    if number is None or not least <= number <= _INT64_MAX:
         _logger.warning(
-            "otel-tunix: %s=%r is not allowed (a whole number >= %d); ignored, the attempt "
-            "is found without it",
+            "otel-tunix: %s=%r is not allowed (a whole number of plain digits, %d to 2^63-1); "
+            "ignored, the attempt is found without it",
             name,
-            value,
+            value if not isinstance(value, str) else value[:80],
             least,
         )
         return None

@@ -5,6 +5,7 @@ that cannot be written, is a :class:`ConfigurationError` naming the setting, not
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -14,15 +15,21 @@ from otel_tunix.settings import ConfigurationError
 __all__ = ["checked_dir", "checked_file", "path_component"]
 
 _UNSAFE = re.compile(r"[^\w.\-]")
-_MAX_COMPONENT = 200
+_MAX_COMPONENT = 200  # bytes: a file system's names hold 255, and "-2" or "-rank7" is added
 
 
 def path_component(text: str) -> str:
     """``text`` made safe as one path component: every character but letters, digits,
     ``_``, ``.`` and ``-`` becomes ``_`` (no ``/``, ``\\``, NUL or lone surrogate survives),
-    leading dots are dropped (no ``..``, no hidden folder), at most 200 characters; ``run``
-    when nothing is left."""
-    safe = _UNSAFE.sub("_", text).lstrip(".")[:_MAX_COMPONENT]
+    leading dots are dropped (no ``..``, no hidden folder), at most 200 bytes in UTF-8 (a
+    longer one is cut at a whole character and ends in ``-`` and 16 hex digits of its hash,
+    so two long ids that start alike still differ); ``run`` when nothing is left."""
+    safe = _UNSAFE.sub("_", text).lstrip(".")
+    data = safe.encode("utf-8", "surrogatepass")
+    if len(data) > _MAX_COMPONENT:
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        head = data[: _MAX_COMPONENT - 17].decode("utf-8", "ignore")
+        safe = f"{head}-{digest}"
     return safe or "run"
 
 
