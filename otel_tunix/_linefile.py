@@ -12,6 +12,12 @@ whole lines, a hard kill included (the file ends where the last flush ended).
 was last opened (run setup writes those of the run's files into ``summary.json`` as
 ``write_errors``). A ``.gz`` path is written through :mod:`gzip` (errors
 counted the same way; whole lines are not guaranteed there).
+
+Run files never follow a symbolic link: a :class:`LineFile` is opened with ``O_NOFOLLOW``
+(a link planted in the run folder in place of ``metrics.jsonl`` is an ``OSError``, ``ELOOP``,
+not an append to the file it points to), and :func:`replace_file` (``summary.json``,
+``config.json``) writes a new temporary file (``O_EXCL``: never through a link left at its
+name) that it renames over the old one (a rename replaces a link; it does not follow it).
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ from typing import IO
 
 from otel_tunix._errors import warn_once
 
-__all__ = ["LineFile", "record_write_error", "write_errors"]
+__all__ = ["NOFOLLOW", "LineFile", "record_write_error", "replace_file", "write_errors"]
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+"""``os.O_NOFOLLOW`` where there is one: the open fails on a symbolic link."""
 
 FLUSH_BYTES = 1 << 20
 """Lines held before a flush happens on its own (a writer that seldom flushes)."""
@@ -74,9 +83,12 @@ class LineFile:
         self._gz: IO[str] | None = None
         self._fd = -1
         if self.path.suffix == ".gz":
+            # made (or found) without following a link first: gzip opens by name
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o666))
             self._gz = gzip.open(self.path, "at", encoding="utf-8")
         else:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW
+            self._fd = os.open(self.path, flags, 0o666)
         self._pending: list[str] = []
         self._pending_bytes = 0
         self._records = 0
@@ -155,3 +167,19 @@ class LineFile:
         else:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: to ``<path>.tmp``, made new (a link or file left at
+    that name is removed first, never followed), then renamed over ``path``. Raises
+    ``OSError`` (nothing is left at the temporary name then)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -133,3 +133,66 @@ def test_the_ranks_of_one_run_share_a_given_folder(
             monkeypatch.setenv("RANK", rank)
             assert _run_in(folder, 2, monkeypatch).output_dir == run
         assert _steps(run, "spans-rank0.jsonl") == _steps(run, "spans-rank1.jsonl") == [0, 1]
+
+
+_AT_ONCE = r"""
+import json, os, sys, time
+import otel_tunix
+
+start = float(sys.argv[1])
+while time.time() < start:  # every process imported: all configure() within a few ms
+    time.sleep(0.001)
+info = otel_tunix.configure(system_metrics=False, alerts=False)
+for n in range(5):
+    with otel_tunix.step(n), otel_tunix.component("work"):
+        pass
+otel_tunix.shutdown()
+print(json.dumps({"run_id": info.run_id, "attempt": info.job.attempt,
+                  "folder": str(info.output_dir.resolve())}))
+"""
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["output_dir given", "default folder"])
+def test_eight_processes_configuring_at_once_never_share_a_folder(
+    tmp_path: Path, given: bool
+) -> None:
+    """Issue #36 case 7: two or three of eight such processes wrote one folder in 11 of 20
+    rounds (5 of 20 in the default folder): interleaved run headers, summary.json
+    overwritten, duplicate run ids and attempts."""
+    import subprocess
+    import sys
+    import time
+
+    from processes import child_env
+
+    procs_per_round, rounds = 8, 1
+    env = child_env(OTEL_TUNIX_JOB_ID="race", OTEL_TUNIX_QUIET="true")
+    if given:
+        env["OTEL_TUNIX_OUTPUT_DIR"] = str(tmp_path / "out")
+    seen: list[dict[str, object]] = []
+    for _ in range(rounds):
+        start = time.time() + 3.0  # after the imports (2 cores: about 1 s each)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _AT_ONCE, str(start)],
+                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for _ in range(procs_per_round)
+        ]
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+            seen.append(json.loads(out.strip().splitlines()[-1]))
+    total = procs_per_round * rounds
+    folders = [Path(str(s["folder"])) for s in seen]
+    assert len(set(folders)) == total  # one folder each
+    assert sorted(int(str(s["attempt"])) for s in seen) == list(range(1, total + 1))
+    assert len({s["run_id"] for s in seen}) == total
+    for s, folder in zip(seen, folders, strict=True):
+        lines = [json.loads(x) for x in (folder / "spans.jsonl").read_text().splitlines()]
+        headers = [x for x in lines if x["type"] == "run"]
+        assert len(headers) == 1 and headers[0]["run_id"] == s["run_id"]  # its own file
+        assert [x["step"] for x in lines if x["type"] == "step"] == [0, 1, 2, 3, 4]
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["resource"]["tunix.run.id"] == s["run_id"]

@@ -48,7 +48,7 @@ from otel_tunix import environment_variables as env
 from otel_tunix._job import JobInfo, PreviousAttempt
 from otel_tunix._resource import RankInfo, new_run_id
 from otel_tunix.run import folders
-from otel_tunix.settings import Settings
+from otel_tunix.settings import ConfigurationError, Settings
 
 __all__ = ["attempt_run_id", "identify", "launcher_job_id"]
 
@@ -85,12 +85,18 @@ def identify(
     resource_attributes: Mapping[str, Any] | None = None,
     output_dir: str | os.PathLike[str] | None = None,
     forked: bool = False,
-) -> tuple[JobInfo, str]:
-    """The run's job identity and its run id (``run_id``: the one given to ``configure()``).
+) -> tuple[JobInfo, str, Path | None]:
+    """The run's job identity, its run id (``run_id``: the one given to ``configure()``)
+    and the run folder it claimed (``None``: no folder, or a forked child's, found later).
 
     ``output_dir`` is the folder given to ``configure()`` (else ``OTEL_TUNIX_OUTPUT_DIR``
-    says where the run folders are). A forked child of a run keeps its parent's job and
-    attempt and links nothing.
+    says where the run folders are). The folder is claimed as the attempt is found, in one
+    step (:func:`otel_tunix.run.folders.claim`): runs that start at once get their own
+    folders and attempts. A forked child of a run keeps its parent's job and attempt and
+    links nothing.
+
+    Raises:
+        ConfigurationError: the run folder cannot be made, naming the setting.
     """
     global _last
     given = _given_attributes(resource_attributes)
@@ -99,22 +105,73 @@ def identify(
         rid = run_id or settings.run_id or new_run_id()
         parent = _last
         info = JobInfo(parent.job_id, parent.attempt, parent.attempt_from, parent.process_start_ns)
-        return info, rid
-    attempt, source = _explicit_attempt(settings, given)
-    earlier: list[tuple[int, dict[str, Any], Path]] = []
-    if job_id is not None:
-        earlier = _earlier_attempts(job_id, settings, rank, output_dir)
-    if attempt is None:
-        attempt, source = _counted_attempt(settings, earlier)
-    if job_id is None:
-        rid = run_id or settings.run_id or new_run_id()
-        job_id = rid
+        return info, rid, None
+    explicit, explicit_source = _explicit_attempt(settings, given)
+    own_id = None if job_id is not None else run_id or settings.run_id or new_run_id()
+    found: dict[str, Any] = {}
+
+    def decide(earlier: list[tuple[int, dict[str, Any], Path]]) -> dict[str, Any]:
+        if explicit is not None:
+            attempt, source = explicit, explicit_source
+        else:
+            attempt, source = _counted_attempt(settings, earlier)
+        if job_id is None:
+            rid = own_id or new_run_id()
+        else:
+            rid = run_id or settings.run_id or attempt_run_id(job_id, attempt)
+        found.update(attempt=attempt, source=source, rid=rid, earlier=earlier)
+        return {"job_id": job_id or rid, "attempt": attempt, "run_id": rid, "pid": os.getpid()}
+
+    folder: Path | None = None
+    where = _folders_of(job_id or own_id or "", settings, output_dir, forked)
+    if where is None:
+        decide(_earlier_attempts(job_id, rank, []) if job_id is not None else [])
     else:
-        rid = run_id or settings.run_id or attempt_run_id(job_id, attempt)
-    previous = _previous(job_id, attempt, earlier) if attempt > 1 else None
-    info = JobInfo(job_id, attempt, source, _process.process_start_ns(), previous)
+        base, in_given = where
+        try:
+            folder = folders.claim(
+                base,
+                rank.file_suffix,
+                given=in_given,
+                content=lambda taken: decide(_earlier_attempts(job_id, rank, taken)),
+            )
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(_cannot_make(base, in_given, exc)) from None
+    attempt, source, rid = found["attempt"], found["source"], found["rid"]
+    earlier = found["earlier"]
+    final_job = job_id if job_id is not None else rid
+    previous = _previous(final_job, attempt, earlier) if attempt > 1 else None
+    info = JobInfo(final_job, attempt, source, _process.process_start_ns(), previous)
     _last = info
-    return info, rid
+    return info, rid, folder
+
+
+def _folders_of(
+    key: str, settings: Settings, output_dir: str | os.PathLike[str] | None, forked: bool
+) -> tuple[Path, bool] | None:
+    """Where the run's folder is claimed: ``(base, given)``; ``None``: no folder (``none``,
+    ``OTEL_SDK_DISABLED``) or a forked child (its folder is found in its parent's)."""
+    raw = os.fspath(output_dir) if output_dir is not None else settings.output_dir
+    if forked or settings.sdk_disabled or (raw is not None and raw.strip().lower() == "none"):
+        return None
+    if raw is None or not raw.strip():
+        return folders.default_base(key), False
+    return Path(raw), True
+
+
+def _cannot_make(base: Path, given: bool, exc: Exception) -> str:
+    reason = (
+        "a NUL character in the path"
+        if isinstance(exc, ValueError)
+        else (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc))
+    )
+    if given:
+        setting = f"output_dir / {env.OTEL_TUNIX_OUTPUT_DIR}={os.fspath(base)!r}"
+        return f"{setting}: cannot make the run folder ({reason})"
+    return (
+        f"the default run folder {os.fspath(base)!r} cannot be made ({reason}); set "
+        f"output_dir / {env.OTEL_TUNIX_OUTPUT_DIR} to another folder, or to none"
+    )
 
 
 def _given_attributes(resource_attributes: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -182,27 +239,25 @@ def _counted_attempt(
 
 
 def _earlier_attempts(
-    job_id: str, settings: Settings, rank: RankInfo, output_dir: str | os.PathLike[str] | None
+    job_id: str | None, rank: RankInfo, taken: list[Path]
 ) -> list[tuple[int, dict[str, Any], Path]]:
-    """``(attempt, header, spans file)`` of this rank's earlier runs of the job in the local
-    run folders, by attempt (the last run of each attempt)."""
-    raw = os.fspath(output_dir) if output_dir is not None else settings.output_dir
-    if raw is not None and raw.strip().lower() == "none":
+    """``(attempt, header, spans file)`` of this rank's earlier runs of the job in the
+    folders ``taken`` before the run's own, by attempt (the last run of each attempt): from
+    each spans file's header, else from the folder's claim (a run that started at once with
+    this one may not have written its header yet)."""
+    if job_id is None:
         return []
-    if raw is None or not raw.strip():
-        files = folders.earlier_runs(folders.default_base(job_id), rank.file_suffix, given=False)
-    else:
-        files = folders.earlier_runs(Path(raw), rank.file_suffix, given=True)
     found: dict[int, tuple[int, dict[str, Any], Path]] = {}
-    for path in files:
-        header = read_header(path)
+    for folder in taken:
+        path = folder / f"spans{rank.file_suffix}.jsonl"
+        header = read_header(path) or folders.read_claim(folder, rank.file_suffix)
         if header is None:
             continue
         resource = header.get("resource") or {}
         if str(header.get("job_id", resource.get(attr.JOB_ID))) != job_id:
             continue
         attempt = header.get("attempt", resource.get(attr.JOB_ATTEMPT))
-        if isinstance(attempt, int) and attempt >= 1:
+        if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 1:
             found[attempt] = (attempt, header, path)
     return [found[a] for a in sorted(found)]
 

@@ -41,6 +41,7 @@ def checked_dir(path: str | os.PathLike[str], setting: str) -> Path:
             ``setting`` (e.g. ``"output_dir / OTEL_TUNIX_OUTPUT_DIR"``) and the reason.
     """
     p = Path(path)
+    _refuse_nul(p, setting)
     if p.exists() and not p.is_dir():
         raise ConfigurationError(f"{setting}={os.fspath(path)!r} is a file, not a directory")
     try:
@@ -64,6 +65,7 @@ def checked_file(path: str | os.PathLike[str], setting: str) -> Path:
             cannot be opened for appending; the message names ``setting`` and the reason.
     """
     p = Path(path)
+    _refuse_nul(p, setting)
     if p.is_dir():
         raise ConfigurationError(f"{setting}={os.fspath(path)!r} is a directory, not a file")
     try:
@@ -75,6 +77,11 @@ def checked_file(path: str | os.PathLike[str], setting: str) -> Path:
             f"{setting}={os.fspath(path)!r}: cannot write the file ({_reason(exc)})"
         ) from None
     return p
+
+
+def _refuse_nul(path: Path, setting: str) -> None:
+    if "\0" in os.fspath(path):  # no system call takes one (a raw ValueError otherwise)
+        raise ConfigurationError(f"{setting}={os.fspath(path)!r}: a path holds no NUL character")
 
 
 def _reason(exc: OSError) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tunix._current import get_current
+from otel_tunix._linefile import replace_file
 from otel_tunix._redact import REDACTED, is_secret_key, redact_mapping
 from otel_tunix.settings import ConfigurationError
 
@@ -97,12 +98,8 @@ def config_attributes(
 def write_config(path: Path, config: Mapping[str, Any], *, count: bool = True) -> None:
     """Write ``config`` as JSON (values that JSON lacks as their ``str``; secret-looking
     keys' values redacted, counted unless ``count`` is false), atomically."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(redact_mapping(config, count=count), indent=2, sort_keys=True, default=str)
-        + "\n"
-    )
-    tmp.replace(path)
+    text = json.dumps(redact_mapping(config, count=count), indent=2, sort_keys=True, default=str)
+    replace_file(path, text + "\n")
 
 
 def take_pending(run_id: str, given: Mapping[str, Any] | None) -> dict[str, Any]:

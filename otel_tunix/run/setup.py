@@ -147,7 +147,7 @@ def configure(
         )  # fmt: skip
         cfg = args.check(settings)
         rank = detect_rank(settings)
-        job, rid = job_.identify(
+        job, rid, claimed = job_.identify(
             settings, run_id=run_id, rank=rank, resource_attributes=resource_attributes,
             output_dir=output_dir, forked=_forked_from_a_run,
         )  # fmt: skip
@@ -164,7 +164,7 @@ def configure(
         )
         resource = build_resource(ours)
         out_dir, files = assemble.run_folder(
-            args, settings, job.job_id, rank, config, forked=_forked_from_a_run
+            args, settings, job.job_id, rank, config, claimed=claimed, forked=_forked_from_a_run
         )
         if settings.sdk_disabled:
             _recording.set_runtime(None)

@@ -16,7 +16,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from otel_tunix import _recording, _tally
 from otel_tunix import attributes as attr
 from otel_tunix._current import RunInfo
-from otel_tunix._linefile import record_write_error, write_errors
+from otel_tunix._linefile import record_write_error, replace_file, write_errors
 from otel_tunix.config import PerformanceMetricsConfig
 from otel_tunix.metrics.catalog import Instrument
 from otel_tunix.metrics.instruments import observable
@@ -165,10 +165,7 @@ def write_summary(
     data["write_errors"] = {f: e for f, e in write_errors().items() if f in own}
     # names and values cleaned, secrets redacted, metric names refused, hook calls dropped
     data["safety"] = _tally.this_run()
-    tmp = path.with_suffix(".json.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        tmp.replace(path)
+        replace_file(path, json.dumps(data, indent=2, default=str))
     except OSError as exc:  # a full disk: reported once, never raised into the program
         record_write_error(path, exc, 1)
-        tmp.unlink(missing_ok=True)
