@@ -196,3 +196,51 @@ def test_eight_processes_configuring_at_once_never_share_a_folder(
         assert [x["step"] for x in lines if x["type"] == "step"] == [0, 1, 2, 3, 4]
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["resource"]["tunix.run.id"] == s["run_id"]
+
+
+def test_links_planted_in_a_run_folder_are_never_followed(tmp_path: Path) -> None:
+    """Issue #36 case 8: a run appended its metrics to a file outside the folder through a
+    metrics.jsonl link, and made the dangling target of a spans.jsonl link outside it."""
+    from otel_tunix.settings import ConfigurationError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "metrics.jsonl").write_text("theirs\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(outside / "metrics.jsonl")
+    with pytest.raises(ConfigurationError) as err:
+        otel_tunix.configure(output_dir=run, system_metrics=False)
+    assert str(run) in str(err.value) and "metrics.jsonl" in str(err.value)
+    assert "OTEL_TUNIX_OUTPUT_DIR" in str(err.value)
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]  # no claim left
+    # a spans.jsonl link (dangling) marks the folder as a run's: the run goes to run-2
+    (run / "metrics.jsonl").unlink()
+    (run / "spans.jsonl").symlink_to(outside / "made-by-the-run.jsonl")
+    for name in ("summary.json.tmp", "config.json.tmp", "trace.pftrace.tmp"):
+        (outside / name).write_text("theirs\n")
+        (run / "run-2").mkdir(exist_ok=True)
+        (run / "run-2" / name).symlink_to(outside / name)  # .tmp names are not refused:
+    (run / "run-2" / "metrics.jsonl").unlink(missing_ok=True)  # they are replaced unread
+    info = otel_tunix.configure(output_dir=run, system_metrics=False, run_config={"lr": 1})
+    with otel_tunix.step(0), otel_tunix.component("work"):
+        pass
+    otel_tunix.log({"loss": 1.0}, step=0)
+    otel_tunix.shutdown()
+    assert info.output_dir == run / "run-2"
+    assert _steps(run / "run-2") == [0]
+    assert json.loads((run / "run-2" / "summary.json").read_text())["scopes"]
+    # nothing outside was written, made or followed
+    assert sorted(p.name for p in outside.iterdir()) == [
+        "config.json.tmp", "metrics.jsonl", "summary.json.tmp", "trace.pftrace.tmp"
+    ]  # fmt: skip
+    assert all(p.read_text() == "theirs\n" for p in outside.iterdir())
+    # a symbolic link as a candidate folder (run-3) is never used
+    (tmp_path / "elsewhere").mkdir()
+    (run / "run-3").symlink_to(tmp_path / "elsewhere")
+    info = otel_tunix.configure(output_dir=run, system_metrics=False)
+    with otel_tunix.step(0):
+        pass
+    otel_tunix.shutdown()
+    assert info.output_dir == run / "run-4"
+    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -104,6 +104,14 @@ def run_folder(
     if out_dir is not None:
         folders.note_made(out_dir)
         checked_dir(out_dir, setting)
+        links = folders.planted_links(out_dir)
+        if links:
+            folders.release(out_dir, rank.file_suffix)
+            raise ConfigurationError(
+                f"{setting}: the run folder {os.fspath(out_dir)!r} holds symbolic links where "
+                f"run files go ({', '.join(links)}); run files are never written through a "
+                "link: remove them or give another folder"
+            )
         if config:
             files["config"] = out_dir / run_config_.CONFIG_FILE
             try:

@@ -48,7 +48,9 @@ __all__ = [
     "drop_if_empty",
     "fresh_folder",
     "note_made",
+    "planted_links",
     "read_claim",
+    "release",
 ]
 
 _lock = threading.Lock()
@@ -157,6 +159,12 @@ def _link_claim(path: Path, data: bytes) -> bool:
             tmp.unlink()
 
 
+def release(folder: Path, rank_suffix: str) -> None:
+    """Remove this rank's claim of ``folder`` (a run refused before it wrote anything)."""
+    with contextlib.suppress(OSError):
+        (folder / claim_name(rank_suffix)).unlink()
+
+
 def read_claim(folder: Path, rank_suffix: str) -> dict[str, Any] | None:
     """What a folder's claim for this rank holds, or ``None`` (none, or not readable)."""
     try:
@@ -166,6 +174,24 @@ def read_claim(folder: Path, rank_suffix: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+_RUN_FILES = ("spans", "metrics", "alerts", "summary", "config", "trace", "rollouts", ".claim")
+
+
+def planted_links(folder: Path) -> list[str]:
+    """The names in ``folder`` that are symbolic links where a run writes its files
+    (``spans*``, ``metrics*``, ``summary*``, ``config*``, ``trace*``, ...), sorted; not
+    the temporary ``*.tmp`` ones, which are removed, never followed."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(
+                e.name
+                for e in entries
+                if e.name.startswith(_RUN_FILES) and not e.name.endswith(".tmp") and e.is_symlink()
+            )
+    except OSError:
+        return []
 
 
 def note_made(folder: Path) -> None:

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_tunix import _recording, _resource, _tally
+from otel_tunix import environment_variables as env
 from otel_tunix._current import CurrentRun, RunInfo, get_current, set_current
 from otel_tunix._current import meter as current_meter
 from otel_tunix._resource import build_resource, detect_rank
@@ -35,7 +36,7 @@ from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
 from otel_tunix.run.parts import close_parts, flush_parts, parts_in_forked_child, start_parts
 from otel_tunix.run.state import RunState, write_summary
-from otel_tunix.settings import load_settings
+from otel_tunix.settings import ConfigurationError, load_settings
 
 _logger = logging.getLogger(__name__)
 
@@ -174,7 +175,13 @@ def configure(
         info = RunInfo(
             rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files, job=job
         )
-        state = assemble.assemble(args, settings, info, ours, shutdown)
+        try:
+            state = assemble.assemble(args, settings, info, ours, shutdown)
+        except OSError as exc:  # a run file that cannot be made: no space or inodes left
+            raise ConfigurationError(
+                f"output_dir / {env.OTEL_TUNIX_OUTPUT_DIR}: cannot make {exc.filename} "
+                f"({exc.strerror or exc})"
+            ) from None
         _state = state
         start_parts(state.parts)
         set_current(
