@@ -87,8 +87,10 @@ class LineFile:
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o666))
             self._gz = gzip.open(self.path, "at", encoding="utf-8")
         else:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW
+            # O_NONBLOCK: a FIFO with no reader fails (ENXIO) instead of blocking the open
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK
             self._fd = os.open(self.path, flags, 0o666)
+            os.set_blocking(self._fd, True)
         self._pending: list[str] = []
         self._pending_bytes = 0
         self._records = 0

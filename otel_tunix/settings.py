@@ -17,6 +17,7 @@ The shape follows Logfire's ``config_params.py``: one table, loaded and cast in 
 from __future__ import annotations
 
 import os
+import stat
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -134,6 +135,46 @@ def _url(raw: str) -> str:
         raise ValueError
     parsed.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
     return raw
+
+
+PEM_MAX_BYTES = 16 << 20
+"""The largest certificate or key file ``configure()`` lets the OTel SDK read."""
+_PEM = "a regular file (not a FIFO, device or directory) of at most 16 MiB"
+
+
+def _pem_file(raw: str) -> str:
+    """``raw`` if it names no file (the SDK says so) or a regular file of at most
+    :data:`PEM_MAX_BYTES`; found with ``stat`` (a FIFO is never opened)."""
+    try:
+        st = os.stat(raw)
+    except (OSError, ValueError):
+        return raw
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > PEM_MAX_BYTES:
+        raise ValueError("too large")
+    return raw
+
+
+def check_sdk_files(environ: Mapping[str, str] | None = None) -> None:
+    """Check the files the OTel SDK's exporters read when they are made (certificates and
+    keys: ``OTEL_EXPORTER_OTLP_CERTIFICATE``, ...), so that making them cannot block on a
+    FIFO or read ``/dev/zero`` until memory runs out.
+
+    Raises:
+        ConfigurationError: naming the variable and what is allowed.
+    """
+    source = os.environ if environ is None else environ
+    for setting in SETTINGS:
+        raw = source.get(setting.name) if setting.parse is _pem_file else None
+        if raw is None or not raw.strip():
+            continue
+        try:
+            _pem_file(raw.strip())
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{setting.name}={raw!r} is not allowed ({exc}); use {setting.allowed}"
+            ) from None
 
 
 def _protocol(raw: str) -> str:
@@ -362,6 +403,18 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             read_by="opentelemetry-sdk"),
     Setting("OTEL_RESOURCE_ATTRIBUTES", "", _text, None,
             "more resource attributes", "key=value pairs", read_by="opentelemetry-sdk"),
+    *(
+        Setting(f"OTEL_EXPORTER_OTLP{sig}{what}", "", _pem_file, None,
+                f"{doc} of the OTLP exporter{of} (the SDK reads it when the exporter is "
+                "made; `configure()` checks it first: a FIFO would block it for ever)",
+                _PEM, read_by="opentelemetry-sdk")
+        for sig, of in (("", ""), ("_TRACES", " of spans"), ("_METRICS", " of metrics"),
+                        ("_LOGS", " of log records"))
+        for what, doc in (("_CERTIFICATE", "CA certificate (PEM file) that verifies the "
+                           "collector"),
+                          ("_CLIENT_CERTIFICATE", "client certificate (PEM file), mutual TLS"),
+                          ("_CLIENT_KEY", "client private key (PEM file), mutual TLS"))
+    ),
     Setting("DD_AGENT_HOST", "", _text, None, "DogStatsD host", "a host name",
             read_by="datadog"),
     Setting("DD_DOGSTATSD_PORT", "", _text, None, "DogStatsD port", "a port",

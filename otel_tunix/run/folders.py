@@ -39,7 +39,7 @@ from typing import Any
 from otel_tunix._current import RunInfo
 from otel_tunix._linefile import NOFOLLOW
 from otel_tunix.model import ScopeSession
-from otel_tunix.run.paths import path_component
+from otel_tunix.run.paths import open_regular, path_component
 
 __all__ = [
     "claim",
@@ -168,8 +168,7 @@ def release(folder: Path, rank_suffix: str) -> None:
 def read_claim(folder: Path, rank_suffix: str) -> dict[str, Any] | None:
     """What a folder's claim for this rank holds, or ``None`` (none, or not readable)."""
     try:
-        fd = os.open(folder / claim_name(rank_suffix), os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
+        with open_regular(folder / claim_name(rank_suffix), follow=False) as f:
             data = json.loads(f.read(_CLAIM_MAX))
     except (OSError, ValueError):
         return None

@@ -45,9 +45,11 @@ from opentelemetry.sdk.resources import OTELResourceDetector
 from otel_tunix import _job, _process
 from otel_tunix import attributes as attr
 from otel_tunix import environment_variables as env
+from otel_tunix._errors import warn_once
 from otel_tunix._job import JobInfo, PreviousAttempt
 from otel_tunix._resource import RankInfo, new_run_id
 from otel_tunix.run import folders
+from otel_tunix.run.paths import NotRegularFile, open_regular
 from otel_tunix.settings import ConfigurationError, Settings
 
 __all__ = ["attempt_run_id", "identify", "launcher_job_id"]
@@ -262,13 +264,26 @@ def _earlier_attempts(
     return [found[a] for a in sorted(found)]
 
 
+def _skipped(path: Path, exc: NotRegularFile) -> None:
+    warn_once(
+        ("not-a-file", os.fspath(path)),
+        "otel-tunix: %s is %s, not a file a run wrote; skipped in finding the job's attempt",
+        path,
+        exc.strerror,
+    )
+
+
 def read_header(path: Path) -> dict[str, Any] | None:
-    """The ``type: "run"`` header of a spans JSONL file, or ``None`` (none, or unreadable)."""
+    """The ``type: "run"`` header of a spans JSONL file, or ``None`` (none, unreadable, or
+    not a regular file: a FIFO is said and skipped, never waited on)."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             line = f.readline(_HEADER_MAX)
         header = json.loads(line)
-    except (OSError, ValueError):
+    except NotRegularFile as exc:
+        _skipped(path, exc)
+        return None
+    except (OSError, ValueError, RecursionError):
         return None
     return header if isinstance(header, dict) and header.get("type") == "run" else None
 
@@ -277,7 +292,7 @@ def last_step(path: Path) -> dict[str, Any] | None:
     """The last whole ``type: "step"`` line of a spans JSONL file, read from its end (a
     killed run's file may end in a torn line: it is skipped)."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             pos, stop = f.seek(0, os.SEEK_END), -1
             while pos > 0 and stop < 0:  # the newline that ends the last whole line
                 size = min(_TAIL_CHUNK, pos)
@@ -306,7 +321,7 @@ def _step_line(line: bytes) -> dict[str, Any] | None:
         return None
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) and obj.get("type") == "step" else None
 

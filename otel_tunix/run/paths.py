@@ -1,6 +1,11 @@
 """The run's local paths, checked at ``configure()``: a folder that cannot be one, or a file
 that cannot be written, is a :class:`ConfigurationError` naming the setting, not an
-``OSError`` from deep inside a writer."""
+``OSError`` from deep inside a writer.
+
+``configure()`` never blocks on a file: what it reads (an earlier attempt's spans file, a
+folder's claim) is opened with :func:`open_regular`, which never waits on a FIFO and refuses
+what is not a regular file (a FIFO, ``/dev/zero``, a directory), and read up to a bound.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,18 @@ import errno
 import hashlib
 import os
 import re
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from otel_tunix.settings import ConfigurationError
 
-__all__ = ["checked_dir", "checked_file", "path_component"]
+__all__ = ["NotRegularFile", "checked_dir", "checked_file", "open_regular", "path_component"]
+
+
+class NotRegularFile(OSError):
+    """A path that :func:`open_regular` refused: a FIFO, a device, a directory, ..."""
+
 
 _UNSAFE = re.compile(r"[^\w.\-]")
 _MAX_COMPONENT = 200  # bytes: a file system's names hold 255, and "-2" or "-rank7" is added
@@ -70,13 +82,65 @@ def checked_file(path: str | os.PathLike[str], setting: str) -> Path:
         raise ConfigurationError(f"{setting}={os.fspath(path)!r} is a directory, not a file")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "ab"):
-            pass
+        # never blocks: a FIFO with no reader fails (ENXIO)
+        os.close(os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666))
     except OSError as exc:
         raise ConfigurationError(
             f"{setting}={os.fspath(path)!r}: cannot write the file ({_reason(exc)})"
         ) from None
     return p
+
+
+def open_regular(path: str | os.PathLike[str], *, follow: bool = True) -> BinaryIO:
+    """``path`` opened for reading, if it is a regular file (a link to one when ``follow``).
+
+    The open never waits (``O_NONBLOCK``: a FIFO with no writer would block it for ever).
+
+    Raises:
+        NotRegularFile: it is a FIFO, a device, a directory or a socket.
+        OSError: it cannot be opened (missing, a link when not ``follow``, ...).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else "not a regular file"
+            )
+            raise NotRegularFile(errno.EINVAL, kind, os.fspath(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def regular_file_size(path: str) -> int | None:
+    """The size of the file ``path`` names (a link followed), or ``None`` when there is none.
+
+    Raises:
+        NotRegularFile: it is a FIFO, a device, a directory or a socket (found without
+            opening it).
+    """
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "a device or socket"
+        )
+        raise NotRegularFile(errno.EINVAL, kind, path)
+    return st.st_size
 
 
 def _refuse_nul(path: Path, setting: str) -> None:

@@ -36,7 +36,7 @@ from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
 from otel_tunix.run.parts import close_parts, flush_parts, parts_in_forked_child, start_parts
 from otel_tunix.run.state import RunState, write_summary
-from otel_tunix.settings import ConfigurationError, load_settings
+from otel_tunix.settings import ConfigurationError, check_sdk_files, load_settings
 
 _logger = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ def configure(
             shutdown()
         _tally.start_run()  # summary.json's "safety" counts from here
         settings = load_settings()
+        check_sdk_files()
         args = RunArguments(
             service_name=service_name, perf=perf, output_dir=output_dir, run_id=run_id,
             metrics_logger=metrics_logger, tracer_provider=tracer_provider,
