@@ -43,9 +43,17 @@ _lock = threading.Lock()
 _errors: dict[str, dict[str, object]] = {}
 
 
-def record_write_error(path: Path | str, exc: OSError, records: int) -> None:
+def record_write_error(
+    path: Path | str,
+    exc: OSError,
+    records: int,
+    *,
+    said: str = "the records that did not fit are counted in summary.json (write_errors) "
+    "and the end notice, and writing resumes when it can",
+) -> None:
     """Count ``records`` lost writing ``path`` (the first error is kept) and report the
-    error once per file, in words."""
+    error once per file, in words, then ``said``: where the count goes (for
+    ``summary.json`` itself, not there)."""
     key = os.fspath(path)
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     with _lock:
@@ -53,10 +61,10 @@ def record_write_error(path: Path | str, exc: OSError, records: int) -> None:
         entry["records_lost"] = int(str(entry["records_lost"])) + records
     warn_once(
         ("write-error", key),
-        "otel-tunix: cannot write %s: %s; the records that did not fit are counted in "
-        "summary.json (write_errors) and writing resumes when it can",
+        "otel-tunix: cannot write %s: %s; %s",
         key,
         reason,
+        said,
     )
 
 

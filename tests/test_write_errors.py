@@ -57,9 +57,9 @@ SPANS_RECORDS = 502
 METRICS_RECORDS = 1007
 
 
-def _run(out: Path, limit: int, space: str) -> subprocess.CompletedProcess[str]:
+def _run(out: Path, limit: int, space: str, quiet: bool = True) -> subprocess.CompletedProcess[str]:
     env = child_env()
-    env["OTEL_TUNIX_QUIET"] = "true"
+    env["OTEL_TUNIX_QUIET"] = "true" if quiet else "false"
     return subprocess.run(
         [sys.executable, "-c", PROGRAM, str(out), str(limit), space],
         env=env,
@@ -100,7 +100,10 @@ def test_a_disk_that_fills_and_frees_loses_only_counted_whole_records(tmp_path):
     assert [x["step"] for x in logged if "loss" in x.get("metrics", {})][-100:] == list(
         range(400, 500)
     )
-    assert summary["complete"] is True and summary["scopes"][0]["steps"] == 500
+    assert summary["scopes"][0]["steps"] == 500
+    # "complete" means nothing was lost: the records not written are said so
+    lost = sum(e["records_lost"] for e in errors.values())
+    assert summary["complete"] is False and summary["lost"]["records_not_written"] == lost
     for trace in (out / "trace").glob("*.pftrace"):  # the streamed trace: counted too
         assert errors[str(trace)]["error"] == "File too large"
         assert errors[str(trace)]["records_lost"] > 0
@@ -109,10 +112,31 @@ def test_a_disk_that_fills_and_frees_loses_only_counted_whole_records(tmp_path):
 
 def test_a_disk_that_stays_full_never_raises_out_of_shutdown(tmp_path):
     out = tmp_path / "run"
-    proc = _run(out, 1024, "stays full")  # the summary does not fit either
+    proc = _run(out, 1024, "stays full", quiet=False)  # the summary does not fit either
     assert proc.returncode == 0 and "shutdown returned" in proc.stdout, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.count(f"cannot write {out / 'summary.json'}: File too large") == 1
+    # Issue #36 case 6: the warnings said the losses were "counted in summary.json", which
+    # could not be written. Now the summary's own warning gives the counts, and the end
+    # notice names every file and its records lost.
+    (said,) = [x for x in proc.stderr.splitlines() if f"cannot write {out / 'summary.json'}" in x]
+    assert "not in summary.json" in said and "counted in summary.json" not in said
+    assert "here and in the end notice" in said
+    lost = int(said.split("not in summary.json: ")[1].split(" records not written")[0])
+    assert lost > 0
+    notice = proc.stderr[proc.stderr.index("otel-tunix: run ") :]
+    notice = notice[notice.index(" finished: ") :]
+    assert f"{out / 'summary.json'} not written (File too large)" in notice
+    for name in ("spans.jsonl", "metrics.jsonl"):
+        assert f"{out / name}: " in notice  # "<n> records not written (File too large)"
+    in_notice = {
+        x.split(": ")[0].strip(): int(x.split(": ")[-1].split(" records")[0])
+        for x in notice.splitlines()[1].split("; ")
+        if "records not written" in x
+    }
+    files = [str(out / "spans.jsonl"), str(out / "metrics.jsonl")]
+    assert sum(in_notice[f] for f in files) == lost  # the same count, said in both places
+    assert "nothing dropped or failed" not in notice
     assert not (out / "summary.json.tmp").exists()
     for name in ("spans.jsonl", "metrics.jsonl"):
         assert _records(out / name)  # what was written before the disk filled, whole

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,13 +159,54 @@ def write_summary(
         data["goodput"] = st.ledger.figures()
     if timeout is not None:
         data["shutdown"] = {"timeout_sec": timeout, "unfinished": list(unfinished)}
-    own = {os.fspath(p) for p in st.info.files.values()}
-    if st.config.export_jsonl_path:
-        own.add(os.fspath(st.config.export_jsonl_path))
-    data["write_errors"] = {f: e for f, e in write_errors().items() if f in own}
+    data["write_errors"] = own_write_errors(st)
     # names and values cleaned, secrets redacted, metric names refused, hook calls dropped
     data["safety"] = _tally.this_run()
+    lost = losses(data, unfinished)
+    if lost:  # "complete" says nothing was lost
+        data["complete"] = False
+        data["lost"] = lost
     try:
         replace_file(path, json.dumps(data, indent=2, default=str))
     except OSError as exc:  # a full disk: reported once, never raised into the program
-        record_write_error(path, exc, 1)
+        said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in lost.items())
+        record_write_error(
+            path,
+            exc,
+            1,
+            said=f"what the run lost is counted here and in the end notice, not in {path.name}: "
+            + (said or "nothing else so far"),
+        )
+
+
+def own_write_errors(st: RunState) -> dict[str, dict[str, object]]:
+    """The write errors of the run's own files (:func:`otel_tunix._linefile.write_errors`)."""
+    own = {os.fspath(p) for p in st.info.files.values()}
+    if st.config.export_jsonl_path:
+        own.add(os.fspath(st.config.export_jsonl_path))
+    return {f: e for f, e in write_errors().items() if f in own}
+
+
+def losses(data: Mapping[str, Any], unfinished: Sequence[str]) -> dict[str, int]:
+    """What the run lost, by kind, from the figures of its summary ``data``: records not
+    written (``write_errors``), steps dropped or failed, spans an exporter did not send,
+    parts the shutdown left behind (not the Perfetto translation: ``otel-tunix convert``
+    makes the trace from ``spans.jsonl``). Empty: nothing was lost."""
+    out: dict[str, int] = {}
+    errors: Mapping[str, Mapping[str, Any]] = data.get("write_errors", {})
+    records = sum(int(e.get("records_lost", 0)) for e in errors.values())
+    if records:
+        out["records_not_written"] = records
+    steps = int(data.get("dropped_steps", 0)) + int(data.get("failed_steps", 0))
+    if steps:
+        out["steps_dropped_or_failed"] = steps
+    export: Mapping[str, Mapping[str, Any]] = data.get("export", {})
+    spans = sum(
+        int(e.get("spans_dropped", 0)) + int(e.get("spans_failed", 0)) for e in export.values()
+    )
+    if spans:
+        out["spans_not_exported"] = spans
+    parts = [u for u in unfinished if u != "perfetto translation"]
+    if parts:
+        out["parts_unfinished"] = len(parts)
+    return out
