@@ -277,3 +277,124 @@ def test_forks_under_a_run_exporting_over_grpc_all_live(rotel_collector):
     assert "skipping fork() handlers" not in proc.stderr
     # Every child that exported got its span to the collector over its own gRPC channel.
     rotel_collector.wait_for_span_counts({"child_work": len(codes) // 2}, timeout=30)
+
+
+def test_the_fork_guard_waits_again_after_one_fork_waited_in_vain():
+    """Issue #36 case 10: after one fork waited more than FORK_WAIT_SEC for an export, the
+    guard marked its lock "stuck" and let the next 96-98 of 100 forks go through mid-export
+    (6 of 400 children aborted in gRPC). A child says whether it was forked mid-export (the
+    exporter's own flag, copied with the memory at the fork)."""
+    import os
+    import time
+
+    import grpc  # noqa: F401  (the guard acts only where gRPC is loaded)
+
+    from otel_tunix.run import fork_guard
+
+    lock = threading.Lock()
+    exporting = threading.Event()
+    stop = threading.Event()
+    holding = threading.Event()
+
+    def export(hold: float) -> None:
+        with lock:
+            exporting.set()
+            holding.set()
+            time.sleep(hold)
+            exporting.clear()
+
+    def fork_mid_export() -> bool:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(1 if exporting.is_set() else 0)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 1
+
+    guard = fork_guard.ForkGuardPart(lambda: [lock])
+    guard.start()
+    try:
+        # one export longer than the guard waits: that fork goes on without the lock
+        slow = threading.Thread(target=export, args=(fork_guard.FORK_WAIT_SEC + 0.5,))
+        slow.start()
+        holding.wait(10)
+        started = time.monotonic()
+        assert fork_mid_export()
+        assert time.monotonic() - started >= fork_guard.FORK_WAIT_SEC  # it did wait
+        slow.join()
+
+        def busy() -> None:  # then an exporter busy 30 ms of every 32
+            while not stop.is_set():
+                export(0.03)
+                time.sleep(0.002)
+
+        threading.Thread(target=busy, daemon=True).start()
+        mid_export = [fork_mid_export() for _ in range(30)]
+        assert mid_export.count(True) == 0, mid_export  # before: nearly every one
+    finally:
+        stop.set()
+        guard.close(0.0)
+        fork_guard._stuck.discard(id(lock))
+
+
+GRPC_FORKS_BESIDE_STEPS = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    import otel_tunix
+
+    forks = int(sys.argv[1])
+    otel_tunix.configure(output_dir="none", system_metrics=False, alerts=False,
+                         perf=otel_tunix.PerformanceMetricsConfig(process_interval_ms=5))
+    stop = threading.Event()
+
+    def steps():  # the training loop, on a thread of its own: 2 ms steps of 20 phases
+        n = 0
+        while not stop.is_set():
+            with otel_tunix.step(n):
+                for c in range(20):
+                    with otel_tunix.component(f"work{c}"):
+                        time.sleep(0.0001)
+            n += 1
+
+    threading.Thread(target=steps, daemon=True).start()
+    codes = []
+    for k in range(forks):  # the main thread forks (a DataLoader starting its workers)
+        time.sleep(0.01)
+        pid = os.fork()
+        if pid == 0 and k % 4:
+            os._exit(0)
+        if pid == 0:  # a worker that exports over gRPC itself
+            signal.alarm(30)
+            otel_tunix.configure(output_dir="none", system_metrics=False, alerts=False)
+            with otel_tunix.step(0):
+                with otel_tunix.component("child_work"):
+                    pass
+            sys.exit(0)
+        codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    stop.set()
+    otel_tunix.shutdown()
+    print(json.dumps({"codes": codes}))
+    """
+)
+
+
+def test_a_hundred_forks_beside_a_loop_exporting_over_grpc_all_live(rotel_collector):
+    """Issue #36 case 10: fork() x100 from the main thread while another thread runs the
+    steps under gRPC export: 6 of 400 children aborted (ev_epoll1_linux.cc Check failed)."""
+    env = child_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=rotel_collector.grpc_endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_METRIC_EXPORT_INTERVAL="100",
+        OTEL_BSP_SCHEDULE_DELAY="1",
+        OTEL_TUNIX_QUIET="true",
+    )
+    env = {k: v for k, v in env.items() if not k.startswith("GRPC_")}  # gRPC's defaults
+    proc = subprocess.run(
+        [sys.executable, "-c", GRPC_FORKS_BESIDE_STEPS, "100"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    codes = json.loads(proc.stdout.strip().splitlines()[-1])["codes"]
+    assert codes == [0] * 100  # -6 (SIGABRT) was a child aborted by gRPC
+    assert "skipping fork() handlers" not in proc.stderr
+    rotel_collector.wait_for_span_counts({"child_work": 25}, timeout=60)
