@@ -26,12 +26,30 @@ import errno
 import gzip
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from otel_tunix._errors import warn_once
 
-__all__ = ["NOFOLLOW", "LineFile", "record_write_error", "replace_file", "write_errors"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "NOFOLLOW",
+    "TOO_LONG",
+    "LineFile",
+    "capped_lines",
+    "record_write_error",
+    "replace_file",
+    "write_errors",
+]
+
+MAX_LINE_BYTES = 16 << 20
+"""The longest line a reader of the run files takes (a step line is a few KB): a longer
+one is skipped, in bounded memory, as :data:`TOO_LONG`."""
+
+TOO_LONG = b"\x00 line longer than MAX_LINE_BYTES\n"
+"""What :func:`capped_lines` gives in place of a line too long to read: no JSON, so every
+reader skips and counts it as a bad line."""
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 """``os.O_NOFOLLOW`` where there is one: the open fails on a symbolic link."""
@@ -193,3 +211,19 @@ def replace_file(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def capped_lines(f: IO[bytes], max_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of a binary stream, each at most ``max_bytes`` long: a longer one is read
+    through in blocks and given as :data:`TOO_LONG` (a 200 MB single line costs 16 MB of
+    memory, not 6 GB)."""
+    while True:
+        line = f.readline(max_bytes + 1)
+        if not line:
+            return
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # the rest of it, dropped
+                line = f.readline(1 << 20)
+            yield TOO_LONG
+            continue
+        yield line

@@ -175,7 +175,10 @@ def test_eight_processes_configuring_at_once_never_share_a_folder(
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", _AT_ONCE, str(start)],
-                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
             )  # fmt: skip
             for _ in range(procs_per_round)

@@ -27,6 +27,7 @@ from typing import Any
 
 from otel_tunix import categories as cat
 from otel_tunix.analysis.readers import (
+    SKIPPED_WHY,
     AnalysisError,
     folder_spans_files,
     run_folders,
@@ -260,7 +261,9 @@ def job_ledger(path: str | os.PathLike[str]) -> Ledger:
             f"not counted (no recorded step or component in a spans file): {', '.join(empty)}"
         )
     if bad:
-        notes.append(f"{bad} line(s) were not JSON and were skipped (a kill cut them short?)")
+        notes.append(
+            f"{bad} line(s) were not JSON records a reader can use, skipped ({SKIPPED_WHY})"
+        )
     return Ledger(source=str(path), jobs=jobs, notes=notes, bad_lines=bad)
 
 

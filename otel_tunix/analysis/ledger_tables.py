@@ -11,6 +11,9 @@ from otel_tunix.analysis.summary_tables import goodput_table, rich_table
 
 __all__ = ["render_ledger"]
 
+_EACH_END = 20
+"""The runs of a job shown at each end of its table (a folder of 10k runs: 41 rows)."""
+
 
 def render_ledger(ledger: Ledger, console: Any = None) -> None:
     """Print the ledger as ``rich`` tables (the ``cli`` extra): for each job a table of its
@@ -30,7 +33,14 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
             f"{job.redone_steps} redone step(s), {job.compilations} compilation(s)",
             "folder", "attempt", "steps", "redone", "gap before s", "wall s", "goodput %",
         )  # fmt: skip
-        for r in job.runs:
+        shown = job.runs
+        if len(shown) > 2 * _EACH_END:  # the first and the last runs; --json has them all
+            shown = [*job.runs[:_EACH_END], None, *job.runs[-_EACH_END:]]
+        for r in shown:
+            if r is None:
+                more = len(job.runs) - 2 * _EACH_END
+                rt.add_row(f"... {more:,} more runs (--json lists them all)", *[""] * 6)
+                continue
             attempt = "" if r.attempt is None else str(r.attempt)
             rt.add_row(
                 _relative(r.folder, ledger.source),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from otel_tunix.analysis.breakdown import MAD_FACTOR, RunSummary
-from otel_tunix.analysis.readers import AnalysisError
+from otel_tunix.analysis.readers import AnalysisError, listed
 from otel_tunix.analysis.timeline import Goodput
 from otel_tunix.categories import BADPUT
 
@@ -67,7 +67,7 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
     if summary.runs:
         con.print(
             f"  [yellow]{len(summary.runs)} runs here[/] (oldest first): "
-            + ", ".join(summary.runs)
+            + listed(summary.runs)
             + "; this summary reads only the newest:"
         )
     if len(summary.files) > 1 or summary.files[0] != summary.source:
