@@ -263,8 +263,13 @@ def test_a_hostile_run_config_is_flattened_or_refused_by_name(tmp_path, monkeypa
     """Issue #36 case 12: a non-string key raised TypeError, a cycle or 10k levels a
     RecursionError, a numpy array with OTEL_TUNIX_RESOURCE_CONFIG_KEYS='*' a ValueError."""
     monkeypatch.setenv("OTEL_TUNIX_RESOURCE_CONFIG_KEYS", "*")
-    config = {1: "one", "lr": 3e-4, "weights": np.arange(4.0), "scale": np.float32(2.0),
-              "opt": {(2, 3): "betas", "eps": 1e-8}}  # fmt: skip
+    config = {
+        1: "one",
+        "lr": 3e-4,
+        "weights": np.arange(4.0),
+        "scale": np.float32(2.0),
+        "opt": {(2, 3): "betas", "eps": 1e-8},
+    }
     info = otel_tunix.configure(output_dir=tmp_path / "a", system_metrics=False, run_config=config)
     with otel_tunix.step(0):
         pass
@@ -284,8 +289,7 @@ def test_a_hostile_run_config_is_flattened_or_refused_by_name(tmp_path, monkeypa
             otel_tunix.configure(output_dir=tmp_path / "b", system_metrics=False, run_config=bad)
         with pytest.raises(ValueError, match=f"set_config.*{said}"):
             otel_tunix.set_config(bad)
-    otel_tunix.configure(output_dir=tmp_path / "c", system_metrics=False,
-                         run_config=_nested(60))  # fmt: skip
+    otel_tunix.configure(output_dir=tmp_path / "c", system_metrics=False, run_config=_nested(60))
     otel_tunix.shutdown()
 
 
@@ -307,8 +311,9 @@ def test_no_free_inodes_is_a_configuration_error_naming_the_folder(tmp_path):
     mnt.mkdir()
     made = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16", "tmpfs", str(mnt)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     try:

@@ -35,8 +35,11 @@ def _configure(tmp_path: Path, **env: str) -> tuple[dict[str, object], str]:
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD],
         env=child_env(OTEL_TUNIX_JOB_ID="j", **env),
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 

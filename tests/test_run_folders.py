@@ -180,7 +180,7 @@ def test_eight_processes_configuring_at_once_never_share_a_folder(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-            )  # fmt: skip
+            )
             for _ in range(procs_per_round)
         ]
         for p in procs:
@@ -235,8 +235,11 @@ def test_links_planted_in_a_run_folder_are_never_followed(tmp_path: Path) -> Non
     assert json.loads((run / "run-2" / "summary.json").read_text())["scopes"]
     # nothing outside was written, made or followed
     assert sorted(p.name for p in outside.iterdir()) == [
-        "config.json.tmp", "metrics.jsonl", "summary.json.tmp", "trace.pftrace.tmp"
-    ]  # fmt: skip
+        "config.json.tmp",
+        "metrics.jsonl",
+        "summary.json.tmp",
+        "trace.pftrace.tmp",
+    ]
     assert all(p.read_text() == "theirs\n" for p in outside.iterdir())
     # a symbolic link as a candidate folder (run-3) is never used
     (tmp_path / "elsewhere").mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from otel_tunix.analysis.ledger import Ledger
+from otel_tunix.analysis.ledger import Ledger, RunLedger
 from otel_tunix.analysis.readers import AnalysisError
 from otel_tunix.analysis.summary_tables import goodput_table, rich_table
 
@@ -33,7 +33,7 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
             f"{job.redone_steps} redone step(s), {job.compilations} compilation(s)",
             "folder", "attempt", "steps", "redone", "gap before s", "wall s", "goodput %",
         )  # fmt: skip
-        shown = job.runs
+        shown: list[RunLedger | None] = list(job.runs)
         if len(shown) > 2 * _EACH_END:  # the first and the last runs; --json has them all
             shown = [*job.runs[:_EACH_END], None, *job.runs[-_EACH_END:]]
         for r in shown:

@@ -89,8 +89,18 @@ def test_a_gzip_file_under_a_jsonl_name_is_read_as_gzip(known_run: Path, tmp_pat
     folder = tmp_path / "gz"
     folder.mkdir()
     (folder / "spans.jsonl").write_bytes(gzip.compress((known_run / "spans.jsonl").read_bytes()))
-    assert cli.main(["convert", str(folder / "spans.jsonl"), "--to", "perfetto",
-                     str(tmp_path / "t.pftrace")]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "convert",
+                str(folder / "spans.jsonl"),
+                "--to",
+                "perfetto",
+                str(tmp_path / "t.pftrace"),
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out and (tmp_path / "t.pftrace").stat().st_size > 0
 
 
@@ -153,8 +163,11 @@ def test_a_folder_of_many_runs_is_summarised(known_run: Path, tmp_path, capsys):
         (folder / f"run-{n}").mkdir()
         (folder / f"run-{n}" / "spans.jsonl").write_bytes(spans)
     capsys.readouterr()
-    for argv in (["summary", str(folder)], ["goodput", str(folder)],
-                 ["convert", str(folder), "--to", "perfetto", str(tmp_path / "t.pftrace")]):  # fmt: skip
+    for argv in (
+        ["summary", str(folder)],
+        ["goodput", str(folder)],
+        ["convert", str(folder), "--to", "perfetto", str(tmp_path / "t.pftrace")],
+    ):
         assert cli.main(argv) == 0
         out, err = capsys.readouterr()
         assert f"{runs - 11:,} more" in out + err or "more runs" in out + err, argv
