@@ -49,7 +49,7 @@ from otel_tunix._errors import warn_once
 from otel_tunix._job import JobInfo, PreviousAttempt
 from otel_tunix._resource import RankInfo, new_run_id
 from otel_tunix.run import folders
-from otel_tunix.run.paths import NotRegularFile, open_regular
+from otel_tunix.run.paths import NotRegularFile, open_regular, os_reason
 from otel_tunix.settings import ConfigurationError, Settings
 
 __all__ = ["attempt_run_id", "identify", "launcher_job_id"]
@@ -162,11 +162,12 @@ def _folders_of(
 
 
 def _cannot_make(base: Path, given: bool, exc: Exception) -> str:
-    reason = (
-        "a NUL character in the path"
-        if isinstance(exc, ValueError)
-        else (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc))
-    )
+    if isinstance(exc, ValueError):
+        reason = "a NUL character in the path"
+    elif given and base.is_file():
+        reason = "it is a file, not a directory"
+    else:
+        reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
     if given:
         setting = f"output_dir / {env.OTEL_TUNIX_OUTPUT_DIR}={os.fspath(base)!r}"
         return f"{setting}: cannot make the run folder ({reason})"

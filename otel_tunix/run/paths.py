@@ -19,7 +19,14 @@ from typing import BinaryIO
 
 from otel_tunix.settings import ConfigurationError
 
-__all__ = ["NotRegularFile", "checked_dir", "checked_file", "open_regular", "path_component"]
+__all__ = [
+    "NotRegularFile",
+    "checked_dir",
+    "checked_file",
+    "open_regular",
+    "os_reason",
+    "path_component",
+]
 
 
 class NotRegularFile(OSError):
@@ -60,7 +67,7 @@ def checked_dir(path: str | os.PathLike[str], setting: str) -> Path:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigurationError(
-            f"{setting}={os.fspath(path)!r}: cannot make the directory ({_reason(exc)})"
+            f"{setting}={os.fspath(path)!r}: cannot make the directory ({os_reason(exc)})"
         ) from None
     if not os.access(p, os.W_OK | os.X_OK):
         raise ConfigurationError(
@@ -86,7 +93,7 @@ def checked_file(path: str | os.PathLike[str], setting: str) -> Path:
         os.close(os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666))
     except OSError as exc:
         raise ConfigurationError(
-            f"{setting}={os.fspath(path)!r}: cannot write the file ({_reason(exc)})"
+            f"{setting}={os.fspath(path)!r}: cannot write the file ({os_reason(exc)})"
         ) from None
     return p
 
@@ -120,35 +127,12 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = True) -> Binary
         raise
 
 
-def regular_file_size(path: str) -> int | None:
-    """The size of the file ``path`` names (a link followed), or ``None`` when there is none.
-
-    Raises:
-        NotRegularFile: it is a FIFO, a device, a directory or a socket (found without
-            opening it).
-    """
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(st.st_mode)
-            else "a directory"
-            if stat.S_ISDIR(st.st_mode)
-            else "a device or socket"
-        )
-        raise NotRegularFile(errno.EINVAL, kind, path)
-    return st.st_size
-
-
 def _refuse_nul(path: Path, setting: str) -> None:
     if "\0" in os.fspath(path):  # no system call takes one (a raw ValueError otherwise)
         raise ConfigurationError(f"{setting}={os.fspath(path)!r}: a path holds no NUL character")
 
 
-def _reason(exc: OSError) -> str:
+def os_reason(exc: OSError) -> str:
     """The error in words, without the traceback (``Permission denied``, ...)."""
     if exc.errno in (errno.ENOTDIR, errno.EEXIST):
         return "a part of the path is a file"
