@@ -225,6 +225,7 @@ def test_links_planted_in_a_run_folder_are_never_followed(tmp_path: Path) -> Non
         (run / "run-2").mkdir(exist_ok=True)
         (run / "run-2" / name).symlink_to(outside / name)  # .tmp names are not refused:
     (run / "run-2" / "metrics.jsonl").unlink(missing_ok=True)  # they are replaced unread
+    (run / "run-2" / "config.yaml").symlink_to(outside / "theirs.yaml")  # not a run file
     info = otel_tunix.configure(output_dir=run, system_metrics=False, run_config={"lr": 1})
     with otel_tunix.step(0), otel_tunix.component("work"):
         pass

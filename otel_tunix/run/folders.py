@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -175,19 +176,22 @@ def read_claim(folder: Path, rank_suffix: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-_RUN_FILES = ("spans", "metrics", "alerts", "summary", "config", "trace", "rollouts", ".claim")
+_RUN_FILES = re.compile(
+    r"(spans|metrics|alerts)(-rank\d+)?\.jsonl(\.gz)?|summary(-rank\d+)?\.json|config\.json"
+    r"|trace.*\.pftrace|\.claim.*"
+)
+"""The names of the files a run writes in its folder."""
 
 
 def planted_links(folder: Path) -> list[str]:
     """The names in ``folder`` that are symbolic links where a run writes its files
-    (``spans*``, ``metrics*``, ``summary*``, ``config*``, ``trace*``, ...), sorted; not
-    the temporary ``*.tmp`` ones, which are removed, never followed."""
+    (``spans.jsonl``, ``metrics-rank1.jsonl``, ``summary.json``, ``config.json``,
+    ``trace*.pftrace``, ...), sorted; not the temporary ``*.tmp`` ones, which are removed,
+    never followed, nor other links (a ``config.yaml`` of the user's)."""
     try:
         with os.scandir(folder) as entries:
             return sorted(
-                e.name
-                for e in entries
-                if e.name.startswith(_RUN_FILES) and not e.name.endswith(".tmp") and e.is_symlink()
+                e.name for e in entries if _RUN_FILES.fullmatch(e.name) and e.is_symlink()
             )
     except OSError:
         return []
