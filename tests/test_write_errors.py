@@ -140,3 +140,57 @@ def test_a_disk_that_stays_full_never_raises_out_of_shutdown(tmp_path):
     assert not (out / "summary.json.tmp").exists()
     for name in ("spans.jsonl", "metrics.jsonl"):
         assert _records(out / name)  # what was written before the disk filled, whole
+
+
+COUNTED = textwrap.dedent(
+    """
+    import json, resource, signal, sys, time
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    import otel_tunix
+    from otel_tunix._linefile import write_errors
+
+    out = sys.argv[1]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    reader = InMemoryMetricReader()
+    perf = otel_tunix.PerformanceMetricsConfig(process_interval_ms=5)
+    otel_tunix.configure(output_dir=out, system_metrics=False, alerts=False, perf=perf,
+                         metric_readers=[reader])
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # the disk fills
+    for n in range(200):
+        with otel_tunix.step(n), otel_tunix.component("work"):
+            pass
+        otel_tunix.log({"loss": 1.0}, step=n)
+    otel_tunix.force_flush()
+    seen = {
+        p.attributes["file"]: p.value
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "tunix.telemetry.records_not_written"
+        for p in m.data.data_points
+    }
+    lost = {k.rsplit("/", 1)[-1]: v["records_lost"] for k, v in write_errors().items()}
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    otel_tunix.shutdown()
+    print(json.dumps({"metric": seen, "lost": lost}))
+    """
+)
+
+
+def test_records_not_written_are_a_metric_too(tmp_path):
+    """Issue #36 ("counted where the user looks"): the same counts as summary.json's
+    write_errors, as tunix.telemetry.records_not_written by file name."""
+    env = child_env()
+    env["OTEL_TUNIX_QUIET"] = "true"
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNTED, str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["lost"]["spans.jsonl"] > 0 and got["lost"]["metrics.jsonl"] > 0
+    assert got["metric"] == got["lost"]

@@ -69,9 +69,10 @@ class RunState:
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:
-    """The run's observable instruments (step counts and rates, dropped steps, span counts),
-    reading ``state``; ``None`` (a disabled run) leaves them nothing to report. A later run
-    on the same meter takes them over (:func:`~otel_tunix.metrics.instruments.observable`).
+    """The run's observable instruments (step counts and rates, dropped steps, span counts,
+    records not written), reading ``state``; ``None`` (a disabled run) leaves them nothing
+    to report. A later run on the same meter takes them over
+    (:func:`~otel_tunix.metrics.instruments.observable`).
     """
     counter, gauge = Instrument.COUNTER, Instrument.GAUGE
     instruments = (
@@ -82,6 +83,8 @@ def register_observables(meter: Any, state: RunState | None) -> None:
          "Steps per second from the first to the latest step of a scope"),
         (counter, "tunix.telemetry.dropped_steps", "{step}",
          "Sampled steps otel-tunix could not record"),
+        (counter, "tunix.telemetry.records_not_written", "{record}",
+         "Records a run file could not take (a full disk), by file name"),
     )  # fmt: skip
     if state is None or state.runtime is None:
         for kind, name, unit, desc in instruments:
@@ -120,7 +123,13 @@ def register_observables(meter: Any, state: RunState | None) -> None:
             ]
         return out
 
-    callbacks = (steps, spans, rate, dropped)
+    def not_written(_: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(int(str(e["records_lost"])), {"file": Path(f).name})
+            for f, e in own_write_errors(state).items()
+        ]
+
+    callbacks = (steps, spans, rate, dropped, not_written)
     for (kind, name, unit, desc), callback in zip(instruments, callbacks, strict=True):
         observable(meter, kind, name, callback, unit=unit, description=desc)
 
