@@ -110,7 +110,7 @@ class LineFile:
         self._fd = -1
         if self.path.suffix == ".gz":
             # made (or found) without following a link first: gzip opens by name
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o666))
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK, 0o666))
             self._gz = gzip.open(self.path, "at", encoding="utf-8")
         else:
             # O_NONBLOCK: a FIFO with no reader fails (ENXIO) instead of blocking the open
