@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import urllib.request
@@ -241,3 +242,86 @@ def test_a_bad_value_of_any_setting_fails_configure_naming_it(monkeypatch, varia
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigurationError, match=variable):
         otel_tunix.configure(system_metrics=False)
+
+
+def _nested(depth: int) -> dict:
+    top: dict = {}
+    inner = top
+    for _ in range(depth):
+        inner["a"] = {}
+        inner = inner["a"]
+    return top
+
+
+def test_a_hostile_run_config_is_flattened_or_refused_by_name(tmp_path, monkeypatch):
+    """Issue #36 case 12: a non-string key raised TypeError, a cycle or 10k levels a
+    RecursionError, a numpy array with OTEL_TUNIX_RESOURCE_CONFIG_KEYS='*' a ValueError."""
+    monkeypatch.setenv("OTEL_TUNIX_RESOURCE_CONFIG_KEYS", "*")
+    config = {
+        1: "one",
+        "lr": 3e-4,
+        "weights": np.arange(4.0),
+        "scale": np.float32(2.0),
+        "opt": {(2, 3): "betas", "eps": 1e-8},
+    }
+    info = otel_tunix.configure(output_dir=tmp_path / "a", system_metrics=False, run_config=config)
+    with otel_tunix.step(0):
+        pass
+    otel_tunix.shutdown()
+    written = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert written["1"] == "one" and written["opt"] == {"(2, 3)": "betas", "eps": 1e-8}
+    assert written["weights"] == str(np.arange(4.0))
+    attrs = info.resource.attributes
+    assert attrs["tunix.config.1"] == "one" and attrs["tunix.config.scale"] == 2.0
+    assert attrs["tunix.config.opt.eps"] == 1e-8
+    assert "tunix.config.weights" not in attrs  # an array is no scalar: left out
+
+    cycle: dict = {"lr": 1}
+    cycle["self"] = {"again": cycle}
+    for bad, said in ((cycle, "contains itself"), (_nested(10_000), "deeper than 64")):
+        with pytest.raises(ConfigurationError, match=f"run_config.*{said}"):
+            otel_tunix.configure(output_dir=tmp_path / "b", system_metrics=False, run_config=bad)
+        with pytest.raises(ValueError, match=f"set_config.*{said}"):
+            otel_tunix.set_config(bad)
+    otel_tunix.configure(output_dir=tmp_path / "c", system_metrics=False, run_config=_nested(60))
+    otel_tunix.shutdown()
+
+
+def test_a_nul_in_a_path_is_refused_naming_the_setting(tmp_path):
+    """An environment variable cannot hold a NUL; an argument can (a raw ValueError)."""
+    with pytest.raises(ConfigurationError, match="output_dir / OTEL_TUNIX_OUTPUT_DIR"):
+        otel_tunix.configure(output_dir=str(tmp_path / "x\0y"), system_metrics=False)
+    perf = otel_tunix.PerformanceMetricsConfig(export_jsonl_path=str(tmp_path / "s\0.jsonl"))
+    with pytest.raises(ConfigurationError, match="export_jsonl_path"):
+        otel_tunix.configure(output_dir=tmp_path / "ok", system_metrics=False, perf=perf)
+    assert not (tmp_path / "x").exists()
+
+
+def test_no_free_inodes_is_a_configuration_error_naming_the_folder(tmp_path):
+    """A tmpfs with 16 inodes, filled: configure() raised a raw OSError."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        n = 0
+        while True:
+            try:
+                (mnt / f"f{n}").touch()
+            except OSError:
+                break
+            n += 1
+        for folder in (mnt / "run", mnt):
+            with pytest.raises(ConfigurationError) as err:
+                otel_tunix.configure(output_dir=folder, system_metrics=False, run_config={"a": 1})
+            assert "OTEL_TUNIX_OUTPUT_DIR" in str(err.value)
+            assert "No space left on device" in str(err.value)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

@@ -273,3 +273,59 @@ def test_forks_under_a_run_exporting_over_grpc_all_live(rotel_collector):
     assert "skipping fork() handlers" not in proc.stderr
     # Every child that exported got its span to the collector over its own gRPC channel.
     rotel_collector.wait_for_span_counts({"child_work": len(codes) // 2}, timeout=30)
+
+
+def test_the_fork_guard_waits_again_after_one_fork_waited_in_vain():
+    """Issue #36 case 10: after one fork waited more than FORK_WAIT_SEC for an export, the
+    guard marked its lock "stuck" and let the next 96-98 of 100 forks go through mid-export
+    (6 of 400 children aborted in gRPC). A child says whether it was forked mid-export (the
+    exporter's own flag, copied with the memory at the fork)."""
+    import os
+    import time
+
+    import grpc  # noqa: F401  (the guard acts only where gRPC is loaded)
+
+    from otel_tunix.run import fork_guard
+
+    lock = threading.Lock()
+    exporting = threading.Event()
+    stop = threading.Event()
+    holding = threading.Event()
+
+    def export(hold: float) -> None:
+        with lock:
+            exporting.set()
+            holding.set()
+            time.sleep(hold)
+            exporting.clear()
+
+    def fork_mid_export() -> bool:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(1 if exporting.is_set() else 0)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 1
+
+    guard = fork_guard.ForkGuardPart(lambda: [lock])
+    guard.start()
+    try:
+        # one export longer than the guard waits: that fork goes on without the lock
+        slow = threading.Thread(target=export, args=(fork_guard.FORK_WAIT_SEC + 0.5,))
+        slow.start()
+        holding.wait(10)
+        started = time.monotonic()
+        assert fork_mid_export()
+        assert time.monotonic() - started >= fork_guard.FORK_WAIT_SEC  # it did wait
+        slow.join()
+
+        def busy() -> None:  # then an exporter busy 30 ms of every 32
+            while not stop.is_set():
+                export(0.03)
+                time.sleep(0.002)
+
+        threading.Thread(target=busy, daemon=True).start()
+        mid_export = [fork_mid_export() for _ in range(30)]
+        assert mid_export.count(True) == 0, mid_export  # before: nearly every one
+    finally:
+        stop.set()
+        guard.close(0.0)
+        fork_guard._stuck.discard(id(lock))

@@ -295,6 +295,13 @@ def test_a_run_without_a_job_id_is_a_job_of_its_own(tmp_path: Path) -> None:
         ("OTEL_TUNIX_JOB_ATTEMPT", "zero"),
         ("OTEL_TUNIX_JOB_ATTEMPT", "0"),
         ("OTEL_TUNIX_JOB_ATTEMPT", "1.5"),
+        # issue #36: these were taken through float() / int() (1e30 then could not be encoded)
+        ("OTEL_TUNIX_JOB_ATTEMPT", "1e30"),
+        ("OTEL_TUNIX_JOB_ATTEMPT", "2.0"),
+        ("OTEL_TUNIX_JOB_ATTEMPT", "1_000"),
+        ("OTEL_TUNIX_JOB_ATTEMPT", "\u0663"),  # ARABIC-INDIC DIGIT THREE
+        ("OTEL_TUNIX_JOB_ATTEMPT", "+3"),
+        ("OTEL_TUNIX_JOB_ATTEMPT", str(2**63)),
         ("TORCHELASTIC_RESTART_COUNT", "-1"),
         ("SLURM_RESTART_COUNT", "two"),
     ],
@@ -316,6 +323,42 @@ def test_a_bad_attempt_is_reported_by_name_and_the_run_goes_on(
     ), caplog.text
     assert info.job is not None and info.job.attempt == 1  # found without it
     assert [s["step"] for s in _steps(tmp_path / "out" / "spans.jsonl")] == [0]
+
+
+def test_the_largest_attempt_that_otlp_carries_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_TUNIX_JOB_ID", "j")
+    monkeypatch.setenv("OTEL_TUNIX_JOB_ATTEMPT", str(2**63 - 1))
+    info = _run(tmp_path)
+    assert info.job is not None and info.job.attempt == 2**63 - 1
+    header = read_jsonl(tmp_path / "out" / "spans.jsonl", whole=True)[0]
+    assert header["attempt"] == 2**63 - 1
+
+
+def test_a_job_id_longer_than_a_file_name_gets_a_folder_cut_by_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """86 CJK characters are 258 bytes: the folder's name was cut at 200 characters (600
+    bytes, more than a file name holds) and configure() raised an OSError, or a
+    ConfigurationError naming OTEL_TUNIX_OUTPUT_DIR, which was not set."""
+    monkeypatch.chdir(tmp_path)
+    job_id = "作业" * 43
+    monkeypatch.setenv("OTEL_TUNIX_JOB_ID", job_id)
+    infos = []
+    for _ in range(2):  # the second run of the job: the next folder, attempt 2
+        info = otel_tunix.configure(system_metrics=False)
+        with otel_tunix.step(0), otel_tunix.component("work"):
+            pass
+        otel_tunix.shutdown()
+        infos.append(info)
+    folders = [i.output_dir for i in infos]
+    assert all(f is not None and (f / "summary.json").is_file() for f in folders)
+    names = [f.name for f in folders if f is not None]
+    assert all(len(n.encode()) <= 255 for n in names), names
+    assert names[0].startswith("作业" * 30) and names[1] == names[0] + "-2"
+    assert [i.job.attempt for i in infos if i.job is not None] == [1, 2]
+    assert [i.job.job_id for i in infos if i.job is not None] == [job_id, job_id]
 
 
 def test_the_last_step_of_a_killed_file_is_its_last_whole_step_line(tmp_path: Path) -> None:

@@ -133,3 +133,121 @@ def test_the_ranks_of_one_run_share_a_given_folder(
             monkeypatch.setenv("RANK", rank)
             assert _run_in(folder, 2, monkeypatch).output_dir == run
         assert _steps(run, "spans-rank0.jsonl") == _steps(run, "spans-rank1.jsonl") == [0, 1]
+
+
+_AT_ONCE = r"""
+import json, os, sys, time
+import otel_tunix
+
+start = float(sys.argv[1])
+while time.time() < start:  # every process imported: all configure() within a few ms
+    time.sleep(0.001)
+info = otel_tunix.configure(system_metrics=False, alerts=False)
+for n in range(5):
+    with otel_tunix.step(n), otel_tunix.component("work"):
+        pass
+otel_tunix.shutdown()
+print(json.dumps({"run_id": info.run_id, "attempt": info.job.attempt,
+                  "folder": str(info.output_dir.resolve())}))
+"""
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["output_dir given", "default folder"])
+def test_eight_processes_configuring_at_once_never_share_a_folder(
+    tmp_path: Path, given: bool
+) -> None:
+    """Issue #36 case 7: two or three of eight such processes wrote one folder in 11 of 20
+    rounds (5 of 20 in the default folder): interleaved run headers, summary.json
+    overwritten, duplicate run ids and attempts."""
+    import subprocess
+    import sys
+    import time
+
+    from processes import child_env
+
+    procs_per_round, rounds = 8, 1
+    env = child_env(OTEL_TUNIX_JOB_ID="race", OTEL_TUNIX_QUIET="true")
+    if given:
+        env["OTEL_TUNIX_OUTPUT_DIR"] = str(tmp_path / "out")
+    seen: list[dict[str, object]] = []
+    for _ in range(rounds):
+        start = time.time() + 3.0  # after the imports (2 cores: about 1 s each)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _AT_ONCE, str(start)],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(procs_per_round)
+        ]
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+            seen.append(json.loads(out.strip().splitlines()[-1]))
+    total = procs_per_round * rounds
+    folders = [Path(str(s["folder"])) for s in seen]
+    assert len(set(folders)) == total  # one folder each
+    assert sorted(int(str(s["attempt"])) for s in seen) == list(range(1, total + 1))
+    assert len({s["run_id"] for s in seen}) == total
+    for s, folder in zip(seen, folders, strict=True):
+        lines = [json.loads(x) for x in (folder / "spans.jsonl").read_text().splitlines()]
+        headers = [x for x in lines if x["type"] == "run"]
+        assert len(headers) == 1 and headers[0]["run_id"] == s["run_id"]  # its own file
+        assert [x["step"] for x in lines if x["type"] == "step"] == [0, 1, 2, 3, 4]
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["resource"]["tunix.run.id"] == s["run_id"]
+
+
+def test_links_planted_in_a_run_folder_are_never_followed(tmp_path: Path) -> None:
+    """Issue #36 case 8: a run appended its metrics to a file outside the folder through a
+    metrics.jsonl link, and made the dangling target of a spans.jsonl link outside it."""
+    from otel_tunix.settings.parsing import ConfigurationError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "metrics.jsonl").write_text("theirs\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(outside / "metrics.jsonl")
+    with pytest.raises(ConfigurationError) as err:
+        otel_tunix.configure(output_dir=run, system_metrics=False)
+    assert str(run) in str(err.value) and "metrics.jsonl" in str(err.value)
+    assert "OTEL_TUNIX_OUTPUT_DIR" in str(err.value)
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]  # no claim left
+    # a spans.jsonl link (dangling) marks the folder as a run's: the run goes to run-2
+    (run / "metrics.jsonl").unlink()
+    (run / "spans.jsonl").symlink_to(outside / "made-by-the-run.jsonl")
+    for name in ("summary.json.tmp", "config.json.tmp", "trace.pftrace.tmp"):
+        (outside / name).write_text("theirs\n")
+        (run / "run-2").mkdir(exist_ok=True)
+        (run / "run-2" / name).symlink_to(outside / name)  # .tmp names are not refused:
+    (run / "run-2" / "metrics.jsonl").unlink(missing_ok=True)  # they are replaced unread
+    (run / "run-2" / "config.yaml").symlink_to(outside / "theirs.yaml")  # not a run file
+    info = otel_tunix.configure(output_dir=run, system_metrics=False, run_config={"lr": 1})
+    with otel_tunix.step(0), otel_tunix.component("work"):
+        pass
+    otel_tunix.log({"loss": 1.0}, step=0)
+    otel_tunix.shutdown()
+    assert info.output_dir == run / "run-2"
+    assert _steps(run / "run-2") == [0]
+    assert json.loads((run / "run-2" / "summary.json").read_text())["scopes"]
+    # nothing outside was written, made or followed
+    assert sorted(p.name for p in outside.iterdir()) == [
+        "config.json.tmp",
+        "metrics.jsonl",
+        "summary.json.tmp",
+        "trace.pftrace.tmp",
+    ]
+    assert all(p.read_text() == "theirs\n" for p in outside.iterdir())
+    # a symbolic link as a candidate folder (run-3) is never used
+    (tmp_path / "elsewhere").mkdir()
+    (run / "run-3").symlink_to(tmp_path / "elsewhere")
+    info = otel_tunix.configure(output_dir=run, system_metrics=False)
+    with otel_tunix.step(0):
+        pass
+    otel_tunix.shutdown()
+    assert info.output_dir == run / "run-4"
+    assert list((tmp_path / "elsewhere").iterdir()) == []

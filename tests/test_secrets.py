@@ -23,7 +23,12 @@ info = otel_tunix.configure(
     service_name="secrets",
     output_dir=sys.argv[1],
     run_config={"api_key": "sk-SECRET1", "lr": 3e-4, "max_tokens": 512,
-                "wandb": {"project": "p", "token": "SECRET2"}},
+                "wandb": {"project": "p", "token": "SECRET2"},
+                "callbacks": [{"name": "wandb", "api_key": "SECRET10"}],
+                "github_pat": "ghp_SECRET11", "session_cookie": "SECRET12",
+                "db": "postgres://trainer:SECRET13@db.internal:5432/runs",
+                "argv": ["train.py", "--hf_token=hf_SECRET14", "--hf_token", "hf_SECRET15",
+                         "--lr", "3e-4"]},
 )
 for n in range(5):
     with otel_tunix.step(n), otel_tunix.component("work"):
@@ -46,7 +51,7 @@ def test_no_secret_of_the_config_endpoint_or_headers_leaves_in_any_output(
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
         OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer SECRET5,x-tenant=7",
         OTEL_RESOURCE_ATTRIBUTES="deploy.auth_token=SECRET6,team=ml",
-        OTEL_TUNIX_RESOURCE_CONFIG_KEYS="lr,api_key,wandb.*",
+        OTEL_TUNIX_RESOURCE_CONFIG_KEYS="lr,api_key,wandb.*,github_pat,session_cookie,db",
         OTEL_METRICS_EXPORTER="prometheus,otlp",
         OTEL_TUNIX_PROMETHEUS_PORT="0",
         OTEL_TUNIX_SYSTEM_METRICS_INTERVAL="0",
@@ -67,6 +72,9 @@ def test_no_secret_of_the_config_endpoint_or_headers_leaves_in_any_output(
     assert resource["tunix.config.wandb.token"] == REDACTED
     assert resource["tunix.config.wandb.project"] == "p"
     assert "tunix.config.max_tokens" not in resource  # not named
+    assert resource["tunix.config.github_pat"] == REDACTED
+    assert resource["tunix.config.session_cookie"] == REDACTED
+    assert resource["tunix.config.db"] == "postgres://[REDACTED]@db.internal:5432/runs"
     assert resource["deploy.auth_token"] == REDACTED and resource["team"] == "ml"
     # nothing anywhere holds a secret: files, stderr (the notices), the scrape, the collector
     texts = {p.name: p.read_text(errors="replace") for p in run.iterdir() if p.is_file()}
@@ -80,15 +88,19 @@ def test_no_secret_of_the_config_endpoint_or_headers_leaves_in_any_output(
     assert config == {
         "api_key": REDACTED, "lr": 3e-4, "max_tokens": 512,
         "wandb": {"project": "p", "token": REDACTED},
+        "callbacks": [{"name": "wandb", "api_key": REDACTED}],  # inside a list
+        "github_pat": REDACTED, "session_cookie": REDACTED,
+        "db": "postgres://[REDACTED]@db.internal:5432/runs",  # the DSN's user info
+        "argv": ["train.py", "--hf_token=[REDACTED]", "--hf_token", REDACTED, "--lr", "3e-4"],
     }  # fmt: skip
     # the start notice names the collector, without its credentials
     assert (
         f"{rotel_collector.http_endpoint.replace('http://', 'http://[REDACTED]@')}" in proc.stderr
     )
     summary = json.loads((run / "summary.json").read_text())
-    # config.json's two, the resource's one, the endpoint's user info and query in the notice
-    # (spans and metrics: two lines)
-    assert summary["safety"]["secrets_redacted"] == 2 + 1 + 4
+    # config.json's eight, the resource's one, the endpoint's user info and query in the
+    # notice (spans and metrics: two lines)
+    assert summary["safety"]["secrets_redacted"] == 8 + 1 + 4
     assert f"{summary['safety']['secrets_redacted']} secrets redacted" in proc.stderr
 
 
@@ -123,9 +135,12 @@ def test_secret_looking_keys_and_messages() -> None:
         "credentials",
         "auth",
         "Authorization",
+        "github_pat",
+        "session_cookie",
+        "sessionCookie",
     ]
     plain = ["lr", "max_tokens", "tokens_per_sec", "monkey", "keyboard_layout", "author",
-             "num_keys", "batch_size"]  # fmt: skip
+             "num_keys", "batch_size", "path", "pattern"]  # fmt: skip
     assert [k for k in secret if not is_secret_key(k)] == []
     assert [k for k in plain if is_secret_key(k)] == []
     text = "export failed to https://u:pw@h:4318/v1/traces?sig=abc (api_key=sk-1, lr=3)"

@@ -108,12 +108,15 @@ def _check_summary(out: Path) -> None:
     spans = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
     assert [x["step"] for x in spans if x["type"] == "step"] == list(range(50))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["complete"] is True
     assert summary["shutdown"]["timeout_sec"] == 1.0
     assert "spans (TracerProvider)" in summary["shutdown"]["unfinished"]
     otlp = summary["export"]["otlp"]
     assert otlp["spans_offered"] == 100 and otlp["spans_exported"] == 0
     assert otlp["spans_dropped"] + otlp["spans_failed"] == 100  # said, not sent
+    # "complete" means nothing was lost (issue #36): here 100 spans were not sent
+    assert summary["complete"] is False
+    assert summary["lost"]["spans_not_exported"] == 100
+    assert summary["lost"]["parts_unfinished"] == len(summary["shutdown"]["unfinished"])
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

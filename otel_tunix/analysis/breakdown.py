@@ -30,6 +30,7 @@ from otel_tunix.accounting.categories import is_eval_scope
 from otel_tunix.analysis.accumulate import _FileAcc, _i, _ScopeAcc
 from otel_tunix.analysis.ledger import run_goodput
 from otel_tunix.analysis.readers import (
+    SKIPPED_WHY,
     AnalysisError,
     resolve_spans_files,
     run_folders,
@@ -381,7 +382,9 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         files.append(f)
     bad = sum(f.stats.bad_lines for f in files)
     if bad:
-        notes.append(f"{bad} line(s) were not JSON and were skipped (a crash cut them short?)")
+        notes.append(
+            f"{bad} line(s) were not JSON records a reader can use, skipped ({SKIPPED_WHY})"
+        )
     if not any(f.n for f in files):
         lines = sum(f.stats.lines for f in files)
         raise AnalysisError(

@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from otel_tunix.accounting import categories as cat
-from otel_tunix.analysis.readers import AnalysisError, folder_spans_files, run_folders, spans_rank
+from otel_tunix.analysis.readers import (
+    SKIPPED_WHY,
+    AnalysisError,
+    folder_spans_files,
+    run_folders,
+    spans_rank,
+)
 from otel_tunix.analysis.timeline import Goodput, RunTimeline, read_timeline
 
 __all__ = ["JobLedger", "Ledger", "RunLedger", "job_ledger", "run_goodput"]
@@ -255,7 +261,9 @@ def job_ledger(path: str | os.PathLike[str]) -> Ledger:
             f"not counted (no recorded step or component in a spans file): {', '.join(empty)}"
         )
     if bad:
-        notes.append(f"{bad} line(s) were not JSON and were skipped (a kill cut them short?)")
+        notes.append(
+            f"{bad} line(s) were not JSON records a reader can use, skipped ({SKIPPED_WHY})"
+        )
     return Ledger(source=str(path), jobs=jobs, notes=notes, bad_lines=bad)
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from otel_tunix.analysis.ledger import Ledger
+from otel_tunix.analysis.ledger import Ledger, RunLedger
 from otel_tunix.analysis.readers import AnalysisError
 from otel_tunix.analysis.summary_tables import goodput_table, rich_table
 
 __all__ = ["render_ledger"]
+
+_EACH_END = 20
+"""The runs of a job shown at each end of its table (a folder of 10k runs: 41 rows)."""
 
 
 def render_ledger(ledger: Ledger, console: Any = None) -> None:
@@ -36,7 +39,14 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
             "wall s",
             "goodput %",
         )
-        for r in job.runs:
+        shown: list[RunLedger | None] = list(job.runs)
+        if len(shown) > 2 * _EACH_END:  # the first and the last runs; --json has them all
+            shown = [*job.runs[:_EACH_END], None, *job.runs[-_EACH_END:]]
+        for r in shown:
+            if r is None:
+                more = len(job.runs) - 2 * _EACH_END
+                rt.add_row(f"... {more:,} more runs (--json lists them all)", *[""] * 6)
+                continue
             attempt = "" if r.attempt is None else str(r.attempt)
             rt.add_row(
                 _relative(r.folder, ledger.source),

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from otel_tunix.analysis.readers import X_KEYS, AnalysisError, name_matcher
+from otel_tunix.analysis.readers import X_KEYS, AnalysisError, listed, name_matcher
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -35,7 +35,7 @@ def _listing(available: Iterable[str]) -> str:
     names = sorted(set(available))
     if not names:
         return "none"
-    return ", ".join(names)
+    return listed(names)
 
 
 def resolve_metrics(
@@ -65,7 +65,7 @@ def resolve_metrics(
         out.extend(h for h in hits if h not in out)
     if unknown:
         raise AnalysisError(
-            f"unknown metric{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"unknown metric{'s' if len(unknown) > 1 else ''} {listed([repr(u) for u in unknown])} "
             f"in {where}; metrics that exist: {_listing(avail if known is None else known)}"
         )
     return out

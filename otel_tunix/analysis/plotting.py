@@ -19,7 +19,6 @@ matplotlib is imported inside the functions; figures are plain
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -41,6 +40,8 @@ from otel_tunix.analysis.metrics import (
 from otel_tunix.analysis.readers import (
     AnalysisError,
     MetricsTable,
+    listed,
+    loads_record,
     name_matcher,
     resolve_metrics_file,
 )
@@ -131,11 +132,8 @@ def read_marks(metrics_path: str | os.PathLike[str]) -> list[Mark]:
         return []
     marks = []
     for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:  # a line cut by a crash
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("tunix.alert.metric"), str):
+        rec = loads_record(line)  # None: a line cut by a crash, or no JSON a reader takes
+        if rec is None or not isinstance(rec.get("tunix.alert.metric"), str):
             continue
         now = _SEVERITY_ORDER.get(str(rec.get("tunix.alert.severity")), 0)
         before = _SEVERITY_ORDER.get(str(rec.get("tunix.alert.previous_severity")), 0)
@@ -223,7 +221,7 @@ def plot_metrics(
         have = sorted({c for df in runs for c in df.columns if c != x_key})
         raise AnalysisError(
             f"no run has {', '.join(map(repr, missing))}; columns that exist: "
-            f"{', '.join(have) or 'none'}"
+            f"{listed(have) or 'none'}"
         )
     if fig is None:
         fig = Figure(figsize=(9.0, 0.8 + 2.6 * len(metrics)), layout="constrained")
@@ -319,7 +317,7 @@ def _chosen_metrics(tables: Sequence[MetricsTable], spec: PlotSpec) -> list[str]
             st = t.stats
             bad = f", {st.bad_lines} not JSON" if st.bad_lines else ""
             others = sorted({n for o in tables for n in o.names})
-            also = f"; the other inputs hold: {', '.join(others)}" if others else ""
+            also = f"; the other inputs hold: {listed(others)}" if others else ""
             raise AnalysisError(
                 f"{t.path}: no metric records ({st.lines} lines read{bad}): the file is empty "
                 f"or holds only headers{also}"
@@ -332,7 +330,7 @@ def _chosen_metrics(tables: Sequence[MetricsTable], spec: PlotSpec) -> list[str]
     if not chosen:
         raise AnalysisError(
             f"none of the common metrics (loss, learning rate, step time, reward) is in "
-            f"{where}; pick some with --metrics: {', '.join(sorted(union))}"
+            f"{where}; pick some with --metrics: {listed(sorted(union))}"
         )
     return chosen
 
@@ -365,7 +363,7 @@ def render(
         if spec.x_key not in t.all_names:
             raise AnalysisError(
                 f"{t.path}: no {spec.x_key!r} field for the x axis (--x-key); numeric fields "
-                f"that exist: {', '.join(sorted(t.all_names)) or 'none'}"
+                f"that exist: {listed(sorted(t.all_names)) or 'none'}"
             )
     for t in tables:
         df = t.frame(release=release)

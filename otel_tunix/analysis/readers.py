@@ -25,16 +25,21 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from otel_tunix.support.linefile import MAX_LINE_BYTES, TOO_LONG, capped_lines
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 __all__ = [
+    "SKIPPED_WHY",
     "X_KEYS",
     "AnalysisError",
     "MetricsTable",
     "flatten_record",
     "folder_spans_files",
     "iter_records",
+    "listed",
+    "loads_record",
     "open_text",
     "read_jsonl",
     "resolve_metrics_file",
@@ -95,9 +100,11 @@ class ReadStats:
 
 
 def _iter_lines(f: IO[bytes]) -> Iterator[bytes]:
-    """Complete and last lines of a binary stream; a gzip stream cut short just ends."""
+    """Complete and last lines of a binary stream, each at most
+    :data:`~otel_tunix.support.linefile.MAX_LINE_BYTES` (a longer one comes as a line that is no
+    JSON: skipped and counted); a gzip stream cut short just ends."""
     try:
-        yield from f
+        yield from capped_lines(f)
     except (EOFError, zlib.error):  # a .gz still being written, or cut by a crash
         return
     except gzip.BadGzipFile as exc:
@@ -122,15 +129,48 @@ def iter_records(
             st.lines += 1
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                st.bad(st.lines)
-                continue
-            if isinstance(obj, dict):
+            obj = loads_record(line)
+            if obj is not None:
                 yield obj
             else:
                 st.bad(st.lines)
+
+
+_POSITIONS = ("step", "start_ns", "end_ns")
+
+SKIPPED_WHY = (
+    "cut short by a crash or a kill, not UTF-8, nested too deep, longer than "
+    f"{MAX_LINE_BYTES >> 20} MB, or a NaN step or time"
+)
+"""Why a line is skipped, in words (the notes of ``summary`` and ``goodput``)."""
+
+
+def loads_record(line: bytes | str) -> dict[str, Any] | None:
+    """One JSON object line as a dict, or ``None`` when it is not one a reader can use:
+    no JSON (cut short, not UTF-8, binary), nested too deep for the parser (a
+    ``RecursionError``), not an object, or a position (``step``, ``start_ns``,
+    ``end_ns``, its own or a component's) that is NaN or infinite."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(obj, dict) or not _finite_positions(obj):
+        return None
+    return obj
+
+
+def _finite_positions(obj: Mapping[str, Any]) -> bool:
+    for key in _POSITIONS:
+        v = obj.get(key)
+        if type(v) is float and not math.isfinite(v):
+            return False
+    for key in ("components", "spans"):
+        items = obj.get(key)
+        if type(items) is list:
+            for item in items:
+                if type(item) is dict and not _finite_positions(item):
+                    return False
+    return True
 
 
 def _existing_file(path: str | os.PathLike[str]) -> Path:
@@ -238,6 +278,7 @@ class MetricsTable:
     _offset: int = 0
     _size: int = -1
     _pending: bytes = b""
+    _skipping: bool = False
 
     def __post_init__(self) -> None:
         self.path = _existing_file(self.path)
@@ -246,6 +287,7 @@ class MetricsTable:
     def _reset(self) -> None:
         self._columns = _Columns(self.keep)
         self._offset, self._size, self._pending, self.stats = 0, -1, b"", ReadStats()
+        self._skipping = False
 
     @property
     def rows(self) -> int:
@@ -300,8 +342,19 @@ class MetricsTable:
             data = pending + block
             lines = data.split(b"\n")
             pending = lines.pop()
+            if self._skipping:  # the rest of a line too long to read
+                if not lines:
+                    pending = b""
+                    continue
+                lines.pop(0)
+                self._skipping = False
             for line in lines:
                 self._line(line)
+            if len(pending) > MAX_LINE_BYTES:  # counted once, the rest dropped as it comes
+                self._line(TOO_LONG)
+                pending, self._skipping = b"", True
+        if self._skipping:
+            pending = b""
         if final and pending.strip():
             self._line(pending)
             pending = b""
@@ -312,12 +365,8 @@ class MetricsTable:
         st.lines += 1
         if not line.strip():
             return
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            st.bad(st.lines)
-            return
-        if not isinstance(obj, dict):
+        obj = loads_record(line)
+        if obj is None:
             st.bad(st.lines)
             return
         kind = obj.get("type")
@@ -548,13 +597,25 @@ def run_folders(path: str | os.PathLike[str]) -> list[Path]:
     return sorted(newest, key=lambda d: (newest[d], str(d)))
 
 
+LISTED_MOST = 10
+"""The most names a message lists: the rest are counted (``... and 9,990 more``)."""
+
+
+def listed(names: Sequence[str], most: int = LISTED_MOST) -> str:
+    """``names`` joined with commas for a message; past ``most`` the first ones and a count
+    of the others (a folder of 10k runs, a file of 100k metric names: one short line)."""
+    if len(names) <= most:
+        return ", ".join(names)
+    return f"{', '.join(names[:most])} ... and {len(names) - most:,} more"
+
+
 def runs_note(path: str | os.PathLike[str], chosen: Path) -> str | None:
     """What to tell the user when ``path`` holds several runs and ``chosen`` (a file of one
     of them) is read: which one, and the others; ``None`` when it holds one run."""
     runs = run_folders(path)
     if len(runs) < 2:
         return None
-    others = ", ".join(str(r) for r in runs if r != chosen.parent)
+    others = listed([str(r) for r in runs if r != chosen.parent])
     return (
         f"{path} holds {len(runs)} runs; reading the newest, {chosen.parent} (give a run's "
         f"folder to read another: {others})"

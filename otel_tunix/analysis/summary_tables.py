@@ -10,7 +10,7 @@ from typing import Any
 
 from otel_tunix.accounting.categories import BADPUT
 from otel_tunix.analysis.breakdown import MAD_FACTOR, RunSummary
-from otel_tunix.analysis.readers import AnalysisError
+from otel_tunix.analysis.readers import AnalysisError, listed
 from otel_tunix.analysis.timeline import Goodput
 
 __all__ = ["goodput_table", "render_summary", "rich_table"]
@@ -67,7 +67,7 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
     if summary.runs:
         con.print(
             f"  [yellow]{len(summary.runs)} runs here[/] (oldest first): "
-            + ", ".join(summary.runs)
+            + listed(summary.runs)
             + "; this summary reads only the newest:"
         )
     if len(summary.files) > 1 or summary.files[0] != summary.source:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import re
 from array import array
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -120,7 +121,9 @@ class Goodput:
 
 
 def _int(v: object) -> int:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return 0
+    return int(v) if math.isfinite(v) else 0  # NaN or infinity: no time
 
 
 class RunTimeline:

@@ -82,33 +82,46 @@ def run_folder(
     rank: RankInfo,
     config: dict[str, Any],
     *,
+    claimed: Path | None,
     forked: bool,
 ) -> tuple[Path | None, dict[str, Path]]:
-    """The run folder (``None``: none) and the files written in it so far (``config.json``);
-    a forked child of a run gets ``forked-<pid>`` in it, never the parent's files."""
+    """The run folder (``None``: none) and the files written in it so far (``config.json``):
+    the one ``claimed`` (:func:`otel_tunix.run.job.identify`); a forked child of a run gets
+    ``forked-<pid>`` in its parent's, never the parent's files."""
     cfg = args.cfg
     assert cfg is not None
     if settings.sdk_disabled:
         return None, {}
     raw = os.fspath(args.output_dir) if args.output_dir is not None else settings.output_dir
-    out_dir: Path | None
-    if raw is not None and raw.strip().lower() == "none":
-        out_dir = None
-    elif raw is None or not raw.strip():  # one folder per run: a job's later ones get -2, ...
+    out_dir: Path | None = claimed
+    if not forked or (raw is not None and raw.strip().lower() == "none"):
+        pass
+    elif raw is None or not raw.strip():  # the parent's job's next folder: forked-<pid> in it
         out_dir = folders.fresh_folder(folders.default_base(job_id), rank.file_suffix)
-    elif forked:  # the parent's folder: the child goes in forked-<pid> below
-        out_dir = Path(raw)
-    else:  # never a folder a run wrote already
-        out_dir = folders.given_folder(Path(raw), rank.file_suffix)
-    if out_dir is not None and forked:
         out_dir = out_dir / f"forked-{os.getpid()}"
+    else:  # the parent's folder: the child goes in forked-<pid> below
+        out_dir = Path(raw) / f"forked-{os.getpid()}"
     files: dict[str, Path] = {}
+    setting = "output_dir / " + env.OTEL_TUNIX_OUTPUT_DIR
     if out_dir is not None:
         folders.note_made(out_dir)
-        checked_dir(out_dir, "output_dir / " + env.OTEL_TUNIX_OUTPUT_DIR)
+        checked_dir(out_dir, setting)
+        links = folders.planted_links(out_dir)
+        if links:
+            folders.release(out_dir, rank.file_suffix)
+            raise ConfigurationError(
+                f"{setting}: the run folder {os.fspath(out_dir)!r} holds symbolic links where "
+                f"run files go ({', '.join(links)}); run files are never written through a "
+                "link: remove them or give another folder"
+            )
         if config:
             files["config"] = out_dir / run_config_.CONFIG_FILE
-            run_config_.write_config(files["config"], config)
+            try:
+                run_config_.write_config(files["config"], config)
+            except OSError as exc:  # no space or inodes left, a link where config.json goes
+                raise ConfigurationError(
+                    f"{setting}: cannot write {files['config']} ({exc.strerror or exc})"
+                ) from None
     if cfg.export_jsonl_path:
         checked_file(
             cfg.export_jsonl_path, "export_jsonl_path / " + env.OTEL_TUNIX_EXPORT_JSONL_PATH

@@ -10,9 +10,13 @@ DataLoader worker that configures a run of its own, exporting over OTLP/gRPC) ma
 So while a run's exporters may use gRPC (``grpc`` is imported), a fork first takes the locks
 its exporters hold while they export (otel-tunix's batch processors, the SDK's batch
 processors and periodic metric readers): it happens between two exports, never during one,
-and gRPC's handlers run. It waits at most :data:`FORK_WAIT_SEC` for them, and not again
-for an export it waited for in vain (a collector that hangs costs one wait); the locks are
-let go of in the parent and the child right after the fork. gRPC's Python-level fork
+and gRPC's handlers run. It waits at most :data:`FORK_WAIT_SEC` for them. A lock it waited
+for in vain (an export to a collector that hangs, or one slow fork on a loaded machine) is
+waited for at most :data:`STUCK_WAIT_SEC` at the next forks, until a fork gets it again:
+a hung collector costs each fork that much, and the guard never gives up on the lock (it
+did: after one wait in vain, the next 96-98 of 100 forks went through mid-export and 6 of
+400 children aborted). The locks are let go of in the parent and the child right after the
+fork. gRPC's Python-level fork
 support (``GRPC_ENABLE_FORK_SUPPORT``) is not turned on: with it, forks under a busy
 exporter hung.
 """
@@ -29,10 +33,14 @@ from otel_tunix.pipeline.export_processor import BatchExportProcessor
 from otel_tunix.run.parts import Part
 from otel_tunix.support.shortcuts import sdk_export_locks, span_processors_of
 
-__all__ = ["FORK_WAIT_SEC", "ForkGuardPart", "export_locks"]
+__all__ = ["FORK_WAIT_SEC", "STUCK_WAIT_SEC", "ForkGuardPart", "export_locks"]
 
 FORK_WAIT_SEC = 1.0
 """The longest a fork waits for the exports in flight, all together."""
+
+STUCK_WAIT_SEC = 0.25
+"""The longest a fork waits for a lock that an earlier fork waited for in vain (an export
+takes milliseconds; one that hangs costs each fork this much, not :data:`FORK_WAIT_SEC`)."""
 
 _guards: list[ForkGuardPart] = []
 _held: list[Any] = []
@@ -95,8 +103,10 @@ def _before_fork() -> None:
             continue
         for lock in locks:
             # One that made an earlier fork wait in vain (an export to a collector that
-            # hangs) is not waited for again until it has been free.
-            wait = 0.0 if id(lock) in _stuck else max(0.0, deadline - time.monotonic())
+            # hangs) is waited for a shorter time until a fork gets it again.
+            wait = max(0.0, deadline - time.monotonic())
+            if id(lock) in _stuck:
+                wait = min(wait, STUCK_WAIT_SEC)
             if lock.acquire(timeout=wait) if wait else lock.acquire(blocking=False):
                 _held.append(lock)
                 _stuck.discard(id(lock))

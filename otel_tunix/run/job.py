@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,13 @@ from otel_tunix.model import job as _job
 from otel_tunix.model.job import JobInfo, PreviousAttempt
 from otel_tunix.model.resource import RankInfo, new_run_id
 from otel_tunix.run import folders
+from otel_tunix.run.paths import NotRegularFile, open_regular, os_reason
 from otel_tunix.settings import attributes as attr
 from otel_tunix.settings import variables as env
+from otel_tunix.settings.parsing import ConfigurationError
 from otel_tunix.settings.values import Settings
 from otel_tunix.support import process as _process
+from otel_tunix.support.errors import warn_once
 
 __all__ = ["attempt_run_id", "identify", "launcher_job_id"]
 
@@ -56,6 +60,8 @@ _logger = logging.getLogger(__name__)
 _last: JobInfo | None = None  # this process's latest run's: a forked child keeps its parent's
 
 _HEADER_MAX = 1 << 20  # a header line longer than this is not ours
+_INT64_MAX = (1 << 63) - 1  # an attempt or a count must fit the int64 that OTLP carries
+_DECIMAL = re.compile(r"[0-9]+")  # plain ASCII digits: no sign, float, "1_000" or "٣"
 _TAIL_CHUNK = 1 << 16
 
 
@@ -83,12 +89,18 @@ def identify(
     resource_attributes: Mapping[str, Any] | None = None,
     output_dir: str | os.PathLike[str] | None = None,
     forked: bool = False,
-) -> tuple[JobInfo, str]:
-    """The run's job identity and its run id (``run_id``: the one given to ``configure()``).
+) -> tuple[JobInfo, str, Path | None]:
+    """The run's job identity, its run id (``run_id``: the one given to ``configure()``)
+    and the run folder it claimed (``None``: no folder, or a forked child's, found later).
 
     ``output_dir`` is the folder given to ``configure()`` (else ``OTEL_TUNIX_OUTPUT_DIR``
-    says where the run folders are). A forked child of a run keeps its parent's job and
-    attempt and links nothing.
+    says where the run folders are). The folder is claimed as the attempt is found, in one
+    step (:func:`otel_tunix.run.folders.claim`): runs that start at once get their own
+    folders and attempts. A forked child of a run keeps its parent's job and attempt and
+    links nothing.
+
+    Raises:
+        ConfigurationError: the run folder cannot be made, naming the setting.
     """
     global _last
     given = _given_attributes(resource_attributes)
@@ -97,22 +109,74 @@ def identify(
         rid = run_id or settings.run_id or new_run_id()
         parent = _last
         info = JobInfo(parent.job_id, parent.attempt, parent.attempt_from, parent.process_start_ns)
-        return info, rid
-    attempt, source = _explicit_attempt(settings, given)
-    earlier: list[tuple[int, dict[str, Any], Path]] = []
-    if job_id is not None:
-        earlier = _earlier_attempts(job_id, settings, rank, output_dir)
-    if attempt is None:
-        attempt, source = _counted_attempt(settings, earlier)
-    if job_id is None:
-        rid = run_id or settings.run_id or new_run_id()
-        job_id = rid
+        return info, rid, None
+    explicit, explicit_source = _explicit_attempt(settings, given)
+    own_id = None if job_id is not None else run_id or settings.run_id or new_run_id()
+    found: dict[str, Any] = {}
+
+    def decide(earlier: list[tuple[int, dict[str, Any], Path]]) -> dict[str, Any]:
+        if explicit is not None:
+            attempt, source = explicit, explicit_source
+        else:
+            attempt, source = _counted_attempt(settings, earlier)
+        if job_id is None:
+            rid = own_id or new_run_id()
+        else:
+            rid = run_id or settings.run_id or attempt_run_id(job_id, attempt)
+        found.update(attempt=attempt, source=source, rid=rid, earlier=earlier)
+        return {"job_id": job_id or rid, "attempt": attempt, "run_id": rid, "pid": os.getpid()}
+
+    folder: Path | None = None
+    where = _folders_of(job_id or own_id or "", settings, output_dir, forked)
+    if where is None:
+        decide(_earlier_attempts(job_id, rank, []) if job_id is not None else [])
     else:
-        rid = run_id or settings.run_id or attempt_run_id(job_id, attempt)
-    previous = _previous(job_id, attempt, earlier) if attempt > 1 else None
-    info = JobInfo(job_id, attempt, source, _process.process_start_ns(), previous)
+        base, in_given = where
+        try:
+            folder = folders.claim(
+                base,
+                rank.file_suffix,
+                given=in_given,
+                content=lambda taken: decide(_earlier_attempts(job_id, rank, taken)),
+            )
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(_cannot_make(base, in_given, exc)) from None
+    attempt, source, rid = found["attempt"], found["source"], found["rid"]
+    earlier = found["earlier"]
+    final_job = job_id if job_id is not None else rid
+    previous = _previous(final_job, attempt, earlier) if attempt > 1 else None
+    info = JobInfo(final_job, attempt, source, _process.process_start_ns(), previous)
     _last = info
-    return info, rid
+    return info, rid, folder
+
+
+def _folders_of(
+    key: str, settings: Settings, output_dir: str | os.PathLike[str] | None, forked: bool
+) -> tuple[Path, bool] | None:
+    """Where the run's folder is claimed: ``(base, given)``; ``None``: no folder (``none``,
+    ``OTEL_SDK_DISABLED``) or a forked child (its folder is found in its parent's)."""
+    raw = os.fspath(output_dir) if output_dir is not None else settings.output_dir
+    if forked or settings.sdk_disabled or (raw is not None and raw.strip().lower() == "none"):
+        return None
+    if raw is None or not raw.strip():
+        return folders.default_base(key), False
+    return Path(raw), True
+
+
+def _cannot_make(base: Path, given: bool, exc: Exception) -> str:
+    if isinstance(exc, ValueError):
+        reason = "a NUL character in the path"
+    elif given and base.is_file():
+        reason = "it is a file, not a directory"
+    else:
+        reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
+    if given:
+        setting = f"output_dir / {env.OTEL_TUNIX_OUTPUT_DIR}={os.fspath(base)!r}"
+        return f"{setting}: cannot make the run folder ({reason})"
+    return (
+        f"the default run folder {os.fspath(base)!r} cannot be made ({reason}); set "
+        f"output_dir / {env.OTEL_TUNIX_OUTPUT_DIR} to another folder, or to none"
+    )
 
 
 def _given_attributes(resource_attributes: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -128,22 +192,22 @@ def _text(value: Any) -> str | None:
 
 
 def _number(name: str, value: Any, least: int) -> int | None:
-    """``value`` as a whole number >= ``least``; otherwise reported, naming ``name``, and
-    ``None`` (ignored: the run goes on)."""
+    """``value`` as a whole number in [``least``, 2^63): an ``int``, or a string of plain
+    ASCII digits (``"1e3"``, ``"1_000"``, ``"1.0"`` or ``"٣"`` are not); otherwise reported,
+    naming ``name``, and ``None`` (ignored: the run goes on)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    try:
-        if isinstance(value, bool) or not float(value).is_integer():
-            raise ValueError
-        number = int(float(value))
-    except (TypeError, ValueError, OverflowError):
-        number = None
-    if number is None or number < least:
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value.strip()) and len(value) < 30:
+        number = int(value.strip())
+    if number is None or not least <= number <= _INT64_MAX:
         _logger.warning(
-            "otel-tunix: %s=%r is not allowed (a whole number >= %d); ignored, the attempt "
-            "is found without it",
+            "otel-tunix: %s=%r is not allowed (a whole number of plain digits, %d to 2^63-1); "
+            "ignored, the attempt is found without it",
             name,
-            value,
+            value if not isinstance(value, str) else value[:80],
             least,
         )
         return None
@@ -180,38 +244,49 @@ def _counted_attempt(
 
 
 def _earlier_attempts(
-    job_id: str, settings: Settings, rank: RankInfo, output_dir: str | os.PathLike[str] | None
+    job_id: str | None, rank: RankInfo, taken: list[Path]
 ) -> list[tuple[int, dict[str, Any], Path]]:
-    """``(attempt, header, spans file)`` of this rank's earlier runs of the job in the local
-    run folders, by attempt (the last run of each attempt)."""
-    raw = os.fspath(output_dir) if output_dir is not None else settings.output_dir
-    if raw is not None and raw.strip().lower() == "none":
+    """``(attempt, header, spans file)`` of this rank's earlier runs of the job in the
+    folders ``taken`` before the run's own, by attempt (the last run of each attempt): from
+    each spans file's header, else from the folder's claim (a run that started at once with
+    this one may not have written its header yet)."""
+    if job_id is None:
         return []
-    if raw is None or not raw.strip():
-        files = folders.earlier_runs(folders.default_base(job_id), rank.file_suffix, given=False)
-    else:
-        files = folders.earlier_runs(Path(raw), rank.file_suffix, given=True)
     found: dict[int, tuple[int, dict[str, Any], Path]] = {}
-    for path in files:
-        header = read_header(path)
+    for folder in taken:
+        path = folder / f"spans{rank.file_suffix}.jsonl"
+        header = read_header(path) or folders.read_claim(folder, rank.file_suffix)
         if header is None:
             continue
         resource = header.get("resource") or {}
         if str(header.get("job_id", resource.get(attr.JOB_ID))) != job_id:
             continue
         attempt = header.get("attempt", resource.get(attr.JOB_ATTEMPT))
-        if isinstance(attempt, int) and attempt >= 1:
+        if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 1:
             found[attempt] = (attempt, header, path)
     return [found[a] for a in sorted(found)]
 
 
+def _skipped(path: Path, exc: NotRegularFile) -> None:
+    warn_once(
+        ("not-a-file", os.fspath(path)),
+        "otel-tunix: %s is %s, not a file a run wrote; skipped in finding the job's attempt",
+        path,
+        exc.strerror,
+    )
+
+
 def read_header(path: Path) -> dict[str, Any] | None:
-    """The ``type: "run"`` header of a spans JSONL file, or ``None`` (none, or unreadable)."""
+    """The ``type: "run"`` header of a spans JSONL file, or ``None`` (none, unreadable, or
+    not a regular file: a FIFO is said and skipped, never waited on)."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             line = f.readline(_HEADER_MAX)
         header = json.loads(line)
-    except (OSError, ValueError):
+    except NotRegularFile as exc:
+        _skipped(path, exc)
+        return None
+    except (OSError, ValueError, RecursionError):
         return None
     return header if isinstance(header, dict) and header.get("type") == "run" else None
 
@@ -220,7 +295,7 @@ def last_step(path: Path) -> dict[str, Any] | None:
     """The last whole ``type: "step"`` line of a spans JSONL file, read from its end (a
     killed run's file may end in a torn line: it is skipped)."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             pos, stop = f.seek(0, os.SEEK_END), -1
             while pos > 0 and stop < 0:  # the newline that ends the last whole line
                 size = min(_TAIL_CHUNK, pos)
@@ -249,7 +324,7 @@ def _step_line(line: bytes) -> dict[str, Any] | None:
         return None
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) and obj.get("type") == "step" else None
 

@@ -24,7 +24,7 @@ from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.recording.current_run import RunInfo
 from otel_tunix.run.perfetto_trace import convert_hint
 from otel_tunix.run.signal_exports import failures
-from otel_tunix.run.state import RunState
+from otel_tunix.run.state import RunState, own_write_errors
 from otel_tunix.settings import attributes as attr
 from otel_tunix.settings import tally as _tally
 from otel_tunix.settings.config import PerformanceMetricsConfig
@@ -221,12 +221,15 @@ def end_notice(
     safety: Mapping[str, int] | None = None,
     signal_failures: Sequence[str] = (),
     cli_installed: bool = True,
+    write_errors: Mapping[str, Mapping[str, object]] | None = None,
 ) -> str:
     """The lines printed at ``shutdown()``. ``perfetto_left``: the command that makes the
     Perfetto trace that did not fit in the shutdown's budget; ``safety``: what was cleaned,
     redacted or refused (``summary.json``'s ``safety``); ``signal_failures``: one phrase per
     metric or log exporter that failed exports; ``cli_installed``: whether ``otel-tunix
-    summary`` can run here (it needs the ``cli`` extra)."""
+    summary`` can run here (it needs the ``cli`` extra); ``write_errors``: per file of the
+    run, the error and the records lost (``summary.json`` too, when it could not be
+    written: then this notice is where the counts are)."""
     scopes = ", ".join(f"{s.scope} {s.steps} steps ({s.sampled_steps} recorded)" for s in sessions)
     lines = [f"otel-tunix: run {run_id} finished: {scopes or 'no steps'}"]
     problems = []
@@ -238,6 +241,13 @@ def end_notice(
         if st.failed or st.dropped:
             problems.append(f"{name}: {st.failed} spans failed, {st.dropped} dropped")
     problems.extend(signal_failures)
+    for file, error in sorted((write_errors or {}).items()):
+        if file.endswith(".json"):
+            problems.append(f"{file} not written ({error.get('error')})")
+        else:
+            problems.append(
+                f"{file}: {error.get('records_lost')} records not written ({error.get('error')})"
+            )
     lines.append("  " + ("; ".join(problems) if problems else "nothing dropped or failed"))
     if safety:
         said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in sorted(safety.items()))
@@ -306,5 +316,6 @@ def at_shutdown(st: RunState, sessions: Sequence[ScopeSession]) -> None:
         safety=_tally.this_run(),
         signal_failures=failures(st.signal_export_stats),
         cli_installed=importlib.util.find_spec("rich") is not None,
+        write_errors=own_write_errors(st),
     )
     emit(text, st.settings, st.info.rank.rank)

@@ -89,6 +89,7 @@ def perfetto_from_jsonl(
     out = spans.with_name(trace_name(rank))
     tmp = out.with_name(out.name + ".tmp")
     try:
+        tmp.unlink(missing_ok=True)  # a link left at that name is removed, never followed
         convert_jsonl_to_perfetto(spans, tmp, deadline=deadline)
         tmp.replace(out)
     except ConversionTimeout:

@@ -36,8 +36,10 @@ from otel_tunix.run.arguments import RunArguments
 from otel_tunix.run.parts import close_parts, flush_parts, parts_in_forked_child, start_parts
 from otel_tunix.run.state import RunState, write_summary
 from otel_tunix.settings import tally as _tally
+from otel_tunix.settings import variables as env
 from otel_tunix.settings.config import PerformanceMetricsConfig
-from otel_tunix.settings.values import load_settings
+from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.values import check_sdk_files, load_settings
 
 _logger = logging.getLogger(__name__)
 
@@ -138,6 +140,7 @@ def configure(
             shutdown()
         _tally.start_run()  # summary.json's "safety" counts from here
         settings = load_settings()
+        check_sdk_files()
         args = RunArguments(
             service_name=service_name,
             perf=perf,
@@ -161,7 +164,7 @@ def configure(
         )
         cfg = args.check(settings)
         rank = detect_rank(settings)
-        job, rid = job_.identify(
+        job, rid, claimed = job_.identify(
             settings,
             run_id=run_id,
             rank=rank,
@@ -182,7 +185,7 @@ def configure(
         )
         resource = build_resource(ours)
         out_dir, files = assemble.run_folder(
-            args, settings, job.job_id, rank, config, forked=_forked_from_a_run
+            args, settings, job.job_id, rank, config, claimed=claimed, forked=_forked_from_a_run
         )
         if settings.sdk_disabled:
             _recording.set_runtime(None)
@@ -192,7 +195,13 @@ def configure(
         info = RunInfo(
             rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files, job=job
         )
-        state = assemble.assemble(args, settings, info, ours, shutdown)
+        try:
+            state = assemble.assemble(args, settings, info, ours, shutdown)
+        except OSError as exc:  # a run file that cannot be made: no space or inodes left
+            raise ConfigurationError(
+                f"output_dir / {env.OTEL_TUNIX_OUTPUT_DIR}: cannot make {exc.filename} "
+                f"({exc.strerror or exc})"
+            ) from None
         _state = state
         start_parts(state.parts)
         set_current(

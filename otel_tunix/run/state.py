@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from otel_tunix.settings import attributes as attr
 from otel_tunix.settings import tally as _tally
 from otel_tunix.settings.config import PerformanceMetricsConfig
 from otel_tunix.settings.values import Settings
-from otel_tunix.support.linefile import record_write_error, write_errors
+from otel_tunix.support.linefile import record_write_error, replace_file, write_errors
 
 __all__ = ["RunState", "register_observables", "write_summary"]
 
@@ -70,9 +70,10 @@ class RunState:
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:
-    """The run's observable instruments (step counts and rates, dropped steps, span counts),
-    reading ``state``; ``None`` (a disabled run) leaves them nothing to report. A later run
-    on the same meter takes them over (:func:`~otel_tunix.logger.instruments.observable`).
+    """The run's observable instruments (step counts and rates, dropped steps, span counts,
+    records not written), reading ``state``; ``None`` (a disabled run) leaves them nothing
+    to report. A later run on the same meter takes them over
+    (:func:`~otel_tunix.logger.instruments.observable`).
     """
     counter, gauge = Instrument.COUNTER, Instrument.GAUGE
     instruments = (
@@ -94,6 +95,12 @@ def register_observables(meter: Any, state: RunState | None) -> None:
             "tunix.telemetry.dropped_steps",
             "{step}",
             "Sampled steps otel-tunix could not record",
+        ),
+        (
+            counter,
+            "tunix.telemetry.records_not_written",
+            "{record}",
+            "Records a run file could not take (a full disk), by file name",
         ),
     )
     if state is None or state.runtime is None:
@@ -133,7 +140,13 @@ def register_observables(meter: Any, state: RunState | None) -> None:
             ]
         return out
 
-    callbacks = (steps, spans, rate, dropped)
+    def not_written(_: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(int(str(e["records_lost"])), {"file": Path(f).name})
+            for f, e in own_write_errors(state).items()
+        ]
+
+    callbacks = (steps, spans, rate, dropped, not_written)
     for (kind, name, unit, desc), callback in zip(instruments, callbacks, strict=True):
         observable(meter, kind, name, callback, unit=unit, description=desc)
 
@@ -172,16 +185,55 @@ def write_summary(
         data["goodput"] = st.ledger.figures()
     if timeout is not None:
         data["shutdown"] = {"timeout_sec": timeout, "unfinished": list(unfinished)}
+    data["write_errors"] = own_write_errors(st)
+    # names and values cleaned, secrets redacted, metric names refused, hook calls dropped
+    data["safety"] = _tally.this_run()
+    lost = losses(data, unfinished)
+    if lost:  # "complete" says nothing was lost
+        data["complete"] = False
+        data["lost"] = lost
+    try:
+        replace_file(path, json.dumps(data, indent=2, default=str))
+    except OSError as exc:  # a full disk: reported once, never raised into the program
+        said = ", ".join(f"{n} {what.replace('_', ' ')}" for what, n in lost.items())
+        record_write_error(
+            path,
+            exc,
+            1,
+            said=f"what the run lost is counted here and in the end notice, not in {path.name}: "
+            + (said or "nothing else so far"),
+        )
+
+
+def own_write_errors(st: RunState) -> dict[str, dict[str, object]]:
+    """The write errors of the run's own files
+    (:func:`otel_tunix.support.linefile.write_errors`)."""
     own = {os.fspath(p) for p in st.info.files.values()}
     if st.config.export_jsonl_path:
         own.add(os.fspath(st.config.export_jsonl_path))
-    data["write_errors"] = {f: e for f, e in write_errors().items() if f in own}
-    # names and values cleaned, secrets redacted, metric names refused, hook calls dropped
-    data["safety"] = _tally.this_run()
-    tmp = path.with_suffix(".json.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        tmp.replace(path)
-    except OSError as exc:  # a full disk: reported once, never raised into the program
-        record_write_error(path, exc, 1)
-        tmp.unlink(missing_ok=True)
+    return {f: e for f, e in write_errors().items() if f in own}
+
+
+def losses(data: Mapping[str, Any], unfinished: Sequence[str]) -> dict[str, int]:
+    """What the run lost, by kind, from the figures of its summary ``data``: records not
+    written (``write_errors``), steps dropped or failed, spans an exporter did not send,
+    parts the shutdown left behind (not the Perfetto translation: ``otel-tunix convert``
+    makes the trace from ``spans.jsonl``). Empty: nothing was lost."""
+    out: dict[str, int] = {}
+    errors: Mapping[str, Mapping[str, Any]] = data.get("write_errors", {})
+    records = sum(int(e.get("records_lost", 0)) for e in errors.values())
+    if records:
+        out["records_not_written"] = records
+    steps = int(data.get("dropped_steps", 0)) + int(data.get("failed_steps", 0))
+    if steps:
+        out["steps_dropped_or_failed"] = steps
+    export: Mapping[str, Mapping[str, Any]] = data.get("export", {})
+    spans = sum(
+        int(e.get("spans_dropped", 0)) + int(e.get("spans_failed", 0)) for e in export.values()
+    )
+    if spans:
+        out["spans_not_exported"] = spans
+    parts = [u for u in unfinished if u != "perfetto translation"]
+    if parts:
+        out["parts_unfinished"] = len(parts)
+    return out

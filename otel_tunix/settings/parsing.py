@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,6 +13,8 @@ from typing import Any, Final
 __all__ = [
     "MAX_INTERVAL_MS",
     "MAX_SHUTDOWN_SEC",
+    "PEM",
+    "PEM_MAX_BYTES",
     "ConfigurationError",
     "Setting",
     "parse_bool",
@@ -115,6 +119,25 @@ def _url(raw: str) -> str:
     if parsed.scheme.lower() not in ("http", "https") or not parsed.hostname:
         raise ValueError
     parsed.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
+    return raw
+
+
+PEM_MAX_BYTES = 16 << 20
+"""The largest certificate or key file ``configure()`` lets the OTel SDK read."""
+PEM = "a regular file (not a FIFO, device or directory) of at most 16 MiB"
+
+
+def _pem_file(raw: str) -> str:
+    """``raw`` if it names no file (the SDK says so) or a regular file of at most
+    :data:`PEM_MAX_BYTES`; found with ``stat`` (a FIFO is never opened)."""
+    try:
+        st = os.stat(raw)
+    except (OSError, ValueError):
+        return raw
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > PEM_MAX_BYTES:
+        raise ValueError("too large")
     return raw
 
 

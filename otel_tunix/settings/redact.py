@@ -4,10 +4,14 @@ What is a secret here:
 
 * the value of a key that looks like one: a word of the key (split at ``_ - . /`` and
   camelCase) is ``key``, ``token``, ``secret``, ``password``, ``passwd``, ``credential(s)``,
-  ``auth`` or ``authorization``, or ends in one of them (``apikey``, ``accesstoken``);
-  ``max_tokens`` or ``monkey`` are not;
-* in a URL, the user info (``http://user:pw@host``) and the query (``?token=...``);
-* the values of headers (``OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer x,...``).
+  ``auth``, ``authorization``, ``pat`` (``github_pat``) or ``cookie`` (``session_cookie``),
+  or ends in one of them (``apikey``, ``accesstoken``); ``max_tokens`` or ``monkey`` are not;
+* in a URL, the user info (``http://user:pw@host``, a DSN such as
+  ``postgres://user:pw@host/db``) and the query (``?token=...``);
+* the values of headers (``OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer x,...``);
+* in a config (:func:`redact_mapping`), at any depth of mappings and lists: the values above,
+  the secrets inside its strings (:func:`redact_text`: ``--hf_token=...`` in an argv list,
+  a DSN), and in a list, the item after a secret-looking flag (``["--hf_token", "hf_x"]``).
 
 Each redaction is counted (``secrets_redacted`` in ``summary.json``).
 """
@@ -46,9 +50,21 @@ _WORDS = frozenset(
         "authorization",
         "apikey",
         "pwd",
+        "pat",
+        "cookie",
+        "cookies",
     )
 )
-_ENDINGS = ("apikey", "accesskey", "secretkey", "privatekey", "token", "secret", "password")
+_ENDINGS = (
+    "apikey",
+    "accesskey",
+    "secretkey",
+    "privatekey",
+    "token",
+    "secret",
+    "password",
+    "cookie",
+)
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _URL = re.compile(r"\b([A-Za-z][A-Za-z0-9+.\-]*://)([^\s/?#@]*@)?([^\s?#]*)(\?[^\s#'\"]*)?")
 _BARE_USERINFO = re.compile(r"(?<![\w/:@.\-])[^\s/:@'\"]+:[^\s/@'\"]+@")  # user:pw@host
@@ -69,34 +85,65 @@ def is_secret_key(key: object) -> bool:
     return False
 
 
-def redact_mapping(values: Mapping[str, Any], *, count: bool = True) -> dict[str, Any]:
-    """A copy of ``values`` (nested mappings too) whose secret-looking keys hold
-    :data:`REDACTED` (each counted, unless ``count`` is false: the same values redacted
-    again for another destination)."""
-    out: dict[str, Any] = {}
+def redact_mapping(values: Mapping[Any, Any], *, count: bool = True) -> dict[Any, Any]:
+    """A copy of ``values`` (nested mappings and lists too) whose secret-looking keys hold
+    :data:`REDACTED` and whose strings have their secrets redacted (each counted, unless
+    ``count`` is false: the same values redacted again for another destination). The
+    caller bounds the depth (:mod:`otel_tunix.run.run_config` checks a config first)."""
+    out: dict[Any, Any] = {}
     for key, value in values.items():
         if is_secret_key(key) and value is not None:
             out[key] = REDACTED
             if count:
                 _tally.add("secrets_redacted")
-        elif isinstance(value, Mapping):
-            out[key] = redact_mapping(value, count=count)
         else:
-            out[key] = value
+            out[key] = _redact_value(value, count)
     return out
 
 
-def redact_url(url: str) -> str:
-    """``url`` without its user info and query (each replaced by :data:`REDACTED`)."""
-    return _URL.sub(_url_match, url)
+def _redact_value(value: Any, count: bool) -> Any:
+    if isinstance(value, str):
+        return redact_text(value, count=count)
+    if isinstance(value, Mapping):
+        return redact_mapping(value, count=count)
+    if isinstance(value, list | tuple):
+        items: list[Any] = []
+        after_flag = False  # ["--hf_token", "hf_x"]: the flag's value is the next item
+        for item in value:
+            if after_flag and isinstance(item, str) and not item.startswith("-"):
+                items.append(REDACTED)
+                if count:
+                    _tally.add("secrets_redacted")
+                after_flag = False
+                continue
+            after_flag = (
+                isinstance(item, str)
+                and item.startswith("-")
+                and "=" not in item
+                and is_secret_key(item)
+            )
+            items.append(_redact_value(item, count))
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
-def _url_match(m: re.Match[str]) -> str:
+def redact_url(url: str, *, count: bool = True) -> str:
+    """``url`` without its user info and query (each replaced by :data:`REDACTED`; counted
+    unless ``count`` is false)."""
+    return _URL.sub(lambda m: _url_match(m, count), url)
+
+
+def _add(count: bool) -> None:
+    if count:
+        _tally.add("secrets_redacted")
+
+
+def _url_match(m: re.Match[str], count: bool = True) -> str:
     scheme, userinfo, rest, query = m.group(1), m.group(2), m.group(3), m.group(4)
     if userinfo:
-        _tally.add("secrets_redacted")
+        _add(count)
     if query and query != "?":
-        _tally.add("secrets_redacted")
+        _add(count)
     return (
         scheme
         + (f"{REDACTED}@" if userinfo else "")
@@ -118,32 +165,34 @@ def redact_headers(headers: str) -> str:
     return ",".join(parts)
 
 
-def redact_text(text: str) -> str:
+def redact_text(text: str, *, count: bool = True) -> str:
     """A message with the secrets it may hold redacted: URLs' user info and queries, and
-    the values of ``key=value`` / ``key: value`` pairs whose key looks like a secret."""
-    text = redact_url(text)
-    text = _BARE_USERINFO.sub(_bare_match, text)  # an endpoint given without its scheme
-    text = _BARE_QUERY.sub(_bare_query_match, text)
-    return _PAIR.sub(_pair_match, text)
+    the values of ``key=value`` / ``key: value`` pairs whose key looks like a secret
+    (``--hf_token=...``); each counted unless ``count`` is false."""
+    text = redact_url(text, count=count)
+    # an endpoint given without its scheme
+    text = _BARE_USERINFO.sub(lambda m: _bare_match(m, count), text)
+    text = _BARE_QUERY.sub(lambda m: _bare_query_match(m, count), text)
+    return _PAIR.sub(lambda m: _pair_match(m, count), text)
 
 
-def _bare_query_match(m: re.Match[str]) -> str:
+def _bare_query_match(m: re.Match[str], count: bool) -> str:
     if m.group(2) == REDACTED:
         return m.group(0)
-    _tally.add("secrets_redacted")
+    _add(count)
     return f"{m.group(1)}?{REDACTED}"
 
 
-def _bare_match(m: re.Match[str]) -> str:
-    _tally.add("secrets_redacted")
+def _bare_match(m: re.Match[str], count: bool) -> str:
+    _add(count)
     return f"{REDACTED}@"
 
 
-def _pair_match(m: re.Match[str]) -> str:
+def _pair_match(m: re.Match[str], count: bool) -> str:
     key, sep, value = m.group(1), m.group(2), m.group(3)
     if value == REDACTED or not is_secret_key(key):
         return m.group(0)
-    _tally.add("secrets_redacted")
+    _add(count)
     return f"{key}{sep}{REDACTED}"
 
 

@@ -23,10 +23,12 @@ from otel_tunix.settings import variables as env
 from otel_tunix.settings.parsing import (
     MAX_INTERVAL_MS,
     MAX_SHUTDOWN_SEC,
+    PEM,
     Setting,
     _components,
     _names,
     _non_negative_int,
+    _pem_file,
     _port,
     _positive_float,
     _positive_int,
@@ -615,6 +617,29 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "more resource attributes",
         "key=value pairs",
         read_by="opentelemetry-sdk",
+    ),
+    *(
+        Setting(
+            f"OTEL_EXPORTER_OTLP{sig}{what}",
+            "",
+            _pem_file,
+            None,
+            f"{doc} of the OTLP exporter{of} (the SDK reads it when the exporter is "
+            "made; `configure()` checks it first: a FIFO would block it for ever)",
+            PEM,
+            read_by="opentelemetry-sdk",
+        )
+        for sig, of in (
+            ("", ""),
+            ("_TRACES", " of spans"),
+            ("_METRICS", " of metrics"),
+            ("_LOGS", " of log records"),
+        )
+        for what, doc in (
+            ("_CERTIFICATE", "CA certificate (PEM file) that verifies the collector"),
+            ("_CLIENT_CERTIFICATE", "client certificate (PEM file), mutual TLS"),
+            ("_CLIENT_KEY", "client private key (PEM file), mutual TLS"),
+        )
     ),
     Setting("DD_AGENT_HOST", "", _text, None, "DogStatsD host", "a host name", read_by="datadog"),
     Setting("DD_DOGSTATSD_PORT", "", _text, None, "DogStatsD port", "a port", read_by="datadog"),

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.parsing import ConfigurationError, _pem_file
 from otel_tunix.settings.redact import redact_setting
 from otel_tunix.settings.table import SETTINGS
 
-__all__ = ["Settings", "load_setting", "load_settings"]
+__all__ = ["Settings", "check_sdk_files", "load_setting", "load_settings"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,6 +120,27 @@ class Settings:
         """The OTLP protocol of ``signal``: its own variable, else the shared one."""
         own: str | None = getattr(self, f"otlp_{signal}_protocol")
         return own or self.otlp_protocol
+
+
+def check_sdk_files(environ: Mapping[str, str] | None = None) -> None:
+    """Check the files the OTel SDK's exporters read when they are made (certificates and
+    keys: ``OTEL_EXPORTER_OTLP_CERTIFICATE``, ...), so that making them cannot block on a
+    FIFO or read ``/dev/zero`` until memory runs out.
+
+    Raises:
+        ConfigurationError: naming the variable and what is allowed.
+    """
+    source = os.environ if environ is None else environ
+    for setting in SETTINGS:
+        raw = source.get(setting.name) if setting.parse is _pem_file else None
+        if raw is None or not raw.strip():
+            continue
+        try:
+            _pem_file(raw.strip())
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{setting.name}={raw!r} is not allowed ({exc}); use {setting.allowed}"
+            ) from None
 
 
 def _first(*values: int | None) -> int | None:

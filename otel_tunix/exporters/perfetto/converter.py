@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -22,6 +22,7 @@ from otel_tunix.settings.attributes import (
     SPAN_TYPE_COMPONENT,
     SPAN_TYPE_STEP,
 )
+from otel_tunix.support.linefile import MAX_LINE_BYTES, capped_lines
 
 __all__ = ["ConversionTimeout", "convert_jsonl_to_perfetto"]
 
@@ -66,10 +67,10 @@ def convert_jsonl_to_perfetto(
     src_path = Path(jsonl_path)
     stem = src_path.name.removesuffix(".gz").removesuffix(".jsonl")
     process = ProcessInfo(service_name=stem)
-    opener: Callable[..., IO[str]] = gzip.open if src_path.suffix == ".gz" else open
-    with opener(src_path, "rt", encoding="utf-8") as src, open(out_path, "wb") as dst:
+    bad, first_bad = 0, 0
+    with _open_source(src_path) as src, open(out_path, "wb") as dst:
         writer = PerfettoTraceWriter(dst)
-        for line_no, line in enumerate(src, 1):
+        for line_no, line in enumerate(capped_lines(src), 1):
             if deadline is not None and not line_no & 15 and time.monotonic() > deadline:
                 raise ConversionTimeout(f"{src_path}: stopped at line {line_no}")
             line = line.strip()
@@ -77,20 +78,41 @@ def convert_jsonl_to_perfetto(
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
-                logger.warning("%s:%d: not JSON, skipped", src_path, line_no)
-                continue
-            if not isinstance(obj, dict):
-                continue
-            resource = obj.get("resource")
-            if isinstance(resource, dict):
-                process = _process_from_json(resource, stem)
-            if obj.get("type") == "step":
-                writer.write_group(_records_from_step_line(obj, process))
-            elif obj.get("type") == "span":  # background work that ended after its step
-                writer.add(_record_from_span_line(obj, process))
+                if not isinstance(obj, dict):
+                    continue
+                resource = obj.get("resource")
+                if isinstance(resource, dict):
+                    process = _process_from_json(resource, stem)
+                if obj.get("type") == "step":
+                    writer.write_group(_records_from_step_line(obj, process))
+                elif obj.get("type") == "span":  # background work that ended after its step
+                    writer.add(_record_from_span_line(obj, process))
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                # not JSON (cut short, not UTF-8, binary), nested too deep, a value no
+                # slice can hold: the line is skipped and counted, said once at the end
+                bad += 1
+                first_bad = first_bad or line_no
         writer.flush_pending()
+    if bad:
+        logger.warning(
+            "%s: %d line(s) skipped (not JSON, not UTF-8, nested too deep, longer than "
+            "%d MB, or values no slice can hold); the first at line %d",
+            src_path,
+            bad,
+            MAX_LINE_BYTES >> 20,
+            first_bad,
+        )
     return writer.slice_count
+
+
+def _open_source(path: Path) -> IO[bytes]:
+    """``path`` for reading bytes; gzip when its first bytes say so (whatever its name)."""
+    f = open(path, "rb")
+    if f.read(2) == b"\x1f\x8b":
+        f.close()
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    f.seek(0)
+    return f
 
 
 def _record_from_span_line(obj: Mapping[str, object], process: ProcessInfo) -> TraceSpan:
