@@ -52,8 +52,9 @@ from otel_tunix._version import __version__
 from otel_tunix.logging_backend import PERF_SOURCE
 from otel_tunix.metrics.catalog import by_otel_name
 from otel_tunix.metrics.instruments import METER_SCOPE, create_observable, observable
+from otel_tunix.pipeline.consumers import StepSink
 from otel_tunix.pipeline.outside import OutsideSpan
-from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
+from otel_tunix.pipeline.span_builder import FinishedStep
 
 __all__ = [
     "BADPUT_TIME",
@@ -214,7 +215,7 @@ def _overlapping(source: Any, waits: list[tuple[int, int]]) -> list[tuple[str, i
     return out
 
 
-class LiveLedger(StepSpanProcessor):
+class LiveLedger(StepSink):
     """The run's goodput ledger, kept as its steps are processed.
 
     Args:

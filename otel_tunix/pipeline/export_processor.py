@@ -38,7 +38,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_tunix._errors import warn_once
 from otel_tunix._shortcuts import SUPPRESS_INSTRUMENTATION_KEY
 from otel_tunix.pipeline.batch_queue import BatchQueue
-from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
+from otel_tunix.pipeline.consumers import StepSpanProcessor
+from otel_tunix.pipeline.span_builder import FinishedStep
 from otel_tunix.settings import Settings, load_settings
 
 _logger = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from otel_tunix.metrics.catalog import Instrument
 from otel_tunix.metrics.instruments import observable
 from otel_tunix.metrics_logger import MetricsLogger
 from otel_tunix.model import ScopeSession
+from otel_tunix.pipeline.consumers import Consumers
 from otel_tunix.pipeline.export_processor import ExportStats
 from otel_tunix.processors import StepAccountingProcessor
 from otel_tunix.run.signal_exports import SignalExportStats
@@ -44,6 +45,9 @@ class RunState:
     """The run's :class:`~otel_tunix.run.parts.Part` objects, in the order they close."""
     runtime: _recording.Runtime | None = None
     processor: StepAccountingProcessor | None = None
+    """The accounting processor: session totals, the latest step summary."""
+    consumers: Consumers | None = None
+    """The worker's consumers, in order (:mod:`otel_tunix.pipeline.consumers`)."""
     offset_ns: int = 0
     meter_provider: Any = None
     logger_provider: Any = None
