@@ -151,6 +151,7 @@ def write_summary(
         "sampling_rate": st.config.sampling_rate,
         "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
         "failed_steps": rt.pipeline.failed_steps if rt else 0,
+        "unprocessed_steps": rt.pipeline.unprocessed_steps if rt else 0,
         "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
         "export_by_signal": {
             signal: {name: stats.to_json() for name, stats in by_name.items()}
