@@ -83,7 +83,6 @@ __all__ = [
     "SPAN_KEY",
     "SUPPRESS_INSTRUMENTATION_KEY",
     "SpanMaker",
-    "active_span_processor",
     "attach_span",
     "detach",
     "metric_reader_histograms",
@@ -308,13 +307,6 @@ def _same_span(a: ReadableSpan, b: ReadableSpan) -> bool:
 def _multi(provider_or_processor: Any) -> Any:
     """The SDK multi-processor of a TracerProvider (or the processor given)."""
     return getattr(provider_or_processor, "_active_span_processor", provider_or_processor)
-
-
-def active_span_processor(provider: Any, default: SpanProcessor) -> SpanProcessor:
-    """What an SDK TracerProvider hands each ended span to (its multi-processor), or
-    ``default`` for a provider of another kind."""
-    multi = getattr(provider, "_active_span_processor", None)
-    return multi if isinstance(multi, SpanProcessor) else default
 
 
 def span_processors_of(provider_or_processor: Any) -> tuple[SpanProcessor, ...]:
