@@ -200,7 +200,7 @@ def _scope_text(n: object, scope: object) -> str:
         shown = f"<{type(scope).__name__}>"
     warn_once(
         ("step-scope", type(scope).__name__),
-        "otel_tunix.step(%s, scope=%s): a scope is a string; taken as %r (said once a type)",
+        "otel_tunix.step(%s, scope=%s): the scope is not a string; taken as %r (said once a type)",
         n if type(n) is int else type(n).__name__,
         shown,
         text,
