@@ -217,11 +217,7 @@ class StepAccountingProcessor(StepSpanProcessor):
         self.last_summary = summaries[-1]
 
     def flush(self) -> None:
-        """Its own sinks' ``flush()``."""
-        self._consumers.flush()
-
-    def flush_sinks(self) -> None:
-        """Call every sink's ``flush()`` (after a batch of steps)."""
+        """Its own sinks' ``flush()`` (after a batch of steps)."""
         self._consumers.flush()
 
     def flush_hooks(self, timeout: float) -> bool:
