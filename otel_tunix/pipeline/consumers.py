@@ -175,14 +175,13 @@ class ProviderSpans(StepSink):
         """The processors that get the spans now."""
         found = span_processors_found(self._provider)
         if found is None:
-            if not isinstance(self._provider, SpanProcessor):
-                warn_once(
-                    "no-processor-tuple",
-                    "otel-tunix: the tracer provider's span processors cannot be read; "
-                    "otel-tunix's spans go to the span_processors given to configure() "
-                    "only, not to processors added to the provider otherwise",
-                    logger=_logger,
-                )
+            warn_once(
+                "no-processor-tuple",
+                "otel-tunix: the tracer provider's span processors cannot be read; "
+                "otel-tunix's spans go to the span_processors given to configure() only, "
+                "not to processors added to the provider otherwise",
+                logger=_logger,
+            )
             found = self._known
         if not found:
             return []
