@@ -53,10 +53,14 @@ def _scripted_run(out: Path) -> dict[str, Any]:
 
     exported, seen, sink = InMemorySpanExporter(), InMemorySpanExporter(), _Steps()
     otel_tunix.configure(
-        output_dir=out, clock=lambda: now[0], id_seed=5, system_metrics=False,
-        span_exporters=[exported], span_processors=[SimpleSpanProcessor(seen)],
+        output_dir=out,
+        clock=lambda: now[0],
+        id_seed=5,
+        system_metrics=False,
+        span_exporters=[exported],
+        span_processors=[SimpleSpanProcessor(seen)],
         step_sinks=[sink],
-    )  # fmt: skip
+    )
     at(1)
     for n in range(20):
         with otel_tunix.step(n):
@@ -188,14 +192,22 @@ def test_a_span_processor_that_blocks_in_on_end_loses_no_step_of_the_run_folder(
     run = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-c", _HUNG_ON_END, str(run), str(hung_collector)],
-        env=child_env(OTEL_TUNIX_SHUTDOWN_TIMEOUT="2", OTEL_TUNIX_PERFETTO_DIR="none",
-                      OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none"),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=child_env(
+            OTEL_TUNIX_SHUTDOWN_TIMEOUT="2",
+            OTEL_TUNIX_PERFETTO_DIR="none",
+            OTEL_TRACES_EXPORTER="none",
+            OTEL_METRICS_EXPORTER="none",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])
-    print(f"300 steps, a hung on_end: loop {got['loop_sec']:.2f} s, shutdown "
-          f"{got['shutdown_sec']:.2f} s (budget 2 s)")  # fmt: skip
+    print(
+        f"300 steps, a hung on_end: loop {got['loop_sec']:.2f} s, shutdown "
+        f"{got['shutdown_sec']:.2f} s (budget 2 s)"
+    )
     assert got["shutdown_sec"] < 2 + 1.0
     lines = [json.loads(x) for x in (run / "spans.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if x["type"] == "step"] == list(range(300))
@@ -232,10 +244,12 @@ def test_a_backend_left_behind_at_shutdown_has_the_scalars_it_did_not_get_counte
     ``summary.json``, against the scalars the run's own ``metrics.jsonl`` holds."""
     backend = _Hangs()
     otel_tunix.configure(
-        output_dir=tmp_path, system_metrics=False,
+        output_dir=tmp_path,
+        system_metrics=False,
         metrics_logger=otel_tunix.MetricsLoggerOptions(
-            log_dir=tmp_path, backend_factories=[lambda: backend]),
-    )  # fmt: skip
+            log_dir=tmp_path, backend_factories=[lambda: backend]
+        ),
+    )
     for n in range(40):
         with otel_tunix.step(n), otel_tunix.component("work"):
             pass
@@ -275,10 +289,12 @@ def test_a_slow_backend_left_behind_has_what_it_did_not_get_counted(tmp_path: Pa
     between what it lacked when the shutdown began and what it lacks after."""
     backend = _Slow()
     otel_tunix.configure(
-        output_dir=tmp_path, system_metrics=False,
+        output_dir=tmp_path,
+        system_metrics=False,
         metrics_logger=otel_tunix.MetricsLoggerOptions(
-            log_dir=tmp_path, backend_factories=[lambda: backend]),
-    )  # fmt: skip
+            log_dir=tmp_path, backend_factories=[lambda: backend]
+        ),
+    )
     for n in range(200):
         otel_tunix.log({f"m{i}": float(i) for i in range(10)}, step=n)
     before = backend.got

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -158,15 +159,14 @@ class HookRunner:
 
 class _Closer(threading.Thread):
     """The thread that closes a hook (its queued calls, then its ``close``), which knows
-    its runner: a shutdown that leaves it behind counts what it had not delivered."""
+    its runner: a shutdown that leaves it behind counts what it had not delivered. (A weak
+    reference: the runner holds its closer, and a cycle would be left to the garbage
+    collector once the thread ends.)"""
 
     def __init__(self, runner: HookRunner, final: Callable[[], object] | None) -> None:
-        super().__init__(name=f"otel-tunix-close-{runner.name}", daemon=True)
-        self.runner = runner
-        self._final = final
-
-    def run(self) -> None:
-        self.runner._close(self._final)
+        name = f"otel-tunix-close-{runner.name}"
+        super().__init__(target=runner._close, args=(final,), name=name, daemon=True)
+        self.runner = weakref.ref(runner)
 
 
 def _method_name(call: Callable[..., object]) -> str:
@@ -198,8 +198,9 @@ def count_left_behind(closing: Iterable[tuple[str, threading.Thread]]) -> list[s
     for name, thread in closing:
         if thread.is_alive():
             unfinished.append(name)
-            if isinstance(thread, _Closer):
-                thread.runner.left_behind()
+            runner = thread.runner() if isinstance(thread, _Closer) else None
+            if runner is not None:
+                runner.left_behind()
     if unfinished:
         _tally.add("hooks_unfinished", len(unfinished))
     return unfinished
