@@ -88,3 +88,31 @@ def rotel_collector(rotel_factory: Callable[..., RotelCollector]) -> RotelCollec
     """A rotel collector with a blackhole exporter that prints every span and metric it
     receives (``.output()``, ``.parsed()``, ``.wait_for(...)``, ``.restart()``)."""
     return rotel_factory()
+
+
+# --- a collector that accepts and never answers -------------------------------------------
+
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+
+@pytest.fixture
+def hung_collector() -> Iterator[int]:
+    """A loopback port that accepts every connection and never answers on it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed at teardown
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+    for conn in held:
+        conn.close()

@@ -8,9 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,28 +56,6 @@ RUN = textwrap.dedent(
     print(f"shutdown took {time.monotonic() - started:.2f} s", flush=True)
     """
 )
-
-
-@pytest.fixture
-def hung_collector() -> Iterator[int]:
-    """A loopback port that accepts every connection and never answers on it."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(server.accept()[0])
-            except OSError:  # closed at teardown
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield server.getsockname()[1]
-    server.close()
-    for conn in held:
-        conn.close()
 
 
 @pytest.fixture

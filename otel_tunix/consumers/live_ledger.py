@@ -51,7 +51,8 @@ from otel_tunix.logger.backend import PERF_SOURCE
 from otel_tunix.logger.instruments import METER_SCOPE, create_observable, observable
 from otel_tunix.model.catalog import by_otel_name
 from otel_tunix.pipeline.outside import OutsideSpan
-from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
+from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.pipeline.step_sinks import StepSink
 from otel_tunix.settings.version import __version__
 from otel_tunix.support.process import process_start_ns
 
@@ -214,7 +215,7 @@ def _overlapping(source: Any, waits: list[tuple[int, int]]) -> list[tuple[str, i
     return out
 
 
-class LiveLedger(StepSpanProcessor):
+class LiveLedger(StepSink):
     """The run's goodput ledger, kept as its steps are processed.
 
     Args:

@@ -1,25 +1,27 @@
-"""Span processors of otel-tunix.
+"""The accounting processor, and the public names of the one consumer interface.
 
-:class:`StepAccountingProcessor` is a real OTel ``SpanProcessor``. otel-tunix's span
-builder hands it each finished step whole (:meth:`~StepAccountingProcessor.on_finished_steps`,
-no SDK spans needed), with the step's counters already derived as the builder read it
-(``FinishedStep.summary``); fed SDK spans one at a time instead (``on_end``, from any span
-pipeline), it groups the components of each step by the ``tunix.*`` attributes and derives
-the same numbers when the step span ends. Either way the busy / blocked / idle counters come
-from :func:`otel_tunix.accounting.step_time.account_components`; the resulting :class:`StepSummary`
-goes to *sinks*: OTel instruments, the MetricsLogger, the spans JSONL file, a user's export
-function.
-Spans from other code pass through untouched.
+:class:`StepSink` (the base class of everything that consumes finished steps) and
+:class:`StepSpanProcessor` (a consumer that is also an SDK span processor) are defined in
+:mod:`otel_tunix.pipeline.step_sinks` and importable from here.
+
+:class:`StepAccountingProcessor` is one of the worker's consumers: it keeps the session
+totals per scope and the latest step summary, from each finished step whole
+(:meth:`~StepAccountingProcessor.on_finished_steps`, its counters already derived as the
+span builder read it: ``FinishedStep.summary``). It is also a real OTel ``SpanProcessor``:
+fed SDK spans one at a time instead (``on_end``, from any span pipeline), it groups the
+components of each step by the ``tunix.*`` attributes and derives the same numbers when the
+step span ends (:func:`otel_tunix.accounting.step_time.account_intervals`), and hands the summaries
+to
+sinks of its own (``StepAccountingProcessor(sinks)``). Spans from other code pass through
+untouched.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span
@@ -28,17 +30,13 @@ from opentelemetry.trace import StatusCode
 from otel_tunix.accounting.step_time import account_intervals
 from otel_tunix.model.steps import ScopeSession, SpanInfo, StepSummary
 from otel_tunix.pipeline.background import BackgroundSpan
-from otel_tunix.pipeline.hooks import (
-    HookRunner,
-    close_hooks,
-    closing_threads,
-    flush_hooks,
-    runs_user_code,
-)
 from otel_tunix.pipeline.outside import OutsideSpan
-from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
+from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.pipeline.step_sinks import Consumers, StepSink, StepSpanProcessor
 from otel_tunix.settings import attributes as attr
-from otel_tunix.support.errors import ReportOnce, report_internal_error
+from otel_tunix.support.errors import report_internal_error
+
+__all__ = ["StepAccountingProcessor", "StepSink", "StepSpanProcessor", "span_info"]
 
 _logger = logging.getLogger(__name__)
 
@@ -55,96 +53,6 @@ _STEP_KEYS = frozenset(
         attr.STEP_IDLE_TIME,
     )
 )
-
-
-class StepSink:
-    """Base class of what receives the accounting processor's step summaries.
-
-    Every hook is declared here with a default, as the OTel SDK's ``SpanProcessor`` does;
-    a sink overrides what it needs. Contract: hooks should not raise (one that raises is
-    reported once and the other sinks go on). otel-tunix's own sinks run on its worker
-    thread; any other (``configure(step_sinks=)``, an export function's, a class whose
-    ``runs_user_code`` is true) runs on a thread of its own (:class:`OffThreadSink`), so
-    that whatever it does, the worker, the training loop and the shutdown budget hold.
-    """
-
-    runs_user_code = False
-    """True for a sink of otel-tunix's that calls the user's code (it then runs on a thread
-    of its own, as the user's sinks do)."""
-
-    def on_step(self, summary: StepSummary) -> None:
-        """One sampled step finished. Default: nothing."""
-
-    def on_steps(self, summaries: Sequence[StepSummary]) -> None:
-        """The steps of one batch, in order. Default: :meth:`on_step` for each; a step that
-        raises does not lose the others (the first error is raised at the end, for the
-        processor to report)."""
-        error: Exception | None = None
-        for summary in summaries:
-            try:
-                self.on_step(summary)
-            except Exception as exc:  # the sink's code: raised below, the processor reports it
-                error = error or exc
-        if error is not None:
-            raise error
-
-    def on_session(self, sessions: list[ScopeSession]) -> None:
-        """The session ends (``otel_tunix.shutdown()``): totals per scope. Default:
-        nothing."""
-
-    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
-        """Spans of other threads' work that ended after their step was processed (an async
-        checkpoint writer's), each with its step's scope, number and trace id; their time
-        is already in the steps they overlap. Default: nothing."""
-
-    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
-        """Components recorded outside any step (a checkpoint restore before the loop, an
-        evaluation between steps, a writer after the last step), each ended record at once:
-        its nested components in start order, then its root
-        (:class:`~otel_tunix.pipeline.outside.OutsideSpan`: name, kind, Unix-ns times,
-        trace / span / parent ids, thread, declared ``category``; ``info()``, ``span()``).
-        No step counts them: a sink that keeps time by goodput category (the live ledger)
-        takes the time outside the steps from here. Called on the worker thread (a user's
-        sink: on its own thread, in order with its other calls). Default: nothing."""
-
-    def flush(self) -> None:
-        """After each batch of steps: hand buffered output on. Default: nothing."""
-
-    def close(self) -> None:
-        """Release files and clients (after :meth:`on_session`). Default: nothing."""
-
-
-class OffThreadSink(StepSink):
-    """A sink that is not otel-tunix's own, run on a thread of its own
-    (:mod:`otel_tunix.pipeline.hooks`): each hook call is queued and returns at once;
-    :meth:`StepAccountingProcessor.finish_session` waits for it until a deadline."""
-
-    def __init__(self, sink: StepSink, failed: Callable[[str], object]) -> None:
-        self.sink = sink
-        self.runner = HookRunner(type(sink).__name__, failed)
-
-    def on_step(self, summary: StepSummary) -> None:
-        self.runner.call(self.sink.on_steps, (summary,))
-
-    def on_steps(self, summaries: Sequence[StepSummary]) -> None:
-        self.runner.call(self.sink.on_steps, summaries)
-
-    def on_session(self, sessions: list[ScopeSession]) -> None:
-        self.runner.call(self.sink.on_session, sessions)
-
-    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
-        self.runner.call(self.sink.on_background_spans, spans)
-
-    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
-        self.runner.call(self.sink.on_outside_spans, spans)
-
-    def flush(self) -> None:
-        self.runner.call(self.sink.flush)
-
-    def close(self) -> None:
-        """Close it on its thread, waiting as long as it takes (``finish_session`` gives it
-        a deadline instead)."""
-        self.runner.start_closing(self.sink.close).join()
 
 
 def span_info(span: ReadableSpan) -> SpanInfo:
@@ -175,41 +83,38 @@ def _as_category(value: object) -> str | None:
 
 
 class StepAccountingProcessor(StepSpanProcessor):
-    """Derives per-step busy / blocked / idle time and per-session totals from spans.
+    """Per-scope session totals and the latest step summary, from otel-tunix's steps (one
+    of the worker's consumers) or from SDK spans (``on_end``).
 
     Args:
-        sinks: Where each :class:`StepSummary` goes; more can be added with :meth:`add_sink`.
+        sinks: Where its step summaries go when it is used on its own (fed SDK spans, or
+            steps by hand); in a run the worker's consumers get the steps themselves. More
+            can be added with :meth:`add_sink`.
         max_open_steps: Steps whose component spans are buffered while their step span has
             not arrived; the oldest is dropped past this bound (memory stays constant).
     """
 
     def __init__(self, sinks: Iterable[StepSink] = (), *, max_open_steps: int = 1024) -> None:
-        self._sinks: list[StepSink] = []
-        for sink in sinks:
-            self.add_sink(sink)
+        self._consumers = Consumers(sinks)
         self._open: OrderedDict[tuple[int, str, int], list[ReadableSpan]] = OrderedDict()
         self._max_open = max_open_steps
         self._sessions: dict[str, ScopeSession] = {}
         self._lock = threading.Lock()
-        self._report = ReportOnce(_logger)
         self._closed = False
         self.last_summary: StepSummary | None = None
 
     def add_sink(self, sink: StepSink) -> None:
-        """Add a destination for step summaries.
+        """Add a destination for its step summaries.
 
         Raises:
             TypeError: ``sink`` is not a :class:`StepSink`.
         """
-        if not isinstance(sink, StepSink):
-            raise TypeError(f"{sink!r} is not an otel_tunix.consumers.step_accounting.StepSink")
-        if runs_user_code(sink) and not isinstance(sink, OffThreadSink):
-            sink = OffThreadSink(sink, functools.partial(self._failed, sink))
-        self._sinks.append(sink)
+        self._consumers.add(sink)
 
     @property
     def sinks(self) -> tuple[StepSink, ...]:
-        return tuple(self._sinks)
+        """Its own sinks, in order."""
+        return self._consumers.sinks
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
@@ -240,36 +145,27 @@ class StepAccountingProcessor(StepSpanProcessor):
             report_internal_error("the accounting of a span")
 
     def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
-        """Whole otel-tunix steps, in order: the span builder's path, with no per-span
-        buffering and no SDK spans needed; the sinks get the batch's summaries together."""
+        """Whole otel-tunix steps, in order: their summaries (made as the span builder read
+        each step) into the session totals; the steps to its own sinks."""
         if self._closed:
             return
         summaries = []
         for step in steps:
             try:
-                summaries.append(step.summary)  # made as the span builder read the step
+                summaries.append(step.summary)
             except Exception:
                 report_internal_error("the accounting of a step")
         if summaries:
-            self._publish(summaries)
+            self._totals(summaries)
+            self._consumers.steps(steps)
 
     def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
-        """Background spans handed on after their step: to every sink."""
-        self._to_sinks("on_background_spans", spans)
+        """Background spans handed on after their step: to its own sinks."""
+        self._consumers.background(spans)
 
     def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
-        """Components recorded outside any step: to every sink (no step counts them)."""
-        self._to_sinks("on_outside_spans", spans)
-
-    def _to_sinks(self, hook: str, spans: Sequence[Any]) -> None:
-        """``sink.<hook>(spans)`` for every sink; one that raises is reported, not the rest."""
-        if self._closed:
-            return
-        for sink in self._sinks:
-            try:
-                getattr(sink, hook)(spans)
-            except Exception:
-                self._failed(sink, hook)
+        """Components recorded outside any step: to its own sinks (no step counts them)."""
+        self._consumers.outside(spans)
 
     def _finish_step(self, span: ReadableSpan, components: Sequence[ReadableSpan]) -> None:
         components = sorted(components, key=lambda c: c.start_time or 0)  # arrival order varies
@@ -299,7 +195,12 @@ class StepAccountingProcessor(StepSpanProcessor):
         self._publish((summary,))
 
     def _publish(self, summaries: Sequence[StepSummary]) -> None:
-        """Session totals, then every sink's ``on_steps(summaries)``."""
+        """Session totals, then its sinks' ``on_steps(summaries)``."""
+        self._totals(summaries)
+        self._consumers.summaries(summaries)
+
+    def _totals(self, summaries: Sequence[StepSummary]) -> None:
+        """The summaries into the session totals; the latest kept."""
         by_scope: dict[str, list[StepSummary]] = {}
         for summary in summaries:
             scope = summary.scope
@@ -315,40 +216,19 @@ class StepAccountingProcessor(StepSpanProcessor):
                     session = sessions[scope] = ScopeSession(scope)
                 session.add_all(steps)
         self.last_summary = summaries[-1]
-        for sink in self._sinks:
-            try:
-                sink.on_steps(summaries)
-            except Exception:
-                self._failed(sink, "on_steps")
 
-    def _failed(self, sink: StepSink, method: str) -> None:
-        self._report(
-            id(sink),
-            "otel-tunix: %s.%s failed (reported once; the run goes on)",
-            type(sink).__name__,
-            method,
-        )
-
-    def flush_sinks(self) -> None:
-        """Call every sink's ``flush()`` (after a batch of steps)."""
-        for sink in self._sinks:
-            try:
-                sink.flush()
-            except Exception:
-                self._failed(sink, "flush")
+    def flush(self) -> None:
+        """Its own sinks' ``flush()`` (after a batch of steps)."""
+        self._consumers.flush()
 
     def flush_hooks(self, timeout: float) -> bool:
-        """Wait until the sinks on threads of their own have run every call queued so far
+        """Wait until its sinks on threads of their own have run every call queued so far
         (False: ``timeout`` passed first)."""
-        return flush_hooks(self._runners(), timeout)
+        return self._consumers.flush_hooks(timeout)
 
     def hooks_closing(self) -> list[tuple[str, threading.Thread]]:
-        """``(name, thread)`` of each sink being closed on a thread of its own: for a
-        shutdown that waits for them beside other work."""
-        return closing_threads(self._runners(), "step sink")
-
-    def _runners(self) -> list[HookRunner]:
-        return [s.runner for s in self._sinks if isinstance(s, OffThreadSink)]
+        """``(name, thread)`` of each of its sinks being closed on a thread of its own."""
+        return self._consumers.hooks_closing()
 
     def sessions(
         self, step_counts: Mapping[str, tuple[int, int, int, int]] | None = None
@@ -367,35 +247,10 @@ class StepAccountingProcessor(StepSpanProcessor):
         step_counts: Mapping[str, tuple[int, int, int, int]],
         timeout: float | None = None,
     ) -> list[str]:
-        """Send the session totals to every sink and close the sinks. Those on threads of
-        their own are closed side by side and waited for at most ``timeout`` seconds (default:
-        as long as they take; ``0``: not at all, see :meth:`hooks_closing`); returns the
-        names of those that had not finished."""
-        sessions = self.sessions(step_counts)
-        for sink in self._sinks:
-            try:
-                sink.on_session(sessions)
-            except Exception:
-                self._failed(sink, "on_session")
-        hooks = []
-        for sink in self._sinks:
-            if isinstance(sink, OffThreadSink):
-                hooks.append((sink.runner, sink.sink.close))
-                continue
-            try:
-                sink.close()
-            except Exception:
-                self._failed(sink, "close")
+        """Send the session totals to its sinks and close them (see
+        :meth:`Consumers.finish`); returns the names of those that had not finished."""
+        unfinished = self._consumers.finish(self.sessions(step_counts), timeout)
         self._closed = True
-        if not hooks:
-            return []
-        unfinished = close_hooks(hooks, 1e9 if timeout is None else timeout)
-        if unfinished:
-            _logger.warning(
-                "otel-tunix: step sink %s had not finished after %g s; left behind",
-                ", ".join(unfinished),
-                timeout,
-            )
         return unfinished
 
     def shutdown(self) -> None:

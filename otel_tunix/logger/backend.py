@@ -141,10 +141,13 @@ class OffThreadBackend(LoggingBackend):
         self.backend = backend
         self.skip_sources = backend.skip_sources if isinstance(backend, LoggingBackend) else ()
         self._failed = failed
-        self.runner = HookRunner(type(backend).__name__, lambda method: failed(backend))
+        self.runner = HookRunner(
+            type(backend).__name__, lambda method: failed(backend), unit="scalars"
+        )
 
     def log_rows(self, rows: Sequence[Row], **kwargs: Any) -> None:
-        self.runner.call(deliver_rows, self.backend, rows, kwargs, self._failed)
+        scalars = sum(len(values) for _, values in rows)
+        self.runner.call_items(scalars, deliver_rows, self.backend, rows, kwargs, self._failed)
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         self.log_rows(((kwargs.pop("step", None), {event: value}),), **kwargs)

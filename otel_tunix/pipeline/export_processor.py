@@ -36,7 +36,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_tunix.pipeline.batch_queue import BatchQueue
-from otel_tunix.pipeline.span_builder import FinishedStep, StepSpanProcessor
+from otel_tunix.pipeline.span_builder import FinishedStep
+from otel_tunix.pipeline.step_sinks import StepSpanProcessor
 from otel_tunix.settings.values import Settings, load_settings
 from otel_tunix.support.errors import warn_once
 from otel_tunix.support.shortcuts import SUPPRESS_INSTRUMENTATION_KEY

@@ -5,16 +5,14 @@ loop between steps, a writer after the last step) is recorded by the hot path as
 of an :class:`~otel_tunix.recording.step_record.OutsideRecord`, with the components nested in it;
 the record reaches the worker when the root exits. Each of its components becomes an
 :class:`OutsideSpan`: the root span of a trace of its own and its children, with no step
-or scope, handed to every span processor at once:
+or scope, handed to the run's consumers at once:
 
-* a :class:`~otel_tunix.pipeline.span_builder.StepSpanProcessor` gets them through
-  ``on_outside_spans`` (default: each SDK span to ``on_end``, which is how every exporter
-  gets them: OTLP, Perfetto, yours);
-* the accounting processor hands them to its sinks' ``on_outside_spans``
-  (:class:`otel_tunix.consumers.step_accounting.StepSink`): the spans JSONL writes a
-  ``{"type": "span", "outside": true, ...}`` line each, and a sink that keeps a ledger
-  (time by goodput category) gets them there;
-* any other span processor gets the SDK spans through ``on_end``.
+* every consumer (:class:`~otel_tunix.pipeline.step_sinks.StepSink`) gets them through
+  ``on_outside_spans``: the spans JSONL writes a ``{"type": "span", "outside": true, ...}``
+  line each, the live ledger counts their time by goodput category, the export processors
+  queue them for every exporter (OTLP, Perfetto, yours);
+* any other span processor of the tracer provider gets the SDK spans through ``on_end``
+  (:class:`~otel_tunix.pipeline.step_sinks.ProviderSpans`).
 
 They are not steps: no step summary, no ``perf/...`` scalar, no step metric counts them.
 The nested components come first, in start order, then the root (as a step's components

@@ -1,9 +1,10 @@
-"""From a finished step record to the span processors.
+"""From a finished step record to the worker's consumers.
 
-Runs on the pipeline's worker thread. Processors that take whole steps get a
-:class:`FinishedStep` (numbers now, spans on demand); the others get real SDK
-``ReadableSpan`` objects, built here, with the ids that were handed out on the hot path (so
-foreign spans parented to them line up), the run's shared ``Resource`` and otel-tunix's
+Runs on the pipeline's worker thread. Each batch of steps goes, as :class:`FinishedStep`
+objects (numbers now, spans on demand), to the run's consumers
+(:class:`~otel_tunix.pipeline.step_sinks.Consumers`). The SDK ``ReadableSpan`` objects are
+built here when asked for, with the ids that were handed out on the hot path (so foreign
+spans parented to them line up), the run's shared ``Resource`` and otel-tunix's
 instrumentation scope. Component spans come first, in start order, then the step span:
 processors and exporters can rely on that order.
 """
@@ -14,11 +15,10 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
@@ -27,14 +27,16 @@ from otel_tunix.accounting.step_time import account_components
 from otel_tunix.model.steps import Interval, SpanInfo
 from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
-from otel_tunix.pipeline.outside import OutsideSpan, outside_spans
+from otel_tunix.pipeline.outside import outside_spans
 from otel_tunix.pipeline.span_errors import error_text
 from otel_tunix.pipeline.span_errors import span_error as _error
+from otel_tunix.pipeline.step_sinks import Consumers
+from otel_tunix.pipeline.step_sinks import StepSpanProcessor as StepSpanProcessor  # its old home
 from otel_tunix.recording.hot_path import StepRecord, now_ns
 from otel_tunix.recording.records import ComponentExtras, ComponentStart, step_extras
 from otel_tunix.settings import attributes as attr
-from otel_tunix.support.errors import ReportOnce, report_internal_error
-from otel_tunix.support.shortcuts import new_span_context, sdk_span, span_maker, span_processors_of
+from otel_tunix.support.errors import report_internal_error
+from otel_tunix.support.shortcuts import new_span_context, sdk_span, span_maker
 
 _logger = logging.getLogger(__name__)
 
@@ -57,62 +59,9 @@ def _step_events(rec: StepRecord, step_end: int, off: int) -> tuple[Event, ...]:
     return tuple(out)
 
 
-class StepSpanProcessor(SpanProcessor):
-    """A span processor that also takes otel-tunix's steps whole.
-
-    The span builder hands each batch of finished steps to :meth:`on_finished_steps` of
-    every processor of this class (no SDK span is built unless the processor asks a step
-    for its spans); other span processors get each span of each step through ``on_end``.
-    The same contract as ``on_end``: called on otel-tunix's worker thread, it must not
-    block for long or raise.
-    """
-
-    def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
-        """Finished steps, in order. Default: each span of each step to ``on_end``."""
-        for step in steps:
-            for span in step.spans():
-                self.on_end(span)
-
-    def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
-        """Spans of background work that ended after their step was handed on (an async
-        checkpoint writer's): each in its step's trace, with its real length. Default: each
-        one's SDK span to ``on_end``."""
-        for span in spans:
-            self.on_end(span.span())
-
-    def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
-        """Spans of components recorded outside any step (:mod:`otel_tunix.pipeline.outside`):
-        an outside record's nested components, then its root. Default: each one's SDK span
-        to ``on_end``."""
-        for span in spans:
-            self.on_end(span.span())
-
-
-def _each_span(on_end: Callable[[ReadableSpan], object]) -> Callable[[list[FinishedStep]], None]:
-    """``on_end`` applied to every span of the steps, in order."""
-
-    def deliver(steps: list[FinishedStep]) -> None:
-        for step in steps:
-            for span in step.spans():
-                on_end(span)
-
-    return deliver
-
-
-def _dispatch_targets(
-    procs: tuple[SpanProcessor, ...],
-) -> list[tuple[SpanProcessor, Callable[[list[FinishedStep]], object]]]:
-    """Each processor with what takes a batch of steps: its ``on_finished_steps`` for a
-    :class:`StepSpanProcessor`, else its ``on_end`` applied to each span."""
-    return [
-        (p, p.on_finished_steps if isinstance(p, StepSpanProcessor) else _each_span(p.on_end))
-        for p in procs
-    ]
-
-
 class FinishedStep:
-    """One processed step, as the span builder hands it to processors that take whole steps
-    (:class:`StepSpanProcessor`: otel-tunix's accounting and export processors).
+    """One processed step, as the span builder hands it to the run's consumers
+    (:class:`~otel_tunix.pipeline.step_sinks.StepSink`).
 
     The numbers are ready; the SDK spans and the :class:`~otel_tunix.model.steps.SpanInfo`
     list are built on first use (:meth:`spans`, :meth:`span_infos`), so a run that exports
@@ -320,21 +269,15 @@ class _SpanEntries:
 
 
 class SpanBuilder:
-    """Callable given to the pipeline: a batch of step records in, spans out to the span
-    processors.
-
-    A :class:`StepSpanProcessor` (otel-tunix's accounting and export processors) gets each
-    batch as a list of :class:`FinishedStep`, in order, in one ``on_finished_steps`` call;
-    spans are built only if asked for. The others get SDK spans the usual way, one
-    ``on_end`` call per span, components in start order, then the step span. When ``processor`` is a
-    TracerProvider's multi-processor, its processors are called directly, in its order;
-    processors added to the provider later are picked up. A processor that raises is
-    reported once and does not stop the others.
+    """Callable given to the pipeline: a batch of step records in, :class:`FinishedStep`
+    objects (and background and outside spans) out to the run's consumers, in order, each
+    hook once per batch (:class:`~otel_tunix.pipeline.step_sinks.Consumers`: a consumer that
+    raises is reported once and does not stop the others).
     """
 
     def __init__(
         self,
-        processor: SpanProcessor,
+        consumers: Consumers,
         resource: Resource,
         scope: InstrumentationScope,
         *,
@@ -342,13 +285,12 @@ class SpanBuilder:
     ) -> None:
         """``offset``: added to the recorded clock readings to make span times (default:
         :func:`epoch_offset_ns`, from ``perf_counter_ns`` to Unix epoch ns)."""
-        self._processor = processor
+        self.consumers = consumers
+        """The run's consumers, in order (the worker's list)."""
         self._resource = resource
         self._scope = scope
         self._make = span_maker(resource, scope)
         self.offset = epoch_offset_ns() if offset is None else offset
-        self._targets_key: object = None
-        self._targets: list[tuple[SpanProcessor, Callable[[list[FinishedStep]], object]]] = []
         self._threads: dict[Any, tuple[int, str]] = {}
         self._attributes: dict[
             str,
@@ -357,7 +299,6 @@ class SpanBuilder:
         """Per component name: (blocked, thread, scope, step, the attributes of its spans,
         the name's times in that step, its declared category) as last made (never changed
         once made: spans and other threads may hold them)."""
-        self._report = ReportOnce(_logger)
         self.cleaner = NameCleaner()
         self.background = BackgroundLedger()
         """Other threads' work that outlived its step (see
@@ -368,7 +309,7 @@ class SpanBuilder:
 
     def __call__(self, records: list[StepRecord]) -> int:
         """Hand these steps (and outside components' records, in their order) to the
-        processors; returns how many could not be read."""
+        consumers; returns how many could not be read."""
         steps: list[FinishedStep] = []
         read = 0
         if self.first_link is not None:  # the first step span's (one linked keeps its own)
@@ -383,31 +324,17 @@ class SpanBuilder:
                     self.cleaner.step(rec)
                     spans = outside_spans(self, rec)
                     if steps:
-                        self._deliver_steps(steps)
+                        self.consumers.steps(steps)
                         steps = []
-                    self._deliver(spans, operator.methodcaller("on_outside_spans", spans))
+                    self.consumers.outside(spans)
                 read += 1
             except Exception:
                 report_internal_error("reading a recorded step")
         if steps:
-            self._deliver_steps(steps)
+            self.consumers.steps(steps)
         if self.background:
             self._hand_on(self.background.take_due())
         return len(records) - read
-
-    def _deliver_steps(self, steps: list[FinishedStep]) -> None:
-        procs = span_processors_of(self._processor)
-        if procs is not self._targets_key:  # the SDK replaces the tuple when one is added
-            self._targets, self._targets_key = _dispatch_targets(procs), procs
-        for proc, deliver in self._targets:
-            try:
-                deliver(steps)
-            except Exception:
-                self._report(
-                    id(proc),
-                    "otel-tunix: span processor %s raised (reported once)",
-                    type(proc).__name__,
-                )
 
     def finish(self, force: bool) -> None:
         """Hand on the spans of background work that no later step can overlap any more
@@ -419,31 +346,11 @@ class SpanBuilder:
             report_internal_error("handing on background spans")
 
     def _hand_on(self, due: list[tuple[Carried, int, bool]]) -> None:
-        """Background spans to every processor (see :meth:`_deliver`)."""
+        """Background spans to every consumer."""
         if due:
-            spans = [BackgroundSpan(self, c, end, incomplete) for c, end, incomplete in due]
-            self._deliver(spans, lambda proc: proc.on_background_spans(spans))
-
-    def _deliver(
-        self,
-        spans: Sequence[BackgroundSpan | OutsideSpan],
-        whole: Callable[[StepSpanProcessor], None],
-    ) -> None:
-        """Spans handed on apart from a step: ``whole`` (them all at once) to a
-        :class:`StepSpanProcessor`, each SDK span to ``on_end`` of the others."""
-        for proc in span_processors_of(self._processor):
-            try:
-                if isinstance(proc, StepSpanProcessor):
-                    whole(proc)
-                else:
-                    for span in spans:
-                        proc.on_end(span.span())
-            except Exception:
-                self._report(
-                    id(proc),
-                    "otel-tunix: span processor %s raised (reported once)",
-                    type(proc).__name__,
-                )
+            self.consumers.background(
+                [BackgroundSpan(self, c, end, incomplete) for c, end, incomplete in due]
+            )
 
     def background_span(self, c: Carried, end: int, attrs: dict[str, object]) -> ReadableSpan:
         """The SDK span of a background component handed on after its step."""

@@ -73,6 +73,9 @@ class Pipeline:
         self._interval = interval_sec
         self.failed_steps = 0
         self.processed_steps = 0
+        self.unprocessed_steps = 0
+        """Steps still queued (or being processed) when :meth:`close` gave up waiting."""
+        self._in_flight = 0
         self._device_queue: queue.SimpleQueue[tuple[StepRecord, list[int]] | None] | None = None
         self._device_thread: threading.Thread | None = None
         self._device_lock = threading.Lock()
@@ -135,12 +138,15 @@ class Pipeline:
         return False
 
     def _process_batch(self, batch: list[StepRecord]) -> None:
+        self._in_flight = len(batch)
         try:
             failed = self._process(batch)
         except Exception:  # ``process`` reports what fails inside it; this is a last guard
             self.failed_steps += len(batch)
             report_internal_error("processing a batch of steps")
             return
+        finally:
+            self._in_flight = 0
         self.failed_steps += failed
         self.processed_steps += len(batch) - failed
 
@@ -162,7 +168,13 @@ class Pipeline:
             if self._device_thread is not None:
                 self._device_thread.join(timeout)
         if not self._queue.close(timeout):
-            _logger.warning("otel-tunix: the worker did not finish within %.1f s", timeout)
+            self.unprocessed_steps = len(self._queue) + self._in_flight
+            _logger.warning(
+                "otel-tunix: the worker did not finish within %.1f s; %d steps not processed "
+                "(counted in summary.json: unprocessed_steps)",
+                timeout,
+                self.unprocessed_steps,
+            )
         elif self._finish is not None:
             self._finish(True)
 

@@ -44,7 +44,9 @@ class step:
     Args:
         n: The step number: an ``int``, or an integer of numpy, JAX or torch (kept as its
             value); anything else is counted as the scope's next step, with one warning.
-        scope: ``"train"``, ``"eval"``, ``"rl/actor"``, ``"rl/learner"`` or any string.
+        scope: ``"train"``, ``"eval"``, ``"rl/actor"``, ``"rl/learner"`` or any string; a
+            value that is not a string is taken as its string (``5``: ``"5"``), with one
+            warning.
         start_ns: When the step started (``time.perf_counter_ns()``), for integrations that
             open the step after the fact; default: now.
     """
@@ -61,7 +63,7 @@ class step:
 
     def __init__(self, n: int, scope: str = "train", *, start_ns: int | None = None) -> None:
         self._n = n
-        self._scope = scope
+        self._scope = scope if type(scope) is str else _scope_text(n, scope)
         self._start_ns = start_ns
         self._record: StepRecord | None = None
         self._stats: ScopeStepCounts | None = None
@@ -179,6 +181,31 @@ class step:
                 self._record = None
         except Exception:
             report_internal_error("closing a step")
+
+
+def _scope_text(n: object, scope: object) -> str:
+    """A scope that is not a string, taken as its string (a subclass of ``str`` as its
+    plain text), with one warning per type."""
+    if isinstance(scope, str):
+        return str.__str__(scope)
+    try:
+        text = str(scope)
+    except Exception:  # a __str__ of the caller's that raises
+        text = type(scope).__name__
+    if type(text) is not str:  # pragma: no cover - str() answers a str
+        text = type(scope).__name__
+    try:
+        shown = repr(scope)
+    except Exception:  # a __repr__ of the caller's that raises
+        shown = f"<{type(scope).__name__}>"
+    warn_once(
+        ("step-scope", type(scope).__name__),
+        "otel_tunix.step(%s, scope=%s): the scope is not a string; taken as %r (said once a type)",
+        n if type(n) is int else type(n).__name__,
+        shown,
+        text,
+    )
+    return text
 
 
 def _warn_nested(outer: Any, scope: str, n: object) -> None:

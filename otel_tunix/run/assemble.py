@@ -35,6 +35,7 @@ from otel_tunix.model.job import JobInfo
 from otel_tunix.model.resource import RankInfo
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
 from otel_tunix.pipeline.span_builder import SpanBuilder, epoch_offset_ns
+from otel_tunix.pipeline.step_sinks import Consumers, ProviderSpans, StepSink
 from otel_tunix.pipeline.worker import Pipeline
 from otel_tunix.recording import hot_path as _recording
 from otel_tunix.recording.current_run import RunInfo
@@ -68,7 +69,6 @@ from otel_tunix.settings.values import Settings
 from otel_tunix.settings.version import __version__
 from otel_tunix.support import ids as _ids
 from otel_tunix.support.linefile import record_write_error
-from otel_tunix.support.shortcuts import active_span_processor
 
 __all__ = ["Providers", "assemble", "disabled_run", "run_folder"]
 
@@ -158,6 +158,8 @@ class Providers:
     span_resource: Resource
     readers: list[Any] = field(default_factory=list)
     """The readers of a MeterProvider otel-tunix built."""
+    exporters: list[BatchExportProcessor] = field(default_factory=list)
+    """The export processors of a TracerProvider otel-tunix built (``OTEL_TRACES_EXPORTER``)."""
     endpoints: dict[str, str] = field(default_factory=dict)
     export_stats: dict[str, ExportStats] = field(default_factory=dict)
     signal_stats: dict[str, dict[str, SignalExportStats]] = field(default_factory=new_signal_stats)
@@ -175,6 +177,7 @@ def _providers(
     datadog = _datadog_client(settings)
     endpoints: dict[str, str] = {}
     readers: list[Any] = []
+    built: list[BatchExportProcessor] = []
     series_labels = (
         {"service": str(resource.attributes.get("service.name", "")), "run_id": rid}
         if settings.prometheus_run_labels
@@ -197,7 +200,7 @@ def _providers(
         args.tracer_provider,
         trace.get_tracer_provider(),
         TracerProvider,
-        lambda: providers.build_tracer_provider(resource, export_stats, settings),
+        lambda: providers.build_tracer_provider(resource, export_stats, settings, built),
     )
     mp, owns_mp = _provider(
         args.meter_provider, metrics.get_meter_provider(), MeterProvider, build_meter_provider
@@ -218,6 +221,7 @@ def _providers(
         owns_mp,
         span_resource,
         readers,
+        built,
         endpoints,
         export_stats,
         signal_stats,
@@ -270,7 +274,7 @@ def assemble(
     )
     if out_dir is not None and logger.backends:
         files["metrics"] = out_dir / metrics_file_name(rank.rank)
-    processor, slowest = _step_processor(args, info, prov, logger, settings)
+    processor, consumers, slowest = _step_consumers(args, info, prov, logger, settings)
     if out_dir is not None:
         files["summary"] = out_dir / f"summary{rank.file_suffix}.json"
     prov.logger, prov.owns_logger = _logger_provider(
@@ -282,7 +286,7 @@ def assemble(
     if args.line_interval is not None and rank.rank == 0 and args.owns_logger:
         logger.backends.append(LiveLine(args.line_interval))
     if settings.straggler_window and rank.world_size > 1:
-        processor.add_sink(
+        consumers.add(
             StragglerDetector(
                 rank=rank.rank,
                 world_size=rank.world_size,
@@ -305,6 +309,7 @@ def assemble(
         settings,
         logger,
         processor=processor,
+        consumers=consumers,
         offset_ns=0 if args.clock is not None else epoch_offset_ns(),
         export_stats=prov.export_stats,
         signal_export_stats=prov.signal_stats,
@@ -313,12 +318,18 @@ def assemble(
         logger_provider=prov.logger,
         datadog=prov.datadog,
     )
-    tp.add_span_processor(processor)
-    state.ledger = _ledger(cfg, tp, logger, own_clock=args.clock is not None)
-    for proc in args.span_processors:
-        tp.add_span_processor(proc)
+    state.ledger = _ledger(cfg, logger, own_clock=args.clock is not None)
+    if state.ledger is not None:
+        consumers.add(state.ledger)
     exporters, trace_dir, perfetto = _span_exporters(args, settings, prov, out_dir)
-    state.runtime = _runtime(args, settings, info, prov, processor, state.offset_ns)
+    for consumer in (*prov.exporters, *exporters):
+        consumers.add(consumer)
+    for proc in args.span_processors:  # other code's spans; otel-tunix's: as consumers
+        tp.add_span_processor(proc)
+        if isinstance(proc, StepSink):
+            consumers.add(proc)
+    consumers.add(ProviderSpans(tp, args.span_processors, consumers))  # the provider's others
+    state.runtime = _runtime(args, settings, info, prov, consumers, state.offset_ns)
     meter = mp.get_meter(cfg.otel_scope, __version__)
 
     parts: list[Part] = [
@@ -349,8 +360,7 @@ def assemble(
         )
         if provider is not None
     ]
-    procs = (processor, *([state.ledger] if state.ledger is not None else []), *exporters)
-    parts.append(DetachPart(tp, (*procs, *args.span_processors)))
+    parts.append(DetachPart(tp, (*exporters, *args.span_processors)))
     parts.append(ObservablesPart(meter, state))
     if prov.datadog is not None:
         parts.append(DatadogPart(prov.datadog))
@@ -371,15 +381,17 @@ def assemble(
     return state
 
 
-def _step_processor(
+def _step_consumers(
     args: RunArguments, info: RunInfo, prov: Providers, logger: MetricsLogger, settings: Settings
-) -> tuple[StepAccountingProcessor, Any]:
-    """The accounting processor and its sinks (the JSONL files, the instruments, the
-    MetricsLogger, an export function, DogStatsD, the application's sinks); returns it and
-    the sink that keeps the slowest steps (for the end notice)."""
+) -> tuple[StepAccountingProcessor, Consumers, Any]:
+    """The worker's consumers, first the accounting processor and the sinks (the instruments,
+    the MetricsLogger, the JSONL files, an export function, DogStatsD, the application's
+    sinks, the slowest steps); returns the accounting processor, the list, and the sink that
+    keeps the slowest steps (for the end notice)."""
     cfg, out_dir, files, rank = args.cfg, info.output_dir, info.files, info.rank
     assert cfg is not None
     processor = StepAccountingProcessor()
+    consumers = Consumers((processor,))
     header = {
         "run_id": info.run_id,
         "start_ns": time.time_ns(),
@@ -399,42 +411,41 @@ def _step_processor(
             resource=info.resource,
             fast=settings.metrics_fast_path,
         )
-        processor.add_sink(instruments)
-    processor.add_sink(MetricsLoggerSink(logger))
+        consumers.add(instruments)
+    consumers.add(MetricsLoggerSink(logger))
     if out_dir is not None:
         files["spans"] = out_dir / f"spans{rank.file_suffix}.jsonl"
-        processor.add_sink(StepJsonlWriter(files["spans"], header))
+        consumers.add(StepJsonlWriter(files["spans"], header))
     if cfg.export_jsonl_path:
-        processor.add_sink(StepJsonlWriter(cfg.export_jsonl_path, header))
+        consumers.add(StepJsonlWriter(cfg.export_jsonl_path, header))
     if args.export_fn is not None:
-        processor.add_sink(ExportFnSink(args.export_fn, instruments=instruments, logger=logger))
+        consumers.add(ExportFnSink(args.export_fn, instruments=instruments, logger=logger))
     if prov.datadog is not None:
-        processor.add_sink(DatadogStepSink(prov.datadog, resource=info.resource))
+        consumers.add(DatadogStepSink(prov.datadog, resource=info.resource))
     for sink in args.step_sinks:
-        processor.add_sink(sink)
+        consumers.add(sink)
     slowest = notices.SlowestSteps()
-    processor.add_sink(slowest)
-    return processor, slowest
+    consumers.add(slowest)
+    return processor, consumers, slowest
 
 
-def _ledger(cfg: Any, tp: Any, logger: MetricsLogger, *, own_clock: bool) -> LiveLedger | None:
-    """The live goodput ledger (:mod:`otel_tunix.consumers.live_ledger`), on the tracer provider
-    beside the accounting processor (``None`` for a run that records nothing). A run on a
-    clock of its own (``clock=``) has no process start on that clock: its wall time starts
-    at its first step."""
+def _ledger(cfg: Any, logger: MetricsLogger, *, own_clock: bool) -> LiveLedger | None:
+    """The live goodput ledger (:mod:`otel_tunix.consumers.live_ledger`), one of the worker's
+    consumers (``None`` for a run that records nothing). A run on a clock of its own
+    (``clock=``) has no process start on that clock: its wall time starts at its first
+    step."""
     if not cfg.enabled:
         return None
     start = FIRST_STEP if own_clock else None
-    ledger = LiveLedger(logger if logger.active else None, start_ns=start)
-    tp.add_span_processor(ledger)
-    return ledger
+    return LiveLedger(logger if logger.active else None, start_ns=start)
 
 
 def _span_exporters(
     args: RunArguments, settings: Settings, prov: Providers, out_dir: Path | None
 ) -> tuple[list[BatchExportProcessor], Path | str | None, Any]:
     """otel-tunix's batch processors for the ``span_exporters`` given and the streamed
-    Perfetto trace, added to the tracer provider; where the Perfetto trace goes (a folder,
+    Perfetto trace, added to the tracer provider (other code's spans; the steps reach them
+    as consumers); where the Perfetto trace goes (a folder,
     :data:`PERFETTO_AT_SHUTDOWN`, or ``None``); and its exporter when it is streamed."""
     cfg, tp = args.cfg, prov.tracer
     assert cfg is not None
@@ -469,7 +480,7 @@ def _runtime(
     settings: Settings,
     info: RunInfo,
     prov: Providers,
-    processor: StepAccountingProcessor,
+    consumers: Consumers,
     offset_ns: int,
 ) -> _recording.Runtime | None:
     """The hot path's runtime and its pipeline (``None`` when the run records nothing)."""
@@ -477,16 +488,15 @@ def _runtime(
     assert cfg is not None
     if not cfg.enabled:
         return None
-    span_sink = active_span_processor(prov.tracer, processor)
     builder = SpanBuilder(
-        span_sink,
+        consumers,
         prov.span_resource,
         InstrumentationScope(cfg.otel_scope or "tunix", __version__),
         offset=offset_ns,
     )
     pipeline = Pipeline(
         builder,
-        after_batch=processor.flush_sinks,
+        after_batch=consumers.flush,
         finish=builder.finish,
         interval_sec=(cfg.process_interval_ms or 250.0) / 1e3,
     )

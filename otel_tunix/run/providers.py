@@ -177,14 +177,21 @@ def metric_readers(
 
 
 def build_tracer_provider(
-    resource: Resource, stats: dict[str, ExportStats], settings: Settings
+    resource: Resource,
+    stats: dict[str, ExportStats],
+    settings: Settings,
+    built: list[BatchExportProcessor] | None = None,
 ) -> TracerProvider:
     """A new SDK TracerProvider with a counting batch processor per configured exporter
-    (``stats`` gets one :class:`ExportStats` per exporter name)."""
+    (``stats`` gets one :class:`ExportStats` per exporter name; ``built`` each processor,
+    for the run's consumers)."""
     tp = TracerProvider(resource=resource)
     for name, exporter in trace_exporters(settings):
         stat = stats.setdefault(name, ExportStats())
-        tp.add_span_processor(BatchExportProcessor(exporter, stat, settings=settings))
+        processor = BatchExportProcessor(exporter, stat, settings=settings)
+        tp.add_span_processor(processor)
+        if built is not None:
+            built.append(processor)
     return tp
 
 

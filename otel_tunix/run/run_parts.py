@@ -20,12 +20,12 @@ from otel_tunix.consumers import live_ledger as goodput
 from otel_tunix.logger.metrics_logger import MetricsLogger
 from otel_tunix.model.resource import RankInfo
 from otel_tunix.pipeline.export_processor import BatchExportProcessor
+from otel_tunix.pipeline.hooks import count_left_behind
 from otel_tunix.recording import hot_path as _recording
 from otel_tunix.run import signals
 from otel_tunix.run.parts import Part, left
 from otel_tunix.run.perfetto_trace import perfetto_from_jsonl
 from otel_tunix.run.state import RunState, register_observables, write_summary
-from otel_tunix.settings import tally as _tally
 from otel_tunix.support import ids as _ids
 from otel_tunix.support.shortcuts import remove_span_processors, silence_periodic_readers
 
@@ -110,8 +110,8 @@ class StepsPart(Part):
         if self._runtime is None:
             return True
         ok = self._runtime.pipeline.flush(left(deadline))
-        if self._state.processor is not None:  # users' step sinks, on threads of their own
-            ok = self._state.processor.flush_hooks(left(deadline)) and ok
+        if self._state.consumers is not None:  # users' consumers, on threads of their own
+            ok = self._state.consumers.flush_hooks(left(deadline)) and ok
         return ok
 
     def close(self, deadline: float) -> bool:
@@ -119,7 +119,7 @@ class StepsPart(Part):
         _recording.set_clock(None)
         _ids.seed(None)
         st, rt = self._state, self._runtime
-        if rt is None or st.processor is None:
+        if rt is None or st.processor is None or st.consumers is None:
             return True
         rt.pipeline.close(left(deadline))
         counts = {
@@ -131,9 +131,9 @@ class StepsPart(Part):
             )
             for scope, s in rt.scopes.items()
         }
-        # users' sinks start closing on their threads; UserHooksPart waits for them
-        st.processor.finish_session(counts, 0.0)
         st.sessions = st.processor.sessions(counts)
+        # users' consumers start closing on their threads; UserHooksPart waits for them
+        st.consumers.finish(st.sessions, 0.0)
         if st.ledger is not None:  # every step processed: the ledger's last figures
             st.ledger.finish()
         return True
@@ -182,9 +182,9 @@ class UserHooksPart(Part):
         self._closing: list[tuple[str, threading.Thread]] = []
 
     def close(self, deadline: float) -> bool:
-        processor = self._state.processor
+        consumers = self._state.consumers
         self._closing = [
-            *(processor.hooks_closing() if processor is not None else []),
+            *(consumers.hooks_closing() if consumers is not None else []),
             *self._logger.hooks_closing(),
         ]
         for _, thread in self._closing:
@@ -193,10 +193,7 @@ class UserHooksPart(Part):
         return not any(thread.is_alive() for _, thread in self._closing)
 
     def unfinished(self) -> list[str]:
-        names = [name for name, thread in self._closing if thread.is_alive()]
-        if names:
-            _tally.add("hooks_unfinished", len(names))
-        return names
+        return count_left_behind(self._closing)  # counted, with what they did not get
 
 
 class SummaryPart(Part):

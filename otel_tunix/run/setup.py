@@ -238,8 +238,8 @@ def _last_summary(state: RunState) -> Callable[[], StepSummary | None]:
 
 
 def _add_step_sink(state: RunState) -> Callable[[StepSink], None]:
-    processor = state.processor
-    return processor.add_sink if processor is not None else (lambda sink: None)
+    consumers = state.consumers
+    return consumers.add if consumers is not None else (lambda sink: None)
 
 
 def _forget_run_in_child() -> None:

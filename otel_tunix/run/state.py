@@ -19,6 +19,7 @@ from otel_tunix.logger.metrics_logger import MetricsLogger
 from otel_tunix.model.metric_spec import Instrument
 from otel_tunix.model.steps import ScopeSession
 from otel_tunix.pipeline.export_processor import ExportStats
+from otel_tunix.pipeline.step_sinks import Consumers
 from otel_tunix.recording import hot_path as _recording
 from otel_tunix.recording.current_run import RunInfo
 from otel_tunix.run.signal_exports import SignalExportStats
@@ -45,6 +46,9 @@ class RunState:
     """The run's :class:`~otel_tunix.run.parts.Part` objects, in the order they close."""
     runtime: _recording.Runtime | None = None
     processor: StepAccountingProcessor | None = None
+    """The accounting processor: session totals, the latest step summary."""
+    consumers: Consumers | None = None
+    """The worker's consumers, in order (:mod:`otel_tunix.pipeline.step_sinks`)."""
     offset_ns: int = 0
     meter_provider: Any = None
     logger_provider: Any = None
@@ -173,6 +177,7 @@ def write_summary(
         "sampling_rate": st.config.sampling_rate,
         "dropped_steps": rt.pipeline.dropped_steps if rt else 0,
         "failed_steps": rt.pipeline.failed_steps if rt else 0,
+        "unprocessed_steps": rt.pipeline.unprocessed_steps if rt else 0,
         "export": {name: stats.to_json() for name, stats in st.export_stats.items()},
         "export_by_signal": {
             signal: {name: stats.to_json() for name, stats in by_name.items()}
@@ -217,8 +222,9 @@ def own_write_errors(st: RunState) -> dict[str, dict[str, object]]:
 def losses(data: Mapping[str, Any], unfinished: Sequence[str]) -> dict[str, int]:
     """What the run lost, by kind, from the figures of its summary ``data``: records not
     written (``write_errors``), steps dropped or failed, spans an exporter did not send,
-    parts the shutdown left behind (not the Perfetto translation: ``otel-tunix convert``
-    makes the trace from ``spans.jsonl``). Empty: nothing was lost."""
+    steps the worker never processed, steps and scalars a consumer or backend left behind
+    at shutdown never got, parts the shutdown left behind (not the Perfetto translation:
+    ``otel-tunix convert`` makes the trace from ``spans.jsonl``). Empty: nothing was lost."""
     out: dict[str, int] = {}
     errors: Mapping[str, Mapping[str, Any]] = data.get("write_errors", {})
     records = sum(int(e.get("records_lost", 0)) for e in errors.values())
@@ -227,6 +233,12 @@ def losses(data: Mapping[str, Any], unfinished: Sequence[str]) -> dict[str, int]
     steps = int(data.get("dropped_steps", 0)) + int(data.get("failed_steps", 0))
     if steps:
         out["steps_dropped_or_failed"] = steps
+    if unprocessed := int(data.get("unprocessed_steps", 0)):
+        out["steps_unprocessed"] = unprocessed
+    safety: Mapping[str, Any] = data.get("safety", {})
+    for key in ("hook_steps_not_delivered", "hook_scalars_not_delivered"):
+        if count := int(safety.get(key, 0)):
+            out[key] = count
     export: Mapping[str, Mapping[str, Any]] = data.get("export", {})
     spans = sum(
         int(e.get("spans_dropped", 0)) + int(e.get("spans_failed", 0)) for e in export.values()

@@ -15,9 +15,12 @@ check fails or the private name is gone. docs/benchmarks.md says what each one b
   constructor's range checks (ids otel-tunix drew itself).
 * :func:`span_maker`: SDK ``ReadableSpan`` objects of a run made as a subclass whose shared
   fields are class attributes (six assignments instead of thirteen).
-* :func:`span_processors_of` / :func:`remove_span_processors`: the processors inside an
-  SDK ``TracerProvider`` (its multi-processor's tuple), to hand whole steps to those that
-  take them and to take a finished run's processors off a provider that outlives it.
+* :func:`span_processors_of` / :func:`span_processors_found` /
+  :func:`remove_span_processors`: the processors inside an SDK ``TracerProvider`` (its
+  multi-processor's tuple): an application's own span processors, which get otel-tunix's
+  spans through ``on_end`` (``pipeline/consumers.ProviderSpans``; where the tuple cannot be
+  read, only those given to ``configure``), the export locks a fork waits for, and a
+  finished run's processors taken off a provider that outlives it.
 * :func:`reset_global_providers`: the OTel API's set-once guards, reset as OpenTelemetry's
   own test utilities do, so a later ``configure()`` can replace a provider otel-tunix set.
 * :data:`running_loop`: ``asyncio.events._get_running_loop`` (the C function behind
@@ -80,7 +83,6 @@ __all__ = [
     "SPAN_KEY",
     "SUPPRESS_INSTRUMENTATION_KEY",
     "SpanMaker",
-    "active_span_processor",
     "attach_span",
     "detach",
     "metric_reader_histograms",
@@ -92,6 +94,7 @@ __all__ = [
     "running_loop",
     "sdk_span",
     "span_maker",
+    "span_processors_found",
     "span_processors_of",
     "threads_by_ident",
     "trace_based_exemplars",
@@ -347,19 +350,20 @@ def _multi(provider_or_processor: Any) -> Any:
     return getattr(provider_or_processor, "_active_span_processor", provider_or_processor)
 
 
-def active_span_processor(provider: Any, default: SpanProcessor) -> SpanProcessor:
-    """What an SDK TracerProvider hands each ended span to (its multi-processor), or
-    ``default`` for a provider of another kind."""
-    multi = getattr(provider, "_active_span_processor", None)
-    return multi if isinstance(multi, SpanProcessor) else default
-
-
 def span_processors_of(provider_or_processor: Any) -> tuple[SpanProcessor, ...]:
     """The span processors a TracerProvider (or multi-processor) dispatches to, in order;
     a processor that is neither is its own only one."""
     multi = _multi(provider_or_processor)
     procs = getattr(multi, "_span_processors", None)
     return procs if isinstance(procs, tuple) else (multi,)
+
+
+def span_processors_found(provider: Any) -> tuple[SpanProcessor, ...] | None:
+    """The span processors of an SDK TracerProvider, in order, or ``None`` where its
+    multi-processor's tuple cannot be read (a provider of another kind, another SDK)."""
+    multi = getattr(provider, "_active_span_processor", None)
+    procs = getattr(multi, "_span_processors", None)
+    return procs if isinstance(procs, tuple) else None
 
 
 def remove_span_processors(provider: Any, processors: tuple[Any, ...]) -> None:

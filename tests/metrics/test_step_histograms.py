@@ -193,7 +193,7 @@ def _run(fast: bool, temporality: str, collector: Any, monkeypatch: pytest.Monke
     run_id = f"hist-{temporality}-{'fast' if fast else 'sdk'}"
     ticks = _ticks()
     otel_tunix.configure(output_dir="none", run_id=run_id, clock=lambda: next(ticks), id_seed=3)
-    (sink,) = [s for s in setup._state.processor.sinks if isinstance(s, InstrumentSink)]
+    (sink,) = [s for s in setup._state.consumers.sinks if isinstance(s, InstrumentSink)]
     assert (sink._histograms is not None) is fast  # the path the run took
     for n in range(40):
         with otel_tunix.step(n, scope="train" if n % 5 else "eval"):
