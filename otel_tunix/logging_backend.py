@@ -8,6 +8,9 @@ A backend is either
 * any object with Tunix's / metrax's two methods, ``log_scalar(event, value, **kwargs)`` and
   ``close()`` (:class:`ScalarProtocol`): fed one scalar at a time.
 
+The MetricsLogger hands the rows to its backends on a thread of its own, in order, shortly
+after they are logged (a backend with ``on_callers_thread`` gets them where they are logged).
+
 Contract (as the OTel SDK's ``SpanProcessor``): a backend should not raise: one that raises
 is reported once and the other backends go on. A backend that is not otel-tunix's own runs on
 a thread of its own (:class:`OffThreadBackend`, :mod:`otel_tunix.pipeline.hooks`): it gets
@@ -27,6 +30,7 @@ from otel_tunix.pipeline.hooks import HookRunner
 
 __all__ = [
     "PERF_SOURCE",
+    "BackendList",
     "LoggingBackend",
     "OffThreadBackend",
     "Row",
@@ -66,6 +70,11 @@ class LoggingBackend:
     """
 
     skip_sources: tuple[str, ...] = ()
+    on_callers_thread: bool = False
+    """Run where the scalars are logged, not on the MetricsLogger's thread: for a backend
+    that reads the caller's context (the alert engine: its events go on the step open
+    there, its log records carry the trace, its times are the log call's). It must be
+    cheap for the names it does not use."""
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         """Log one scalar; ``kwargs`` usually holds ``step``, and ``nonfinite=True`` marks
@@ -161,6 +170,30 @@ class OffThreadBackend(LoggingBackend):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["backend"], name)
+
+
+class BackendList(list[LoggingBackend | ScalarProtocol]):
+    """A MetricsLogger's backends: a list that counts its changes (``version``), so that the
+    logger knows when to sort them again into those run on the caller's thread and those run
+    on its own."""
+
+    version = 0
+
+
+def _counting(name: str) -> Any:
+    change = getattr(list, name)
+
+    def changed(self: BackendList, *args: Any) -> Any:
+        self.version += 1
+        return change(self, *args)
+
+    changed.__name__ = name
+    return changed
+
+
+_CHANGES = "append extend insert remove pop clear sort reverse __setitem__ __delitem__ __iadd__"
+for _name in _CHANGES.split():
+    setattr(BackendList, _name, _counting(_name))
 
 
 def row_names(row: Row) -> tuple[str, ...]:

@@ -6,6 +6,13 @@ with Tunix's / metrax's ``log_scalar(event, value, **kwargs)`` and ``close()``
 so that :class:`MetricsLoggerOptions` stays copyable. Built in: :class:`JsonlBackend`
 (``<log_dir>/metrics.jsonl``), :class:`OTelBackend` (OTel gauges) and
 :class:`ConsoleBackend`.
+
+The caller's thread only checks and converts the values and queues them (a
+:class:`~otel_tunix.pipeline.batch_queue.BatchQueue`, the pipeline's one queue engine): the
+backends get them in order, in batches, on the logger's thread (``otel-tunix-metrics``),
+within ``OTEL_TUNIX_PROCESS_INTERVAL_MS``'s default of 250 ms. :meth:`MetricsLogger.flush`
+waits until they were handed over; :meth:`MetricsLogger.close` hands over everything queued
+before it closes the backends.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ from otel_tunix._resource import detect_rank
 from otel_tunix._text import clean_name
 from otel_tunix.logging_backend import (
     PERF_SOURCE,
+    BackendList,
     LoggingBackend,
     OffThreadBackend,
+    Row,
     ScalarProtocol,
     deliver_rows,
     otel_metric_name,
@@ -47,6 +56,7 @@ from otel_tunix.logging_backend import (
 from otel_tunix.metrics.instruments import CatalogOTelBackend
 from otel_tunix.metrics.status import MetricsSummary
 from otel_tunix.perf_rows import PerfRows, perf_metrics
+from otel_tunix.pipeline.batch_queue import BatchQueue
 from otel_tunix.pipeline.hooks import (
     HookRunner,
     close_hooks,
@@ -72,6 +82,21 @@ Backend = LoggingBackend | ScalarProtocol
 """A backend: a :class:`LoggingBackend` subclass, or any object with ``log_scalar`` and
 ``close`` (Tunix's protocol)."""
 BackendFactory = Callable[[], Backend]
+
+QUEUE_CAPACITY = 16384
+"""Rows (one step's scalars each) queued for the backends at most; past it new rows are
+dropped and counted (``metric_rows_dropped`` in ``summary.json``)."""
+_QUEUE_BATCH = 1024
+"""Rows handed to the backends in one pass at most."""
+_QUEUE_INTERVAL_SEC = 0.25
+"""Longest wait before queued rows reach the backends (the worker's default interval)."""
+
+_Queued = tuple[Sequence[Row], Mapping[str, Any]]
+"""One call's rows and its keywords (``source``)."""
+
+
+def _rows_in(item: _Queued) -> int:
+    return len(item[0])
 
 
 @dataclass(kw_only=True)
@@ -169,9 +194,13 @@ class MetricsLogger:
         """Values refused because their name came past ``OTEL_TUNIX_MAX_METRIC_NAMES``."""
         self._report = ReportOnce(_logger)
         self._closed = False
+        self._queue: BatchQueue[_Queued] | None = None  # started by the first row
+        self._queue_lock = threading.Lock()
         self.last_values: dict[str, float] = {}
         self.last_step: int | None = None
-        self.backends: list[Backend] = []
+        self._backends = BackendList()
+        self._sorted: tuple[int, tuple[Backend, ...], tuple[Backend, ...]] = (-1, (), ())
+        """``(version, on the caller's thread, on the logger's)`` of the backends."""
         at_fork_in_child(self._after_fork_in_child)
         if not self.active:
             return
@@ -206,6 +235,28 @@ class MetricsLogger:
                 backend = OffThreadBackend(backend, self._failed)
             self.backends.append(backend)
 
+    @property
+    def backends(self) -> BackendList:
+        """The backends, in the order they get each row (a list: append or remove one at
+        any time)."""
+        return self._backends
+
+    @backends.setter
+    def backends(self, backends: Sequence[Backend]) -> None:
+        self._backends = BackendList(backends)
+
+    def _by_thread(self) -> tuple[tuple[Backend, ...], tuple[Backend, ...]]:
+        """The backends run on the caller's thread, and those run on the logger's."""
+        version, callers, own = self._sorted
+        backends = self._backends
+        if version != backends.version:
+            version = backends.version
+            listed = list(backends)
+            callers = tuple(b for b in listed if getattr(b, "on_callers_thread", False) is True)
+            own = tuple(b for b in listed if b not in callers)
+            self._sorted = (version, callers, own)
+        return callers, own
+
     def log(self, name: str, value: Any, step: int | None = None, **kwargs: Any) -> None:
         """Log one scalar under ``name`` (e.g. ``"loss"``, ``"rewards/mean"``) at ``step``."""
         self.log_dict({name: value}, step=step, **kwargs)
@@ -223,7 +274,7 @@ class MetricsLogger:
                 out[logged] = value
                 continue
             try:
-                v = to_scalar(value)
+                v = float(value) if type(value) in _NUMBER_TYPES else _to_scalar(value)
             except Exception:  # not a number: report once, never raise, never echo the text
                 warn_once(
                     (id(self), "type", logged),
@@ -281,55 +332,123 @@ class MetricsLogger:
         return self.active and any(not _skips(b, source) for b in self.backends)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log several scalars at one step (one record in the JSONL backend)."""
+        """Log several scalars at one step (one record in the JSONL backend).
+
+        On the caller's thread the values are checked and converted, ``last_values`` and
+        ``last_step`` updated, and the row queued; the backends get it on the logger's
+        thread (:meth:`flush` waits for that)."""
         if not self.active or self._closed:
             return
         if step is not None and type(step) is not int:
             step = _step_number(step)
         values = self._convert(metrics, step)
         if values:
-            self.log_rows(((step, values),), **kwargs)
+            # dict.update from a dict of str keys holds the GIL throughout: no lock needed
+            # beside the worker's updates
+            self.last_values.update(values)
+            if step is not None:
+                self.last_step = step
+            rows = ((step, values),)
+            callers = self._by_thread()[0]
+            if callers:
+                self._deliver(callers, rows, kwargs)
+            self._put(rows, kwargs)
 
     def log_rows(self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any) -> None:
         """Several steps' scalars at once, ``(step, values)`` in order, the values Python
-        floats already (no conversion or checks per value): one lock and one pass over the
-        backends for the lot (the worker logs a batch of steps' ``perf/...`` scalars this
-        way)."""
+        floats already (no conversion or checks per value): queued as one item, handed to
+        the backends in one pass (the worker logs a batch of steps' ``perf/...`` scalars
+        this way)."""
         if not self.active or self._closed or not rows:
             return
-        with self._lock:
-            if self._closed:  # closed while this call waited (a shutdown on another thread)
-                return
-            # The last values: of a run of rows with the same names only the run's last row
-            # counts (it overwrites every value of the others), so only it is copied.
-            last = self.last_values
-            if isinstance(rows, PerfRows):  # the worker's: no row made for this
-                for _, steps in rows.runs():
-                    last.update(perf_metrics(steps[-1]))
-                self.last_step = rows.summaries[-1].step
-            else:
-                for _, run in itertools.groupby(rows, row_names):
-                    for row in run:
-                        if row[0] is not None:
-                            self.last_step = row[0]
-                    last.update(row[1])
-            source = kwargs.get("source")
-            for backend in self.backends:
-                if isinstance(backend, LoggingBackend):  # the usual case, inline
-                    if source is not None and source in backend.skip_sources:
-                        continue
-                    try:  # one that raises loses this batch, for itself only
-                        backend.log_rows(rows, **kwargs)
-                    except Exception:
-                        self._failed(backend)
+        # The last values: of a run of rows with the same names only the run's last row
+        # counts (it overwrites every value of the others), so only it is copied.
+        last = self.last_values
+        if isinstance(rows, PerfRows):  # the worker's: no row made for this
+            for _, steps in rows.runs():
+                last.update(perf_metrics(steps[-1]))
+            self.last_step = rows.summaries[-1].step
+        else:
+            for _, run in itertools.groupby(rows, row_names):
+                for row in run:
+                    if row[0] is not None:
+                        self.last_step = row[0]
+                last.update(row[1])
+        callers = self._by_thread()[0]
+        if callers:
+            self._deliver(callers, rows, kwargs)
+        self._put(rows, kwargs)
+
+    def _put(self, rows: Sequence[Row], kwargs: Mapping[str, Any]) -> None:
+        """Queue a call's rows for the backends (a full queue drops them, counted)."""
+        queue = self._queue
+        if queue is None:
+            queue = self._start_queue()
+        if queue.put((rows, kwargs), count_late=False) or queue.closed:
+            return  # queued, or logged while the logger closes (not a row lost for room)
+        _tally.add("metric_rows_dropped", len(rows))
+        warn_once(
+            (id(self), "queue-full"),
+            "otel-tunix: the MetricsLogger's backends have not kept up (%d rows queued); "
+            "later rows are dropped and counted in summary.json (metric_rows_dropped)",
+            QUEUE_CAPACITY,
+        )
+
+    def _start_queue(self) -> BatchQueue[_Queued]:
+        with self._queue_lock:
+            if self._queue is None:
+                self._queue = BatchQueue(
+                    self._deliver_batch,
+                    name="otel-tunix-metrics",
+                    capacity=QUEUE_CAPACITY,
+                    max_batch=_QUEUE_BATCH,
+                    interval_sec=_QUEUE_INTERVAL_SEC,
+                    weight=_rows_in,
+                    wake_when_full=False,  # woken every interval: fewer, larger batches
+                )
+            return self._queue
+
+    def _deliver_batch(self, items: list[_Queued]) -> None:
+        """On the logger's thread: hand the queued calls to its backends, in order; the
+        rows of consecutive calls with the same keywords in one pass."""
+        own = self._by_thread()[1]
+        i, n = 0, len(items)
+        while i < n:
+            rows, kwargs = items[i]
+            i += 1
+            if not isinstance(rows, PerfRows):
+                merged: list[Row] | None = None
+                while i < n and items[i][1] == kwargs and not isinstance(items[i][0], PerfRows):
+                    if merged is None:
+                        merged = list(rows)
+                    merged.extend(items[i][0])
+                    i += 1
+                if merged is not None:
+                    rows = merged
+            self._deliver(own, rows, kwargs)
+
+    def _deliver(
+        self, backends: Sequence[Backend], rows: Sequence[Row], kwargs: Mapping[str, Any]
+    ) -> None:
+        source = kwargs.get("source")
+        for backend in backends:
+            if isinstance(backend, LoggingBackend):  # the usual case, inline
+                if source is not None and source in backend.skip_sources:
                     continue
-                deliver_rows(backend, rows, kwargs, self._failed)
+                try:  # one that raises loses this batch, for itself only
+                    backend.log_rows(rows, **kwargs)
+                except Exception:
+                    self._failed(backend)
+                continue
+            deliver_rows(backend, rows, kwargs, self._failed)
 
     def _after_fork_in_child(self) -> None:
         """A forked child logs nothing through its copy of the parent's logger (whose lock
         another thread may have held at the fork, and whose files are the parent's)."""
         self._lock = threading.Lock()
         self._names_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue = None  # the parent's thread does not exist here
         self.active = False
         self._closed = True
 
@@ -338,11 +457,16 @@ class MetricsLogger:
             id(backend), "otel-tunix: backend %s failed (reported once)", type(backend).__name__
         )
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until the backends that run on threads of their own (those that are not
-        otel-tunix's) have been handed every value logged so far (False: ``timeout`` passed
-        first)."""
-        return flush_hooks(self._runners(), timeout)
+    def flush(self, timeout: float = 10.0, *, hooks: bool = True) -> bool:
+        """Wait until the backends were handed every value logged so far, those on threads
+        of their own (not otel-tunix's) included unless ``hooks`` is false (False:
+        ``timeout`` passed first)."""
+        deadline = time.monotonic() + timeout
+        queue = self._queue
+        ok = queue is None or queue.flush(timeout)
+        if not hooks:
+            return ok
+        return flush_hooks(self._runners(), max(0.0, deadline - time.monotonic())) and ok
 
     def hooks_closing(self) -> list[tuple[str, threading.Thread]]:
         """``(name, thread)`` of each backend being closed on a thread of its own: for a
@@ -352,17 +476,30 @@ class MetricsLogger:
     def _runners(self) -> list[HookRunner]:
         return [b.runner for b in list(self.backends) if isinstance(b, OffThreadBackend)]
 
-    def close(self, timeout: float | None = None) -> list[str]:
-        """Flush and close every backend (idempotent). Backends on threads of their own
-        are closed side by side and waited for at most ``timeout`` seconds (default:
-        ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``; ``0``: not at all, see :meth:`hooks_closing`).
-        Returns the names of those that had not finished (left behind on their threads,
-        with one warning)."""
+    def close(
+        self, timeout: float | None = None, *, drain_timeout: float | None = None
+    ) -> list[str]:
+        """Hand what is queued to the backends (waiting at most ``drain_timeout``, default
+        ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``), then flush and close every backend (idempotent).
+        Backends on threads of their own are closed side by side and waited for at most
+        ``timeout`` seconds (default: ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``; ``0``: not at all, see
+        :meth:`hooks_closing`). Returns the names of what had not finished (left behind on
+        its thread, with one warning)."""
         with self._lock:
             if self._closed:
                 return []
             self._closed = True
             backends = list(self.backends)
+        queue = self._queue
+        drain = self._close_timeout if drain_timeout is None else drain_timeout
+        if queue is not None and not queue.close(drain):
+            # the logger's thread still hands rows to the backends: they stay open under it
+            _logger.warning(
+                "otel-tunix: the MetricsLogger's queue was not handed to its backends within "
+                "%g s; left behind",
+                drain,
+            )
+            return ["MetricsLogger queue"]
         own = [b for b in backends if not isinstance(b, OffThreadBackend)]
         for backend in own:
             try:
@@ -396,6 +533,20 @@ def _step_number(step: Any) -> int | None:
             type(step).__name__,
         )
         return None
+
+
+_NUMBER_TYPES: set[type] = {int, float, bool}
+"""Types whose values are numbers that ``float()`` converts as :func:`to_scalar` does: Python's,
+and each numpy scalar type once seen (a numpy float32 costs ~0.2 us instead of ~1 us)."""
+
+
+def _to_scalar(value: Any) -> float:
+    """:func:`to_scalar`, learning numpy's scalar types (never arrays: their size varies)."""
+    v = to_scalar(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.integer | numpy.floating | numpy.bool_):
+        _NUMBER_TYPES.add(type(value))
+    return v
 
 
 def _shape_of(value: Any) -> str:

@@ -234,3 +234,36 @@ def test_queue_full_drops_and_counts_without_blocking():
     p.close()
     assert p.dropped_steps >= 7
     assert len(processed) + p.dropped_steps == 10
+
+
+def test_a_full_logger_queue_drops_rows_and_counts_them():
+    """The backends run on the logger's thread; what its queue cannot hold while they fall
+    behind is dropped and counted (``summary.json``'s ``safety.metric_rows_dropped``)."""
+    import threading
+
+    from otel_tunix import _tally
+    from otel_tunix.logging_backend import LoggingBackend
+    from otel_tunix.metrics_logger import QUEUE_CAPACITY
+
+    release = threading.Event()
+    got: list[int] = []
+
+    class Held(LoggingBackend):
+        def log_rows(self, rows, **kwargs):
+            release.wait(30)
+            got.extend(step for step, _ in rows)
+
+    logger = MetricsLogger(MetricsLoggerOptions(default_backends=False), rank=0)
+    logger.backends.append(Held())  # appended by hand: on the logger's thread itself
+    before = _tally.snapshot().get("metric_rows_dropped", 0)
+    n = QUEUE_CAPACITY + 3000  # more than the queue and the batch the thread took hold
+    for i in range(n):
+        logger.log("loss", float(i), step=i)
+    assert logger.last_values == {"loss": float(n - 1)}  # on the caller's thread
+    release.set()
+    assert logger.flush()
+    dropped = _tally.snapshot().get("metric_rows_dropped", 0) - before
+    assert dropped > 0
+    assert len(got) + dropped == n
+    assert got == sorted(got)  # in order, the dropped ones missing
+    assert logger.close() == []

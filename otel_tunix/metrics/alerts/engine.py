@@ -104,6 +104,10 @@ class AlertEngine(LoggingBackend):
     It is a MetricsLogger backend (``log_scalar`` / ``log_scalars`` / ``close``) and can also
     be fed directly with :meth:`observe`.
 
+    As a MetricsLogger backend it runs on the caller's thread (``on_callers_thread``): an
+    alert's event goes on the step open where the value was logged, its log record carries
+    that context, its time is the log call's.
+
     Args:
         rules: Default: :func:`default_rules`.
         logger_provider: OTel ``LoggerProvider`` for the log records; default: the global
@@ -119,6 +123,8 @@ class AlertEngine(LoggingBackend):
             folder's ``alerts.jsonl`` when installed with
             :func:`~otel_tunix.metrics.alerts.install`).
     """
+
+    on_callers_thread = True
 
     def __init__(
         self,
