@@ -91,8 +91,10 @@ _QUEUE_BATCH = 1024
 _QUEUE_INTERVAL_SEC = 0.25
 """Longest wait before queued rows reach the backends (the worker's default interval)."""
 
-_Queued = tuple[Sequence[Row], Mapping[str, Any]]
-"""One call's rows and its keywords (``source``)."""
+_Queued = tuple[Sequence[Row], Mapping[str, Any], float, bool]
+"""One call's rows, its keywords (``source``), its ``time.time()`` and whether it is one
+``log_dict`` row (the backends get consecutive ones together; a ``log_rows`` batch stays
+one call)."""
 
 
 def _rows_in(item: _Queued) -> int:
@@ -349,10 +351,11 @@ class MetricsLogger:
             if step is not None:
                 self.last_step = step
             rows = ((step, values),)
+            t = time.time()  # the record's time: before the alert engine's, as before
             callers = self._by_thread()[0]
             if callers:
                 self._deliver(callers, rows, kwargs)
-            self._put(rows, kwargs)
+            self._put((rows, kwargs, t, True))
 
     def log_rows(self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any) -> None:
         """Several steps' scalars at once, ``(step, values)`` in order, the values Python
@@ -374,19 +377,20 @@ class MetricsLogger:
                     if row[0] is not None:
                         self.last_step = row[0]
                 last.update(row[1])
+        t = time.time()
         callers = self._by_thread()[0]
         if callers:
             self._deliver(callers, rows, kwargs)
-        self._put(rows, kwargs)
+        self._put((rows, kwargs, t, False))
 
-    def _put(self, rows: Sequence[Row], kwargs: Mapping[str, Any]) -> None:
+    def _put(self, item: _Queued) -> None:
         """Queue a call's rows for the backends (a full queue drops them, counted)."""
         queue = self._queue
         if queue is None:
             queue = self._start_queue()
-        if queue.put((rows, kwargs), count_late=False) or queue.closed:
+        if queue.put(item, count_late=False) or queue.closed:
             return  # queued, or logged while the logger closes (not a row lost for room)
-        _tally.add("metric_rows_dropped", len(rows))
+        _tally.add("metric_rows_dropped", len(item[0]))
         warn_once(
             (id(self), "queue-full"),
             "otel-tunix: the MetricsLogger's backends have not kept up (%d rows queued); "
@@ -410,32 +414,43 @@ class MetricsLogger:
 
     def _deliver_batch(self, items: list[_Queued]) -> None:
         """On the logger's thread: hand the queued calls to its backends, in order; the
-        rows of consecutive calls with the same keywords in one pass."""
+        ``log_dict`` rows of consecutive calls with the same keywords in one pass."""
         own = self._by_thread()[1]
         i, n = 0, len(items)
         while i < n:
-            rows, kwargs = items[i]
+            rows, kwargs, t, single = items[i]
             i += 1
-            if not isinstance(rows, PerfRows):
+            times = [t] * len(rows)
+            if single:
                 merged: list[Row] | None = None
-                while i < n and items[i][1] == kwargs and not isinstance(items[i][0], PerfRows):
+                while i < n and items[i][3] and items[i][1] == kwargs:
                     if merged is None:
                         merged = list(rows)
                     merged.extend(items[i][0])
+                    times.append(items[i][2])
                     i += 1
                 if merged is not None:
                     rows = merged
-            self._deliver(own, rows, kwargs)
+            self._deliver(own, rows, kwargs, times)
 
     def _deliver(
-        self, backends: Sequence[Backend], rows: Sequence[Row], kwargs: Mapping[str, Any]
+        self,
+        backends: Sequence[Backend],
+        rows: Sequence[Row],
+        kwargs: Mapping[str, Any],
+        times: list[float] | None = None,
     ) -> None:
+        """Hand ``rows`` to ``backends``; ``times``: when each row was logged (the JSONL
+        backend's record times)."""
         source = kwargs.get("source")
         for backend in backends:
             if isinstance(backend, LoggingBackend):  # the usual case, inline
                 if source is not None and source in backend.skip_sources:
                     continue
                 try:  # one that raises loses this batch, for itself only
+                    if times is not None and type(backend) is JsonlBackend:
+                        backend.log_rows(rows, times=times, **kwargs)
+                        continue
                     backend.log_rows(rows, **kwargs)
                 except Exception:
                     self._failed(backend)
@@ -582,9 +597,11 @@ class JsonlBackend(LoggingBackend):
 
     The first line is a header, ``{"type": "meta", ...}``. NaN / Inf are written as the
     JSON extensions ``NaN`` / ``Infinity`` (Python's ``json`` and pandas read them) and the
-    record gets ``"nonfinite": true``. Records reach the file when the step has advanced
-    ``flush_every_n_steps`` since the last flush, or :data:`FLUSH_INTERVAL_SEC` has passed
-    (so a hard kill loses about that much), and at ``close()``; always as whole lines, a full
+    record gets ``"nonfinite": true``. ``time`` is when the values were logged. Records
+    reach the file after each batch the MetricsLogger hands over (within
+    :data:`FLUSH_INTERVAL_SEC` of being logged: a hard kill loses about that much), called
+    directly when the step has advanced ``flush_every_n_steps`` since the last flush or
+    :data:`FLUSH_INTERVAL_SEC` has passed, and at ``close()``; always as whole lines, a full
     disk included (:class:`otel_tunix._linefile.LineFile`: what cannot be written is counted
     in ``summary.json``, never raised).
     """
@@ -610,21 +627,38 @@ class JsonlBackend(LoggingBackend):
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         self.log_scalars({event: value}, **kwargs)
 
+    def log_rows(
+        self, rows: Sequence[Row], *, times: Sequence[float] | None = None, **kwargs: Any
+    ) -> None:
+        """Write each row as one record; ``times``: when each was logged (the MetricsLogger's
+        batches: the file is flushed after the batch). Default: now."""
+        if times is None or not rows:
+            super().log_rows(rows, **kwargs)
+            return
+        step: int | None = None
+        for (step, values), t in zip(rows, times, strict=True):
+            self._write(values, step, t)
+        self._last_flush_step = step
+        self._flush(time.time())
+
     def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
         """Write several scalars of one step as one record."""
         step = kwargs.get("step")
         now = time.time()
-        rec: dict[str, Any] = {"step": step, "time": now, "metrics": dict(values)}
-        finite = floats_finite(values.values())
-        if not finite:
-            rec["nonfinite"] = True
-        self._file.write(dumps_line(rec, finite=finite) + "\n")
+        self._write(values, step, now)
         if step is None or self._last_flush_step is None:
             self._last_flush_step = step if step is not None else self._last_flush_step
             self._flush(now)
         elif step - self._last_flush_step >= self._every or now >= self._flush_at:
             self._last_flush_step = step
             self._flush(now)
+
+    def _write(self, values: Mapping[str, float], step: int | None, t: float) -> None:
+        rec: dict[str, Any] = {"step": step, "time": t, "metrics": dict(values)}
+        finite = floats_finite(values.values())
+        if not finite:
+            rec["nonfinite"] = True
+        self._file.write(dumps_line(rec, finite=finite) + "\n")
 
     def _flush(self, now: float) -> None:
         self._flush_at = now + FLUSH_INTERVAL_SEC
