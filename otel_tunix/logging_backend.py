@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from otel_tunix.pipeline.hooks import HookRunner
 
 __all__ = [
+    "NUMBER_TYPES",
     "PERF_SOURCE",
     "BackendList",
     "LoggingBackend",
@@ -36,6 +38,7 @@ __all__ = [
     "Row",
     "ScalarProtocol",
     "deliver_rows",
+    "learn_scalar",
     "otel_metric_name",
     "row_names",
     "to_scalar",
@@ -222,6 +225,20 @@ def to_scalar(value: Any) -> float:
             raise TypeError(f"expected a scalar, got an array with {size} elements")
         return float(item())
     return float(value)
+
+
+NUMBER_TYPES: set[type] = {int, float, bool}
+"""Types whose values are numbers that ``float()`` converts as :func:`to_scalar` does: Python's,
+and each numpy scalar type once seen (a numpy float32 costs ~0.2 us instead of ~1 us)."""
+
+
+def learn_scalar(value: Any) -> float:
+    """:func:`to_scalar`, learning numpy's scalar types (never arrays: their size varies)."""
+    v = to_scalar(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.integer | numpy.floating | numpy.bool_):
+        NUMBER_TYPES.add(type(value))
+    return v
 
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_./\-]")

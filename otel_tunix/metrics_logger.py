@@ -41,6 +41,7 @@ from otel_tunix._linefile import LineFile
 from otel_tunix._resource import detect_rank
 from otel_tunix._text import clean_name
 from otel_tunix.logging_backend import (
+    NUMBER_TYPES,
     PERF_SOURCE,
     BackendList,
     LoggingBackend,
@@ -48,6 +49,7 @@ from otel_tunix.logging_backend import (
     Row,
     ScalarProtocol,
     deliver_rows,
+    learn_scalar,
     otel_metric_name,
     row_names,
     to_scalar,
@@ -276,7 +278,7 @@ class MetricsLogger:
                 out[logged] = value
                 continue
             try:
-                v = float(value) if type(value) in _NUMBER_TYPES else _to_scalar(value)
+                v = float(value) if type(value) in NUMBER_TYPES else learn_scalar(value)
             except Exception:  # not a number: report once, never raise, never echo the text
                 warn_once(
                     (id(self), "type", logged),
@@ -350,12 +352,7 @@ class MetricsLogger:
             self.last_values.update(values)
             if step is not None:
                 self.last_step = step
-            rows = ((step, values),)
-            t = time.time()  # the record's time: before the alert engine's, as before
-            callers = self._by_thread()[0]
-            if callers:
-                self._deliver(callers, rows, kwargs)
-            self._put((rows, kwargs, t, True))
+            self._hand_on(((step, values),), kwargs, True)
 
     def log_rows(self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any) -> None:
         """Several steps' scalars at once, ``(step, values)`` in order, the values Python
@@ -377,20 +374,21 @@ class MetricsLogger:
                     if row[0] is not None:
                         self.last_step = row[0]
                 last.update(row[1])
-        t = time.time()
-        callers = self._by_thread()[0]
+        self._hand_on(rows, kwargs, False)
+
+    def _hand_on(self, rows: Sequence[Row], kwargs: Mapping[str, Any], single: bool) -> None:
+        """Hand a call's rows to the backends on the caller's thread, and queue them for the
+        others (a full queue drops them, counted)."""
+        t = time.time()  # the records' time: before the alert engine's
+        version, callers, _ = self._sorted
+        if version != self._backends.version:
+            callers = self._by_thread()[0]
         if callers:
             self._deliver(callers, rows, kwargs)
-        self._put((rows, kwargs, t, False))
-
-    def _put(self, item: _Queued) -> None:
-        """Queue a call's rows for the backends (a full queue drops them, counted)."""
-        queue = self._queue
-        if queue is None:
-            queue = self._start_queue()
-        if queue.put(item, count_late=False) or queue.closed:
+        queue = self._queue or self._start_queue()
+        if queue.put((rows, kwargs, t, single), count_late=False) or queue.closed:
             return  # queued, or logged while the logger closes (not a row lost for room)
-        _tally.add("metric_rows_dropped", len(item[0]))
+        _tally.add("metric_rows_dropped", len(rows))
         warn_once(
             (id(self), "queue-full"),
             "otel-tunix: the MetricsLogger's backends have not kept up (%d rows queued); "
@@ -548,20 +546,6 @@ def _step_number(step: Any) -> int | None:
             type(step).__name__,
         )
         return None
-
-
-_NUMBER_TYPES: set[type] = {int, float, bool}
-"""Types whose values are numbers that ``float()`` converts as :func:`to_scalar` does: Python's,
-and each numpy scalar type once seen (a numpy float32 costs ~0.2 us instead of ~1 us)."""
-
-
-def _to_scalar(value: Any) -> float:
-    """:func:`to_scalar`, learning numpy's scalar types (never arrays: their size varies)."""
-    v = to_scalar(value)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, numpy.integer | numpy.floating | numpy.bool_):
-        _NUMBER_TYPES.add(type(value))
-    return v
 
 
 def _shape_of(value: Any) -> str:
