@@ -2,11 +2,13 @@
 
 Prints microseconds per call of: ``otel_tunix.log()`` of a 10-key dict in a configured run
 (the default run folder: ``metrics.jsonl``, the OTel gauges, the summary counts, the alert
-rules), as the training thread's CPU time, with the backends' work that the logger's thread
-does for it and its ratio to the budget (<= 5 us, issue #35); an alert evaluation for a name
-no rule watches, for a threshold rule, for the step-time spike rule (median / MAD over 50
-values); the catalog-driven OTel backend; and ``rl.rl_metrics`` on a 64 x 512 token batch
-(numpy).
+rules), as the training thread's CPU time: ten floats no rule watches, the same as numpy
+float32s, and with ``loss`` among them (which the alert engine evaluates on the caller's
+thread); the backends' work that the logger's thread does for it, and what it cost when it
+ran on the caller's thread; the ratio to the budget (<= 5 us, issue #35). Then an alert
+evaluation for a name no rule watches, for a threshold rule, for the step-time spike rule
+(median / MAD over 50 values); the catalog-driven OTel backend; and ``rl.rl_metrics`` on a
+64 x 512 token batch (numpy).
 
 Run: ``.venv/bin/python bench/bench_metrics.py`` (``--calls``, ``--rounds``; ``--log-only``).
 """
@@ -52,7 +54,12 @@ def log_rows(calls: int, rounds: int) -> dict[str, tuple[float, float, float]]:
     logger = otel_tunix.get_metrics_logger()
     floats = {f"train/metric_{i}": 0.5 + i for i in range(10)}
     numpy = {k: np.float32(v) for k, v in floats.items()}
-    cases: dict[str, Mapping[str, Any]] = {"floats": floats, "numpy float32": numpy}
+    with_loss = {"loss": 0.25, **dict(list(floats.items())[1:])}  # a name a rule watches
+    cases: dict[str, Mapping[str, Any]] = {
+        "floats": floats,
+        "numpy float32": numpy,
+        "with loss": with_loss,
+    }
     caller: dict[str, list[float]] = {k: [] for k in cases}
     behind: list[float] = []
     inline: list[float] = []
@@ -86,6 +93,7 @@ def log_rows(calls: int, rounds: int) -> dict[str, tuple[float, float, float]]:
     return {
         "log() 10 floats, training thread": stat(caller["floats"]),
         "log() 10 numpy float32, training thread": stat(caller["numpy float32"]),
+        "log() 10 floats, one is loss (an alert rule's)": stat(caller["with loss"]),
         "  the backends' work, on the logger's thread": stat(behind),
         "  the backends' work, called inline (as before)": stat(inline),
     }
