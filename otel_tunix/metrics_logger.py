@@ -10,7 +10,7 @@ so that :class:`MetricsLoggerOptions` stays copyable. Built in: :class:`JsonlBac
 The caller's thread only checks and converts the values and queues them (a
 :class:`~otel_tunix.pipeline.batch_queue.BatchQueue`, the pipeline's one queue engine): the
 backends get them in order, in batches, on the logger's thread (``otel-tunix-metrics``),
-within ``OTEL_TUNIX_PROCESS_INTERVAL_MS``'s default of 250 ms. :meth:`MetricsLogger.flush`
+within ``OTEL_TUNIX_PROCESS_INTERVAL_MS`` (250 ms). :meth:`MetricsLogger.flush`
 waits until they were handed over; :meth:`MetricsLogger.close` hands over everything queued
 before it closes the backends.
 """
@@ -90,8 +90,6 @@ QUEUE_CAPACITY = 16384
 dropped and counted (``metric_rows_dropped`` in ``summary.json``)."""
 _QUEUE_BATCH = 1024
 """Rows handed to the backends in one pass at most."""
-_QUEUE_INTERVAL_SEC = 0.25
-"""Longest wait before queued rows reach the backends (the worker's default interval)."""
 
 _Queued = tuple[Sequence[Row], Mapping[str, Any], float, bool]
 """One call's rows, its keywords (``source``), its ``time.time()`` and whether it is one
@@ -194,6 +192,7 @@ class MetricsLogger:
         self._names_lock = threading.Lock()
         self._max_names = s.max_metric_names
         self._close_timeout = s.shutdown_timeout
+        self._interval = s.process_interval_ms / 1e3  # longest wait of a row for the backends
         self.refused_values = 0
         """Values refused because their name came past ``OTEL_TUNIX_MAX_METRIC_NAMES``."""
         self._report = ReportOnce(_logger)
@@ -404,7 +403,7 @@ class MetricsLogger:
                     name="otel-tunix-metrics",
                     capacity=QUEUE_CAPACITY,
                     max_batch=_QUEUE_BATCH,
-                    interval_sec=_QUEUE_INTERVAL_SEC,
+                    interval_sec=self._interval,
                     weight=_rows_in,
                     wake_when_full=False,  # woken every interval: fewer, larger batches
                 )
