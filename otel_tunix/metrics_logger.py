@@ -97,10 +97,6 @@ _Queued = tuple[Sequence[Row], Mapping[str, Any], float, bool]
 one call)."""
 
 
-def _rows_in(item: _Queued) -> int:
-    return len(item[0])
-
-
 @dataclass(kw_only=True)
 class MetricsLoggerOptions:
     """Options of a :class:`MetricsLogger` (Tunix's ``MetricsLoggerOptions`` and more).
@@ -355,9 +351,9 @@ class MetricsLogger:
 
     def log_rows(self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any) -> None:
         """Several steps' scalars at once, ``(step, values)`` in order, the values Python
-        floats already (no conversion or checks per value): queued as one item, handed to
-        the backends in one pass (the worker logs a batch of steps' ``perf/...`` scalars
-        this way)."""
+        floats already (no conversion or checks per value; kept as given, not to be changed
+        after the call): queued as one item, handed to each backend in one call (the worker
+        logs a batch of steps' ``perf/...`` scalars this way)."""
         if not self.active or self._closed or not rows:
             return
         # The last values: of a run of rows with the same names only the run's last row
@@ -404,9 +400,11 @@ class MetricsLogger:
                     capacity=QUEUE_CAPACITY,
                     max_batch=_QUEUE_BATCH,
                     interval_sec=self._interval,
-                    weight=_rows_in,
+                    weight=lambda item: len(item[0]),  # rows
                     wake_when_full=False,  # woken every interval: fewer, larger batches
                 )
+                if self._closed:  # closed meanwhile (close() saw no queue): takes no row
+                    self._queue.close(0.0)
             return self._queue
 
     def _deliver_batch(self, items: list[_Queued]) -> None:
@@ -502,7 +500,8 @@ class MetricsLogger:
                 return []
             self._closed = True
             backends = list(self.backends)
-        queue = self._queue
+        with self._queue_lock:
+            queue = self._queue
         drain = self._close_timeout if drain_timeout is None else drain_timeout
         if queue is not None and not queue.close(drain):
             # the logger's thread still hands rows to the backends: they stay open under it
