@@ -243,6 +243,7 @@ class MetricsLogger:
     @backends.setter
     def backends(self, backends: Sequence[Backend]) -> None:
         self._backends = BackendList(backends)
+        self._sorted = (-1, (), ())  # sorted again at the next row
 
     def _by_thread(self) -> tuple[tuple[Backend, ...], tuple[Backend, ...]]:
         """The backends run on the caller's thread, and those run on the logger's."""
