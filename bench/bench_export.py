@@ -33,6 +33,15 @@ receive as many, and its last ``tunix.step.duration`` point must count every ste
 
 Target: otel-tunix's metrics <= 0.2x the SDK's, every point arriving.
 
+The whole-process rows (issue #35; ``--only whole`` runs them alone): the case as a user runs
+it. Each run is a fresh process that sets up (the SDK's OTLP/gRPC path, or
+``otel_tunix.configure(output_dir="none")`` with ``OTEL_TRACES_EXPORTER=otlp``; alerts and
+system metrics off), runs ``--whole-steps`` paced steps of 10 components with no warm-up,
+shuts down and exits; its CPU is the whole process's (``getrusage(RUSAGE_CHILDREN)``: every
+thread, start-up, set-up and shutdown included). A row's figure per round is that CPU less
+the bare loop's run of the same round, per span; the ratio otel-tunix / SDK per round, and
+its median over ``--whole-rounds`` (3). Target: <= 0.2, every span arriving.
+
 Run: ``.venv/bin/python bench/bench_export.py`` (``--steps``, ``--rounds``).
 """
 
@@ -101,30 +110,7 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
 
         component = step
     elif mode.startswith("sdk"):
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-        protocol = os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"]
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter,
-            )
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
-                OTLPSpanExporter,
-            )
-        tp = TracerProvider(resource=Resource.create())
-        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        tracer = tp.get_tracer("bench")
-
-        def step(n: int) -> Any:
-            return tracer.start_as_current_span("train_step", attributes={"tunix.step": n})
-
-        def component(name: str) -> Any:
-            return tracer.start_as_current_span(name)
-
-        flush = tp.force_flush
+        step, component, flush, _ = _sdk_tracing()
         if mode == "sdk-metrics":
             step, component, flush, close = _sdk_metrics()
     else:
@@ -166,6 +152,72 @@ def child(mode: str, steps: int, cpu_bound: int) -> dict[str, Any]:
         "steps_sent": steps + max(10, steps // 10),
         "points_sent": exported["points"],
         "steps_counted": exported["steps"],
+    }
+
+
+def _sdk_tracing() -> tuple[Any, Any, Any, Any]:
+    """The OTel SDK's OTLP path: ``BatchSpanProcessor`` + ``OTLPSpanExporter`` (the protocol
+    of ``OTEL_EXPORTER_OTLP_PROTOCOL``); the loop's step and component, flush and shutdown."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    if os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
+            OTLPSpanExporter,
+        )
+    tp = TracerProvider(resource=Resource.create())
+    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    tracer = tp.get_tracer("bench")
+
+    def step(n: int) -> Any:
+        return tracer.start_as_current_span("train_step", attributes={"tunix.step": n})
+
+    def component(name: str) -> Any:
+        return tracer.start_as_current_span(name)
+
+    return step, component, tp.force_flush, tp.shutdown
+
+
+def whole_child(mode: str, steps: int) -> dict[str, Any]:
+    """A run as a user runs it: set up, the paced loop (no warm-up), shut down; the CPU of
+    the whole process at each point (``os.times``: every thread), start-up included."""
+    import contextlib
+
+    def cpu() -> float:
+        t = os.times()
+        return float(t.user + t.system)
+
+    started = cpu()  # the interpreter's start-up
+    close: Any = None
+    if mode == "bare":
+
+        def step(n: int) -> Any:
+            return contextlib.nullcontext()
+
+        component = step
+    elif mode == "sdk":
+        step, component, _, close = _sdk_tracing()
+    else:
+        import otel_tunix
+
+        otel_tunix.configure(output_dir="none")
+        step, component, close = otel_tunix.step, otel_tunix.component, otel_tunix.shutdown
+    ready = cpu()
+    _loop(steps, step, component, 0)
+    looped = cpu()
+    if close is not None:
+        close()
+    ended = cpu()
+    return {
+        "start_s": started,
+        "setup_s": ready - started,
+        "loop_s": looped - ready,
+        "shutdown_s": ended - looped,
+        "spans": steps * SPANS_PER_STEP,
+        "sent": steps * SPANS_PER_STEP,
     }
 
 
@@ -371,11 +423,22 @@ def main() -> None:
     )
     ap.add_argument("--only", help="run only the rows whose name contains this (and the "
                     "bare loop and otel-tunix without exporter)")  # fmt: skip
+    ap.add_argument(
+        "--whole-steps", type=int, default=5000, help="steps of a run (--only whole: those alone)"
+    )
+    ap.add_argument("--whole-rounds", type=int, default=3)
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--whole-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         cpu = args.cpu_work if os.environ.get("BENCH_CPU") == "1" else 0
         print(json.dumps(child(args.child, args.steps, cpu)))
+        return
+    if args.whole_child:
+        print(json.dumps(whole_child(args.whole_child, args.whole_steps)))
+        return
+    if args.only == "whole":
+        _whole(args)
         return
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -463,6 +526,82 @@ def main() -> None:
             f"steps its last tunix.step.duration did not count: {sum(uncounted.values())}  "
             "(target 0)"
         )
+    if not args.only:
+        print()
+        _whole(args)
+
+
+WHOLE_ROWS: dict[str, dict[str, str]] = {
+    "bare loop": {"MODE": "bare"},
+    "grpc: SDK (BatchSpanProcessor + OTLPSpanExporter)": {"MODE": "sdk", "P": "grpc"},
+    "grpc: otel-tunix": {"MODE": "tunix", "P": "grpc", "T": "otlp"},
+}
+
+
+def _whole(args: Any) -> None:
+    """The issue's case: each run a fresh process as a user runs it (set up, the paced loop,
+    shut down, exit), its CPU from ``getrusage(RUSAGE_CHILDREN)`` (every thread, start-up
+    and shutdown included), over the bare loop's, per span; the rows interleaved in rounds."""
+    import resource
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from collector import RotelCollector  # the tests' rotel fixture
+
+    log = Path(tempfile.mkdtemp(prefix="bench-export-whole-")) / "rotel.log"
+    rotel_args = ["--exporter", "blackhole", "--debug-log", "traces"]
+    rotel_args += ["--debug-log-verbosity", "basic"]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in WHOLE_ROWS}
+    lost = dict.fromkeys(WHOLE_ROWS, 0)
+    with RotelCollector(log, args=rotel_args) as collector:
+        for _ in range(args.whole_rounds):
+            for name, row in WHOLE_ROWS.items():
+                before = _received(collector)
+                usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                command = [sys.executable, __file__, "--whole-child", row["MODE"]]
+                command += ["--whole-steps", str(args.whole_steps)]
+                env = _env(row, collector, collector)
+                out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+                usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                result["process_s"] = (usage1.ru_utime - usage0.ru_utime) + (
+                    usage1.ru_stime - usage0.ru_stime
+                )
+                if row["MODE"] != "bare":
+                    got = _wait_received(collector, before + result["sent"]) - before
+                    lost[name] += result["sent"] - got
+                runs[name].append(result)
+    spans = args.whole_steps * SPANS_PER_STEP
+    bare = runs["bare loop"]
+    print(
+        f"as a user runs it: {args.whole_steps} steps of {COMPONENTS} components, one every "
+        f"{PERIOD_S * 1e3:g} ms, a fresh process per run, alerts and system metrics off, no "
+        f"run folder; CPU of the whole process (every thread, start-up and shutdown "
+        f"included) over the bare loop's run of the same round; median of "
+        f"{args.whole_rounds} rounds"
+    )
+    print(f"{'row':<52} us/span  (min - max)  set-up s  loop us/span  shutdown s  lost")
+    per: dict[str, list[float]] = {}
+    for name in WHOLE_ROWS:
+        if name == "bare loop":
+            continue
+        rs = runs[name]
+        pairs = list(zip(rs, bare, strict=True))
+        per[name] = [(r["process_s"] - b["process_s"]) / spans * 1e6 for r, b in pairs]
+        setup = statistics.median(r["setup_s"] - b["setup_s"] for r, b in pairs)
+        loop = statistics.median((r["loop_s"] - b["loop_s"]) / spans * 1e6 for r, b in pairs)
+        down = statistics.median(r["shutdown_s"] for r in rs)
+        us = per[name]
+        print(
+            f"{name:<52} {statistics.median(us):7.2f}  ({min(us):.2f} - {max(us):.2f})  "
+            f"{setup:8.3f}  {loop:12.2f}  {down:10.3f}  {lost[name]}"
+        )
+    sdk, ours = per["grpc: SDK (BatchSpanProcessor + OTLPSpanExporter)"], per["grpc: otel-tunix"]
+    ratios = [o / s for o, s in zip(ours, sdk, strict=True)]
+    print(
+        f"whole process, grpc: otel-tunix / SDK OTLP path = {statistics.median(ratios):.3f}  "
+        f"(target <= 0.2; rounds: {' / '.join(f'{r:.2f}' for r in ratios)}); spans lost at "
+        f"the collector: {sum(lost.values())}  (target 0)"
+    )
 
 
 def _span_ratios(cpu_us: Any, bare: float, lost: dict[str, int]) -> None:

@@ -72,6 +72,7 @@ def test_the_bound_is_a_setting_and_covers_the_otel_instruments(
     for i in range(120):
         otel_tunix.log({f"m{i}": float(i), "m0": 0.0}, step=i)
     assert logger.refused_values == 70
+    assert logger.flush()  # the OTel backend records on the logger's thread
     data = reader.get_metrics_data()
     names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert {f"m{i}" for i in range(50)} <= names

@@ -234,3 +234,73 @@ def test_queue_full_drops_and_counts_without_blocking():
     p.close()
     assert p.dropped_steps >= 7
     assert len(processed) + p.dropped_steps == 10
+
+
+def test_a_full_logger_queue_drops_rows_and_counts_them():
+    """The backends run on the logger's thread; what its queue cannot hold while they fall
+    behind is dropped and counted (``summary.json``'s ``safety.metric_rows_dropped``)."""
+    import threading
+
+    from otel_tunix.logger.backend import LoggingBackend
+    from otel_tunix.logger.metrics_logger import QUEUE_CAPACITY
+    from otel_tunix.settings import tally as _tally
+
+    release = threading.Event()
+    got: list[int] = []
+
+    class Held(LoggingBackend):
+        def log_rows(self, rows, **kwargs):
+            release.wait(30)
+            got.extend(step for step, _ in rows)
+
+    logger = MetricsLogger(MetricsLoggerOptions(default_backends=False), rank=0)
+    logger.backends.append(Held())  # appended by hand: on the logger's thread itself
+    before = _tally.snapshot().get("metric_rows_dropped", 0)
+    n = QUEUE_CAPACITY + 3000  # more than the queue and the batch the thread took hold
+    for i in range(n):
+        logger.log("loss", float(i), step=i)
+    assert logger.last_values == {"loss": float(n - 1)}  # on the caller's thread
+    release.set()
+    assert logger.flush()
+    dropped = _tally.snapshot().get("metric_rows_dropped", 0) - before
+    assert dropped > 0
+    assert len(got) + dropped == n
+    assert got == sorted(got)  # in order, the dropped ones missing
+    assert logger.close() == []
+
+
+def test_backends_run_on_the_loggers_thread_and_the_alert_kind_on_the_callers():
+    import threading
+
+    from otel_tunix.logger.backend import LoggingBackend
+    from otel_tunix.metrics.alerts import AlertEngine
+
+    seen: list[tuple[str, str, list[int]]] = []
+
+    class Where(LoggingBackend):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def log_rows(self, rows, **kwargs):
+            seen.append((self.tag, threading.current_thread().name, [s for s, _ in rows]))
+
+    class Here(Where):
+        on_callers_thread = True  # as the alert engine
+
+    assert AlertEngine.on_callers_thread and not LoggingBackend.on_callers_thread
+    me = threading.current_thread().name
+    logger = MetricsLogger(MetricsLoggerOptions(default_backends=False), rank=0)
+    logger.backends.append(Where("queued"))
+    logger.log("loss", 1.0, step=0)
+    logger.backends.append(Here("inline"))  # added after the first row: sorted again
+    logger.log("loss", 2.0, step=1)
+    assert logger.flush()
+    assert [x for x in seen if x[0] == "inline"] == [("inline", me, [1])]
+    queued = [x for x in seen if x[0] == "queued"]
+    assert {name for _, name, _ in queued} == {"otel-tunix-metrics"}
+    assert [s for _, _, steps in queued for s in steps] == [0, 1]  # in order
+    logger.backends = [Here("swapped")]  # a new list: sorted again too
+    logger.log("loss", 3.0, step=2)
+    assert logger.flush()
+    assert seen[-1] == ("swapped", me, [2])
+    assert logger.close() == []

@@ -8,6 +8,9 @@ A backend is either
 * any object with Tunix's / metrax's two methods, ``log_scalar(event, value, **kwargs)`` and
   ``close()`` (:class:`ScalarProtocol`): fed one scalar at a time.
 
+The MetricsLogger hands the rows to its backends on a thread of its own, in order, shortly
+after they are logged (a backend with ``on_callers_thread`` gets them where they are logged).
+
 Contract (as the OTel SDK's ``SpanProcessor``): a backend should not raise: one that raises
 is reported once and the other backends go on. A backend that is not otel-tunix's own runs on
 a thread of its own (:class:`OffThreadBackend`, :mod:`otel_tunix.pipeline.hooks`): it gets
@@ -20,18 +23,22 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from otel_tunix.pipeline.hooks import HookRunner
 
 __all__ = [
+    "NUMBER_TYPES",
     "PERF_SOURCE",
+    "BackendList",
     "LoggingBackend",
     "OffThreadBackend",
     "Row",
     "ScalarProtocol",
     "deliver_rows",
+    "learn_scalar",
     "otel_metric_name",
     "row_names",
     "to_scalar",
@@ -66,6 +73,11 @@ class LoggingBackend:
     """
 
     skip_sources: tuple[str, ...] = ()
+    on_callers_thread: bool = False
+    """Run where the scalars are logged, not on the MetricsLogger's thread: for a backend
+    that reads the caller's context (the alert engine: its events go on the step open
+    there, its log records carry the trace, its times are the log call's). It must be
+    cheap for the names it does not use."""
 
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         """Log one scalar; ``kwargs`` usually holds ``step``, and ``nonfinite=True`` marks
@@ -166,6 +178,30 @@ class OffThreadBackend(LoggingBackend):
         return getattr(self.__dict__["backend"], name)
 
 
+class BackendList(list[LoggingBackend | ScalarProtocol]):
+    """A MetricsLogger's backends: a list that counts its changes (``version``), so that the
+    logger knows when to sort them again into those run on the caller's thread and those run
+    on its own."""
+
+    version = 0
+
+
+def _counting(name: str) -> Any:
+    change = getattr(list, name)
+
+    def changed(self: BackendList, *args: Any) -> Any:
+        self.version += 1
+        return change(self, *args)
+
+    changed.__name__ = name
+    return changed
+
+
+_CHANGES = "append extend insert remove pop clear sort reverse __setitem__ __delitem__ __iadd__"
+for _name in _CHANGES.split():
+    setattr(BackendList, _name, _counting(_name))
+
+
 def row_names(row: Row) -> tuple[str, ...]:
     """The names of a ``(step, values)`` row, in order: the key that splits rows into runs
     with the same names (``itertools.groupby(rows, row_names)``). A loop logs the same set of
@@ -192,6 +228,20 @@ def to_scalar(value: Any) -> float:
             raise TypeError(f"expected a scalar, got an array with {size} elements")
         return float(item())
     return float(value)
+
+
+NUMBER_TYPES: set[type] = {int, float, bool}
+"""Types whose values are numbers that ``float()`` converts as :func:`to_scalar` does: Python's,
+and each numpy scalar type once seen (a numpy float32 costs ~0.2 us instead of ~1 us)."""
+
+
+def learn_scalar(value: Any) -> float:
+    """:func:`to_scalar`, learning numpy's scalar types (never arrays: their size varies)."""
+    v = to_scalar(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.integer | numpy.floating | numpy.bool_):
+        NUMBER_TYPES.add(type(value))
+    return v
 
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_./\-]")

@@ -6,6 +6,13 @@ with Tunix's / metrax's ``log_scalar(event, value, **kwargs)`` and ``close()``
 so that :class:`MetricsLoggerOptions` stays copyable. Built in: :class:`JsonlBackend`
 (``<log_dir>/metrics.jsonl``), :class:`OTelBackend` (OTel gauges) and
 :class:`ConsoleBackend`.
+
+The caller's thread only checks and converts the values and queues them (a
+:class:`~otel_tunix.pipeline.batch_queue.BatchQueue`, the pipeline's one queue engine): the
+backends get them in order, in batches, on the logger's thread (``otel-tunix-metrics``),
+within ``OTEL_TUNIX_PROCESS_INTERVAL_MS`` (250 ms). :meth:`MetricsLogger.flush`
+waits until they were handed over; :meth:`MetricsLogger.close` hands over everything queued
+before it closes the backends.
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ from typing import IO, Any
 from opentelemetry import metrics
 
 from otel_tunix.logger.backend import (
+    NUMBER_TYPES,
     PERF_SOURCE,
+    BackendList,
     LoggingBackend,
     OffThreadBackend,
+    Row,
     ScalarProtocol,
     deliver_rows,
+    learn_scalar,
     otel_metric_name,
     row_names,
     to_scalar,
@@ -41,6 +52,7 @@ from otel_tunix.logger.instruments import CatalogOTelBackend
 from otel_tunix.logger.perf_rows import PerfRows, perf_metrics
 from otel_tunix.logger.status import MetricsSummary
 from otel_tunix.model.resource import detect_rank
+from otel_tunix.pipeline.batch_queue import BatchQueue
 from otel_tunix.pipeline.hooks import (
     HookRunner,
     close_hooks,
@@ -73,6 +85,17 @@ Backend = LoggingBackend | ScalarProtocol
 """A backend: a :class:`LoggingBackend` subclass, or any object with ``log_scalar`` and
 ``close`` (Tunix's protocol)."""
 BackendFactory = Callable[[], Backend]
+
+QUEUE_CAPACITY = 16384
+"""Rows (one step's scalars each) queued for the backends at most; past it new rows are
+dropped and counted (``metric_rows_dropped`` in ``summary.json``)."""
+_QUEUE_BATCH = 1024
+"""Rows handed to the backends in one pass at most."""
+
+_Queued = tuple[Sequence[Row], Mapping[str, Any], float, bool]
+"""One call's rows, its keywords (``source``), its ``time.time()`` and whether it is one
+``log_dict`` row (the backends get consecutive ones together; a ``log_rows`` batch stays
+one call)."""
 
 
 @dataclass(kw_only=True)
@@ -166,13 +189,18 @@ class MetricsLogger:
         self._names_lock = threading.Lock()
         self._max_names = s.max_metric_names
         self._close_timeout = s.shutdown_timeout
+        self._interval = s.process_interval_ms / 1e3  # longest wait of a row for the backends
         self.refused_values = 0
         """Values refused because their name came past ``OTEL_TUNIX_MAX_METRIC_NAMES``."""
         self._report = ReportOnce(_logger)
         self._closed = False
+        self._queue: BatchQueue[_Queued] | None = None  # started by the first row
+        self._queue_lock = threading.Lock()
         self.last_values: dict[str, float] = {}
         self.last_step: int | None = None
-        self.backends: list[Backend] = []
+        self._backends = BackendList()
+        self._sorted: tuple[int, tuple[Backend, ...], tuple[Backend, ...]] = (-1, (), ())
+        """``(version, on the caller's thread, on the logger's)`` of the backends."""
         at_fork_in_child(self._after_fork_in_child)
         if not self.active:
             return
@@ -207,6 +235,29 @@ class MetricsLogger:
                 backend = OffThreadBackend(backend, self._failed)
             self.backends.append(backend)
 
+    @property
+    def backends(self) -> BackendList:
+        """The backends, in the order they get each row (a list: append or remove one at
+        any time)."""
+        return self._backends
+
+    @backends.setter
+    def backends(self, backends: Sequence[Backend]) -> None:
+        self._backends = BackendList(backends)
+        self._sorted = (-1, (), ())  # sorted again at the next row
+
+    def _by_thread(self) -> tuple[tuple[Backend, ...], tuple[Backend, ...]]:
+        """The backends run on the caller's thread, and those run on the logger's."""
+        version, callers, own = self._sorted
+        backends = self._backends
+        if version != backends.version:
+            version = backends.version
+            listed = list(backends)
+            callers = tuple(b for b in listed if getattr(b, "on_callers_thread", False) is True)
+            own = tuple(b for b in listed if b not in callers)
+            self._sorted = (version, callers, own)
+        return callers, own
+
     def log(self, name: str, value: Any, step: int | None = None, **kwargs: Any) -> None:
         """Log one scalar under ``name`` (e.g. ``"loss"``, ``"rewards/mean"``) at ``step``."""
         self.log_dict({name: value}, step=step, **kwargs)
@@ -224,7 +275,7 @@ class MetricsLogger:
                 out[logged] = value
                 continue
             try:
-                v = to_scalar(value)
+                v = float(value) if type(value) in NUMBER_TYPES else learn_scalar(value)
             except Exception:  # not a number: report once, never raise, never echo the text
                 warn_once(
                     (id(self), "type", logged),
@@ -282,55 +333,134 @@ class MetricsLogger:
         return self.active and any(not _skips(b, source) for b in self.backends)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log several scalars at one step (one record in the JSONL backend)."""
+        """Log several scalars at one step (one record in the JSONL backend).
+
+        On the caller's thread the values are checked and converted, ``last_values`` and
+        ``last_step`` updated, and the row queued; the backends get it on the logger's
+        thread (:meth:`flush` waits for that)."""
         if not self.active or self._closed:
             return
         if step is not None and type(step) is not int:
             step = _step_number(step)
         values = self._convert(metrics, step)
         if values:
-            self.log_rows(((step, values),), **kwargs)
+            # dict.update from a dict of str keys holds the GIL throughout: no lock needed
+            # beside the worker's updates
+            self.last_values.update(values)
+            if step is not None:
+                self.last_step = step
+            self._hand_on(((step, values),), kwargs, True)
 
     def log_rows(self, rows: Sequence[tuple[int | None, dict[str, float]]], **kwargs: Any) -> None:
         """Several steps' scalars at once, ``(step, values)`` in order, the values Python
-        floats already (no conversion or checks per value): one lock and one pass over the
-        backends for the lot (the worker logs a batch of steps' ``perf/...`` scalars this
-        way)."""
+        floats already (no conversion or checks per value; kept as given, not to be changed
+        after the call): queued as one item, handed to each backend in one call (the worker
+        logs a batch of steps' ``perf/...`` scalars this way)."""
         if not self.active or self._closed or not rows:
             return
-        with self._lock:
-            if self._closed:  # closed while this call waited (a shutdown on another thread)
-                return
-            # The last values: of a run of rows with the same names only the run's last row
-            # counts (it overwrites every value of the others), so only it is copied.
-            last = self.last_values
-            if isinstance(rows, PerfRows):  # the worker's: no row made for this
-                for _, steps in rows.runs():
-                    last.update(perf_metrics(steps[-1]))
-                self.last_step = rows.summaries[-1].step
-            else:
-                for _, run in itertools.groupby(rows, row_names):
-                    for row in run:
-                        if row[0] is not None:
-                            self.last_step = row[0]
-                    last.update(row[1])
-            source = kwargs.get("source")
-            for backend in self.backends:
-                if isinstance(backend, LoggingBackend):  # the usual case, inline
-                    if source is not None and source in backend.skip_sources:
-                        continue
-                    try:  # one that raises loses this batch, for itself only
-                        backend.log_rows(rows, **kwargs)
-                    except Exception:
-                        self._failed(backend)
+        # The last values: of a run of rows with the same names only the run's last row
+        # counts (it overwrites every value of the others), so only it is copied.
+        last = self.last_values
+        if isinstance(rows, PerfRows):  # the worker's: no row made for this
+            for _, steps in rows.runs():
+                last.update(perf_metrics(steps[-1]))
+            self.last_step = rows.summaries[-1].step
+        else:
+            for _, run in itertools.groupby(rows, row_names):
+                for row in run:
+                    if row[0] is not None:
+                        self.last_step = row[0]
+                last.update(row[1])
+        self._hand_on(rows, kwargs, False)
+
+    def _hand_on(self, rows: Sequence[Row], kwargs: Mapping[str, Any], single: bool) -> None:
+        """Hand a call's rows to the backends on the caller's thread, and queue them for the
+        others (a full queue drops them, counted)."""
+        t = time.time()  # the records' time: before the alert engine's
+        version, callers, _ = self._sorted
+        if version != self._backends.version:
+            callers = self._by_thread()[0]
+        if callers:
+            self._deliver(callers, rows, kwargs)
+        queue = self._queue or self._start_queue()
+        if queue.put((rows, kwargs, t, single), count_late=False) or queue.closed:
+            return  # queued, or logged while the logger closes (not a row lost for room)
+        _tally.add("metric_rows_dropped", len(rows))
+        warn_once(
+            (id(self), "queue-full"),
+            "otel-tunix: the MetricsLogger's backends have not kept up (%d rows queued); "
+            "later rows are dropped and counted in summary.json (metric_rows_dropped)",
+            QUEUE_CAPACITY,
+        )
+
+    def _start_queue(self) -> BatchQueue[_Queued]:
+        with self._queue_lock:
+            if self._queue is None:
+                self._queue = BatchQueue(
+                    self._deliver_batch,
+                    name="otel-tunix-metrics",
+                    capacity=QUEUE_CAPACITY,
+                    max_batch=_QUEUE_BATCH,
+                    interval_sec=self._interval,
+                    weight=lambda item: len(item[0]),  # rows
+                    wake_when_full=False,  # woken every interval: fewer, larger batches
+                )
+                if self._closed:  # closed meanwhile (close() saw no queue): takes no row
+                    self._queue.close(0.0)
+            return self._queue
+
+    def _deliver_batch(self, items: list[_Queued]) -> None:
+        """On the logger's thread: hand the queued calls to its backends, in order; the
+        ``log_dict`` rows of consecutive calls with the same keywords in one pass."""
+        own = self._by_thread()[1]
+        i, n = 0, len(items)
+        while i < n:
+            rows, kwargs, t, single = items[i]
+            i += 1
+            times = [t] * len(rows)
+            if single:
+                merged: list[Row] | None = None
+                while i < n and items[i][3] and items[i][1] == kwargs:
+                    if merged is None:
+                        merged = list(rows)
+                    merged.extend(items[i][0])
+                    times.append(items[i][2])
+                    i += 1
+                if merged is not None:
+                    rows = merged
+            self._deliver(own, rows, kwargs, times)
+
+    def _deliver(
+        self,
+        backends: Sequence[Backend],
+        rows: Sequence[Row],
+        kwargs: Mapping[str, Any],
+        times: list[float] | None = None,
+    ) -> None:
+        """Hand ``rows`` to ``backends``; ``times``: when each row was logged (the JSONL
+        backend's record times)."""
+        source = kwargs.get("source")
+        for backend in backends:
+            if isinstance(backend, LoggingBackend):  # the usual case, inline
+                if source is not None and source in backend.skip_sources:
                     continue
-                deliver_rows(backend, rows, kwargs, self._failed)
+                try:  # one that raises loses this batch, for itself only
+                    if times is not None and type(backend) is JsonlBackend:
+                        backend.log_rows(rows, times=times, **kwargs)
+                        continue
+                    backend.log_rows(rows, **kwargs)
+                except Exception:
+                    self._failed(backend)
+                continue
+            deliver_rows(backend, rows, kwargs, self._failed)
 
     def _after_fork_in_child(self) -> None:
         """A forked child logs nothing through its copy of the parent's logger (whose lock
         another thread may have held at the fork, and whose files are the parent's)."""
         self._lock = threading.Lock()
         self._names_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue = None  # the parent's thread does not exist here
         self.active = False
         self._closed = True
 
@@ -339,11 +469,16 @@ class MetricsLogger:
             id(backend), "otel-tunix: backend %s failed (reported once)", type(backend).__name__
         )
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until the backends that run on threads of their own (those that are not
-        otel-tunix's) have been handed every value logged so far (False: ``timeout`` passed
-        first)."""
-        return flush_hooks(self._runners(), timeout)
+    def flush(self, timeout: float = 10.0, *, hooks: bool = True) -> bool:
+        """Wait until the backends were handed every value logged so far, those on threads
+        of their own (not otel-tunix's) included unless ``hooks`` is false (False:
+        ``timeout`` passed first)."""
+        deadline = time.monotonic() + timeout
+        queue = self._queue
+        ok = queue is None or queue.flush(timeout)
+        if not hooks:
+            return ok
+        return flush_hooks(self._runners(), max(0.0, deadline - time.monotonic())) and ok
 
     def hooks_closing(self) -> list[tuple[str, threading.Thread]]:
         """``(name, thread)`` of each backend being closed on a thread of its own: for a
@@ -353,17 +488,31 @@ class MetricsLogger:
     def _runners(self) -> list[HookRunner]:
         return [b.runner for b in list(self.backends) if isinstance(b, OffThreadBackend)]
 
-    def close(self, timeout: float | None = None) -> list[str]:
-        """Flush and close every backend (idempotent). Backends on threads of their own
-        are closed side by side and waited for at most ``timeout`` seconds (default:
-        ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``; ``0``: not at all, see :meth:`hooks_closing`).
-        Returns the names of those that had not finished (left behind on their threads,
-        with one warning)."""
+    def close(
+        self, timeout: float | None = None, *, drain_timeout: float | None = None
+    ) -> list[str]:
+        """Hand what is queued to the backends (waiting at most ``drain_timeout``, default
+        ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``), then flush and close every backend (idempotent).
+        Backends on threads of their own are closed side by side and waited for at most
+        ``timeout`` seconds (default: ``OTEL_TUNIX_SHUTDOWN_TIMEOUT``; ``0``: not at all, see
+        :meth:`hooks_closing`). Returns the names of what had not finished (left behind on
+        its thread, with one warning)."""
         with self._lock:
             if self._closed:
                 return []
             self._closed = True
             backends = list(self.backends)
+        with self._queue_lock:
+            queue = self._queue
+        drain = self._close_timeout if drain_timeout is None else drain_timeout
+        if queue is not None and not queue.close(drain):
+            # the logger's thread still hands rows to the backends: they stay open under it
+            _logger.warning(
+                "otel-tunix: the MetricsLogger's queue was not handed to its backends within "
+                "%g s; left behind",
+                drain,
+            )
+            return ["MetricsLogger queue"]
         own = [b for b in backends if not isinstance(b, OffThreadBackend)]
         for backend in own:
             try:
@@ -432,9 +581,11 @@ class JsonlBackend(LoggingBackend):
 
     The first line is a header, ``{"type": "meta", ...}``. NaN / Inf are written as the
     JSON extensions ``NaN`` / ``Infinity`` (Python's ``json`` and pandas read them) and the
-    record gets ``"nonfinite": true``. Records reach the file when the step has advanced
-    ``flush_every_n_steps`` since the last flush, or :data:`FLUSH_INTERVAL_SEC` has passed
-    (so a hard kill loses about that much), and at ``close()``; always as whole lines, a full
+    record gets ``"nonfinite": true``. ``time`` is when the values were logged. Records
+    reach the file after each batch the MetricsLogger hands over (within
+    :data:`FLUSH_INTERVAL_SEC` of being logged: a hard kill loses about that much), called
+    directly when the step has advanced ``flush_every_n_steps`` since the last flush or
+    :data:`FLUSH_INTERVAL_SEC` has passed, and at ``close()``; always as whole lines, a full
     disk included (:class:`otel_tunix.support.linefile.LineFile`: what cannot be written is counted
     in ``summary.json``, never raised).
     """
@@ -460,21 +611,38 @@ class JsonlBackend(LoggingBackend):
     def log_scalar(self, event: str, value: float, **kwargs: Any) -> None:
         self.log_scalars({event: value}, **kwargs)
 
+    def log_rows(
+        self, rows: Sequence[Row], *, times: Sequence[float] | None = None, **kwargs: Any
+    ) -> None:
+        """Write each row as one record; ``times``: when each was logged (the MetricsLogger's
+        batches: the file is flushed after the batch). Default: now."""
+        if times is None or not rows:
+            super().log_rows(rows, **kwargs)
+            return
+        step: int | None = None
+        for (step, values), t in zip(rows, times, strict=True):
+            self._write(values, step, t)
+        self._last_flush_step = step
+        self._flush(time.time())
+
     def log_scalars(self, values: Mapping[str, float], **kwargs: Any) -> None:
         """Write several scalars of one step as one record."""
         step = kwargs.get("step")
         now = time.time()
-        rec: dict[str, Any] = {"step": step, "time": now, "metrics": dict(values)}
-        finite = floats_finite(values.values())
-        if not finite:
-            rec["nonfinite"] = True
-        self._file.write(dumps_line(rec, finite=finite) + "\n")
+        self._write(values, step, now)
         if step is None or self._last_flush_step is None:
             self._last_flush_step = step if step is not None else self._last_flush_step
             self._flush(now)
         elif step - self._last_flush_step >= self._every or now >= self._flush_at:
             self._last_flush_step = step
             self._flush(now)
+
+    def _write(self, values: Mapping[str, float], step: int | None, t: float) -> None:
+        rec: dict[str, Any] = {"step": step, "time": t, "metrics": dict(values)}
+        finite = floats_finite(values.values())
+        if not finite:
+            rec["nonfinite"] = True
+        self._file.write(dumps_line(rec, finite=finite) + "\n")
 
     def _flush(self, now: float) -> None:
         self._flush_at = now + FLUSH_INTERVAL_SEC

@@ -123,6 +123,11 @@ def install(logger: Any = None) -> MetricsSummary:
     return s
 
 
+SUMMARY_FLUSH_SEC = 1.0
+""":func:`get_metrics_summary` waits this long at most for the MetricsLogger's backends to
+be handed what was logged (its counts then match ``last_values``)."""
+
+
 def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
     """A JSON-ready dict of where the run stands.
 
@@ -136,6 +141,8 @@ def get_metrics_summary(logger: Any = None) -> dict[str, Any]:
     current = get_current()
     if logger is None and current is not None:
         logger = current.logger
+    if logger is not None:  # the counts of every value logged so far (a few ms at most)
+        logger.flush(SUMMARY_FLUSH_SEC, hooks=False)
     values = dict(logger.last_values) if logger is not None else {}
     backends = list(logger.backends) if logger is not None else []
     out: dict[str, Any] = {

@@ -160,8 +160,11 @@ class LoggerPart(Part):
 
     def close(self, deadline: float) -> bool:
         if self._owned:
-            self._logger.close(0.0)  # users' backends start closing; UserHooksPart waits
-        elif self._alerts is not None:
+            # what is queued reaches the backends first; users' backends then start
+            # closing, and UserHooksPart waits for them
+            return not self._logger.close(0.0, drain_timeout=left(deadline))
+        if self._alerts is not None:
+            self._logger.flush(left(deadline), hooks=False)  # the engine sees every row
             if self._alerts in self._logger.backends:
                 self._logger.backends.remove(self._alerts)
             self._alerts.close()

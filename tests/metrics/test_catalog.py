@@ -118,6 +118,7 @@ def test_catalog_backend_records_on_the_catalogued_instruments():
     )
     logger.log("actor_dequeue_time", math.nan, step=4)  # not recorded into the histogram
     logger.log("perf/train/step_time_sec", 1.0, step=4, source="perf")  # skipped
+    assert logger.flush()  # the backends get the values on the logger's thread
     got = _points(reader)
     assert got["tunix.rl.reward.mean"][0] == "1"
     assert got["tunix.rl.reward.mean"][1][0].value == 0.5

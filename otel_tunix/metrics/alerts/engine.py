@@ -104,6 +104,10 @@ class AlertEngine(LoggingBackend):
     It is a MetricsLogger backend (``log_scalar`` / ``log_scalars`` / ``close``) and can also
     be fed directly with :meth:`observe`.
 
+    As a MetricsLogger backend it runs on the caller's thread (``on_callers_thread``): an
+    alert's event goes on the step open where the value was logged, its log record carries
+    that context, its time is the log call's.
+
     Args:
         rules: Default: :func:`default_rules`.
         logger_provider: OTel ``LoggerProvider`` for the log records; default: the global
@@ -119,6 +123,8 @@ class AlertEngine(LoggingBackend):
             folder's ``alerts.jsonl`` when installed with
             :func:`~otel_tunix.metrics.alerts.install`).
     """
+
+    on_callers_thread = True
 
     def __init__(
         self,
@@ -184,7 +190,6 @@ class AlertEngine(LoggingBackend):
         transitions afterwards and return them."""
         if self._closed:
             return []
-        out: list[Alert] = []
         by_names = self._watched_by_names
         watched = []  # the values some rule watches
         runs: Iterable[tuple[tuple[str, ...], Iterable[tuple[int | None, Any]]]]
@@ -205,18 +210,23 @@ class AlertEngine(LoggingBackend):
                     found = by_names.get(names)  # kept once every name routed
                 for name, rules in watch:
                     watched.append((name, value_of(values, name), step, rules))
-        if watched:
-            with self._lock:
-                for name, value, step, rules in watched:
-                    try:  # a value that cannot be evaluated does not stop the others
-                        v = value if type(value) is float else float(value)
-                        for rule, series in rules:
-                            alert = self._evaluate(rule, series, name, v, step)
-                            if alert is not None:
-                                out.append(alert)
-                                self.history.append(alert)
-                    except Exception:
-                        self._failed()
+        return self._evaluate_watched(watched) if watched else []
+
+    def _evaluate_watched(self, watched: list[tuple[str, Any, int | None, Any]]) -> list[Alert]:
+        """Evaluate these ``(name, value, step, rules)`` under one lock; act on the
+        transitions afterwards and return them."""
+        out: list[Alert] = []
+        with self._lock:
+            for name, value, step, rules in watched:
+                try:  # a value that cannot be evaluated does not stop the others
+                    v = value if type(value) is float else float(value)
+                    for rule, series in rules:
+                        alert = self._evaluate(rule, series, name, v, step)
+                        if alert is not None:
+                            out.append(alert)
+                            self.history.append(alert)
+                except Exception:
+                    self._failed()
         for alert in out:
             self._act(alert)
         return out
@@ -361,6 +371,13 @@ class AlertEngine(LoggingBackend):
     ) -> None:
         """Backend protocol: evaluate the scalars of several steps, in order (those no rule
         watches cost one dict lookup)."""
+        if type(rows) is tuple and len(rows) == 1:  # a log() call, on the caller's thread
+            step, values = rows[0]
+            watch = self._watched_by_names.get(tuple(values))
+            if watch is not None:  # a set of names seen before: only its watched ones
+                if watch and not self._closed:
+                    self._evaluate_watched([(n, values[n], step, rules) for n, rules in watch])
+                return
         self._evaluate_rows(rows)
 
     def close(self) -> None:
