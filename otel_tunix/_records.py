@@ -50,7 +50,14 @@ class ScopeStepCounts:
     between: a scope that runs now and then (eval between training steps) gets its
     throughput from its own time, not from the span of the whole run."""
 
-    __slots__ = ("active_ns", "count", "first_start_ns", "last_end_ns", "last_start_ns")
+    __slots__ = (
+        "active_ns",
+        "count",
+        "first_start_ns",
+        "last_end_ns",
+        "last_start_ns",
+        "unsampled",
+    )
 
     def __init__(self) -> None:
         self.count = 0
@@ -59,6 +66,9 @@ class ScopeStepCounts:
         """The start of the scope's latest step that is not sampled."""
         self.last_end_ns = 0
         self.active_ns = 0
+        self.unsampled: dict[str, int] = {}
+        """Per goodput category, the time (ns) its components spent in it in the scope's
+        steps not sampled since its latest sampled one (handed to the next one)."""
 
 
 ComponentStart = tuple[str, bool, int, int, int, "threading.Thread | None"]

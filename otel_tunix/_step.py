@@ -125,8 +125,12 @@ class step:
             if n % rt.sampling_rate:  # not sampled
                 self._token = _current.set(None)
                 stats.last_start_ns = start  # open till it ends (Runtime.step_open)
+                rt.unsampled = stats.unsampled  # its badput components' time goes there
                 return self
             rec = StepRecord(rt, self._scope, n, start)
+            if stats.unsampled:  # the unsampled steps' badput time before this one
+                rec.unsampled, stats.unsampled = stats.unsampled, {}
+                rt.unsampled = None
             if rt.pending_events:  # events raised while no sampled step was open
                 rec.events = _take_pending(rt)
             self._record = rec

@@ -93,6 +93,7 @@ class StepRecord(NonRecordingSpan):
         "thread",
         "top",
         "trace_id",
+        "unsampled",
         "view",
     )
 
@@ -111,6 +112,9 @@ class StepRecord(NonRecordingSpan):
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
+        self.unsampled: dict[str, int] | None = None
+        """Per goodput category, the time (ns) the components of the scope's unsampled steps
+        before this one spent in it (:attr:`ScopeStepCounts.unsampled`)."""
         self.foreign = False
         """True once a component of another thread was recorded into the step."""
         ident = self.ident = _get_ident()
@@ -269,6 +273,7 @@ class Runtime:
         "pipeline",
         "sampling_rate",
         "scopes",
+        "unsampled",
     )
 
     def __init__(
@@ -289,6 +294,10 @@ class Runtime:
         self.allowed = frozenset(components) if components is not None else None
         self.pipeline = pipeline
         self.scopes: dict[str, ScopeStepCounts] = {}
+        self.unsampled: dict[str, int] | None = None
+        """The time per goodput category of the step not sampled that opened last
+        (its scope's :attr:`ScopeStepCounts.unsampled`; ``None`` once a sampled one did):
+        where a timed stand-in of :mod:`otel_tunix._component` adds its time."""
         self.last_scope: dict[int, ScopeStepCounts] = {}
         """Per thread, the scope of the step that ended last on it."""
         self.open_steps: list[StepRecord] = []

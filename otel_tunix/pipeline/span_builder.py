@@ -212,6 +212,8 @@ class FinishedStep:
         )
         if ex is not None and ex.device_ends and ex.attributes:
             self.summary.device_blocked_time_sec = _device_blocked_sec(comps, ex)
+        if rec.unsampled:
+            self.summary.unsampled_sec = {k: v * 1e-9 for k, v in rec.unsampled.items()}
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
         self.span_count = len(comps) + 1

@@ -129,9 +129,14 @@ class StepsPart(Part):
             )
             for scope, s in rt.scopes.items()
         }
+        unsampled = {
+            scope: {k: v * 1e-9 for k, v in s.unsampled.items()}
+            for scope, s in rt.scopes.items()
+            if s.unsampled
+        }
         # users' sinks start closing on their threads; UserHooksPart waits for them
-        st.processor.finish_session(counts, 0.0)
-        st.sessions = st.processor.sessions(counts)
+        st.processor.finish_session(counts, 0.0, unsampled)
+        st.sessions = st.processor.sessions(counts, unsampled)
         if st.ledger is not None:  # every step processed: the ledger's last figures
             st.ledger.finish()
         return True
