@@ -39,6 +39,7 @@ then dropped, so memory stays with what is still open.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,6 +193,9 @@ class Ledger:
         self._first_step: int | None = None
         self._windows: list[_Window] = []
         self._beside: list[Interval] = []
+        self._spill: list[Interval] = []
+        """The parts of steps' own components past their windows (work a step dispatched,
+        still running on the device): their category wherever they run."""
         self._totals: dict[str, float] = {}
         self._scopes: dict[str, dict[str, float]] = {}
         self._unsampled: dict[str, dict[str, float]] = {}
@@ -248,6 +252,12 @@ class Ledger:
             intervals = own() if callable(own) else own
             own = intervals
             cats = window_categories(start, end, intervals)
+        if not callable(own):  # work of the step's that ran past its window (on the device)
+            for k, s0, s1 in own:
+                if s1 > end:
+                    self._spill.append((k, max(s0, end), s1))
+                    if s1 > self._latest:
+                        self._latest = s1
         w = _Window(scope, number, start, end, own, cats, evaluation=evaluation, wasted=wasted)
         if not wasted:
             figures = self._scopes.get(scope)
@@ -333,8 +343,9 @@ class Ledger:
             return
         windows = sorted(self._windows, key=_start_of)
         beside = sorted(self._beside, key=_second)
+        spill = sorted(self._spill, key=_second)
         totals = self._totals
-        if not beside and self._tiled(windows, lo, upto):  # one loop's steps, one by one
+        if not beside and not spill and self._tiled(windows, lo, upto):  # one loop's steps, one by one
             for w in windows:
                 if w.start > lo:
                     self._gap(lo, w.start, ())
@@ -347,11 +358,12 @@ class Ledger:
         points = {lo, upto}
         for w in windows:
             points.update(x for x in (w.start, w.end) if lo < x < upto)
-        for _, s0, s1 in beside:
+        for _, s0, s1 in itertools.chain(beside, spill):
             points.update(x for x in (s0, s1) if lo < x < upto)
         active: list[_Window] = []
         near: list[Interval] = []
-        i = j = 0
+        running: list[Interval] = []
+        i = j = m = 0
         for a, b in pairwise(sorted(points)):
             while i < len(windows) and windows[i].start <= a:
                 active.append(windows[i])
@@ -359,16 +371,20 @@ class Ledger:
             while j < len(beside) and beside[j][1] <= a:
                 near.append(beside[j])
                 j += 1
+            while m < len(spill) and spill[m][1] <= a:
+                running.append(spill[m])
+                m += 1
             active = [w for w in active if w.end > a]
             near = [iv for iv in near if iv[2] > a]
+            running = [iv for iv in running if iv[2] > a]
             if not active:  # in no step: what components beside cover, else the rest
-                self._gap(a, b, near)
+                self._gap(a, b, [*near, *running] if running else near)
             elif any(w.wasted for w in active):
                 totals[cat.WASTED_PROGRESS] = totals.get(cat.WASTED_PROGRESS, 0.0) + (b - a) * _NS
-            elif len(active) == 1 and active[0].start == a and active[0].end == b:
+            elif len(active) == 1 and active[0].start == a and active[0].end == b and not running:
                 self._own(active[0])  # a step window alone: its own figures
             else:
-                intervals: list[Interval] = []
+                intervals: list[Interval] = list(running)
                 for w in active:
                     intervals.extend(w.intervals())
                 for k, v in cat.categorize_intervals(a, b, intervals).items():
@@ -376,6 +392,7 @@ class Ledger:
         self._frontier = upto
         self._windows = [w for w in windows if w.end > upto]
         self._beside = [iv for iv in beside if iv[2] > upto]
+        self._spill = [iv for iv in spill if iv[2] > upto]
 
     @staticmethod
     def _tiled(windows: list[_Window], lo: int, upto: int) -> bool:

@@ -89,8 +89,8 @@ def _productive_only(step: FinishedStep) -> bool:
     """Whether every component of the step is busy and productive by its name (the usual
     step: its figures are its window, no interval arithmetic), from the accounting's
     per-name times (a name used ten times in the step is looked at once)."""
-    if step.background_ids is not None:
-        return False
+    if step.background_ids is not None or step.summary.device_end_ns > step.end_ns:
+        return False  # (background work, or work that ran on past the window: weighed)
     classify, productive = cat.classify, cat.PRODUCTIVE
     for name, (busy, blocked, _) in step.summary.component_times.items():
         if blocked or (busy and classify(name, False) != productive):
