@@ -70,6 +70,10 @@ outermost counts). ``jax_trace`` / ``jax_lower`` (the same compilation's earlier
 _NS: Final = 1e-9
 _WAITS: Final = frozenset(cat.PRECEDENCE[cat.PRECEDENCE.index(cat.PRODUCTIVE) + 1 :])
 """Categories that productive work overlapping them takes over."""
+MAX_GAPS: Final = 65536
+"""Stretches in no step window kept after they are settled, for components beside the steps
+that are handed on after they end (a writer thread's span comes when it ends, long after
+the stretch between two steps it covered was settled)."""
 MAX_PENDING: Final = 4096
 """Windows kept unsettled while an older step is still open (an RL actor's long step beside
 thousands of learner steps); past this the time is settled up to the latest record."""
@@ -126,6 +130,24 @@ class _Window:
         if self.evaluation:
             return [*own, (cat.EVALUATION, self.start, self.end)]
         return own
+
+
+class _Gap:
+    """A settled stretch in no step window: what its time went to (``rest``, unless the
+    components beside the steps, ``near``, cover it)."""
+
+    __slots__ = ("end", "near", "rest", "start")
+
+    def __init__(self, start: int, end: int, rest: str, near: Sequence[Interval]) -> None:
+        self.start = start
+        self.end = end
+        self.rest = rest
+        self.near = near
+
+    def figures(self) -> dict[str, float]:
+        if not self.near:
+            return {self.rest: (self.end - self.start) * _NS}
+        return cat.categorize_intervals(self.start, self.end, self.near, self.rest)
 
 
 @dataclass(slots=True)
@@ -193,6 +215,9 @@ class Ledger:
         self._first_step: int | None = None
         self._windows: list[_Window] = []
         self._beside: list[Interval] = []
+        self._gaps: list[_Gap] = []
+        """The latest stretches in no step window that were settled (at most
+        :data:`MAX_GAPS`, oldest first)."""
         self._spill: list[Interval] = []
         """The parts of steps' own components past their windows (work a step dispatched,
         still running on the device): their category wherever they run."""
@@ -318,8 +343,28 @@ class Ledger:
             return  # (a run timed from its first step: nothing before it)
         if end > self._latest:
             self._latest = end
-        if category != cat.PRODUCTIVE and end > self._frontier and end > start:
+        if category == cat.PRODUCTIVE or end <= start:
+            return
+        if start < self._frontier:  # handed on late: the stretches it covered, again
+            self._late((category, start, end))
+        if end > self._frontier:
             self._beside.append((category, start, end))
+
+    def _late(self, iv: Interval) -> None:
+        """A component beside the steps that covers settled time: each stretch in no step
+        window it overlaps is weighed again with it."""
+        gaps, totals = self._gaps, self._totals
+        i = len(gaps)
+        while i and gaps[i - 1].end > iv[1]:
+            i -= 1
+        for g in gaps[i:]:
+            if g.start >= iv[2]:
+                break
+            for k, v in g.figures().items():
+                totals[k] = totals.get(k, 0.0) - v
+            g.near = [*g.near, iv]
+            for k, v in g.figures().items():
+                totals[k] = totals.get(k, 0.0) + v
 
     def add_unsampled(self, scope: str, seconds: Mapping[str, float]) -> None:
         """Per badput category, the time the components of a scope's unsampled steps spent
@@ -345,7 +390,9 @@ class Ledger:
         beside = sorted(self._beside, key=_second)
         spill = sorted(self._spill, key=_second)
         totals = self._totals
-        if not beside and not spill and self._tiled(windows, lo, upto):  # one loop's steps, one by one
+        if (
+            not beside and not spill and self._tiled(windows, lo, upto)
+        ):  # one loop's steps, one by one
             for w in windows:
                 if w.start > lo:
                     self._gap(lo, w.start, ())
@@ -422,10 +469,15 @@ class Ledger:
         first = self._first_step
         rest = cat.INITIALIZATION if first is None or b <= first else cat.OTHER
         totals = self._totals
+        gap = _Gap(a, b, rest, near)
+        gaps = self._gaps
+        if len(gaps) >= MAX_GAPS:
+            del gaps[: MAX_GAPS // 2]
+        gaps.append(gap)
         if not near:
             totals[rest] = totals.get(rest, 0.0) + (b - a) * _NS
             return
-        for k, v in cat.categorize_intervals(a, b, near, rest).items():
+        for k, v in gap.figures().items():
             totals[k] = totals.get(k, 0.0) + v
 
     def finish(self, end: int | None = None) -> None:
