@@ -47,10 +47,12 @@ from itertools import pairwise
 from typing import Any, Final
 
 from otel_tunix import categories as cat
+from otel_tunix.attributes import COMPILE_TRIGGER, LAZY_BACKWARD
 
 __all__ = [
     "COUNTED_COMPILE",
     "Compilations",
+    "CompileInfo",
     "Figures",
     "Interval",
     "Ledger",
@@ -60,6 +62,9 @@ __all__ = [
 
 Interval = tuple[str, int, int]
 """``(category, start_ns, end_ns)``: a classified component."""
+CompileInfo = tuple[str, str, object, object, object]
+"""``(name, category, span_id, parent_id, attributes)`` of a component, for
+:class:`Compilations`."""
 
 COUNTED_COMPILE: Final = re.compile(r"compile", re.I)
 """A component of category ``compilation`` whose name matches this (``jax_compile``,
@@ -178,9 +183,11 @@ class Compilations:
         self.count = 0
         self._ids: set[object] = set()
 
-    def add(self, components: Iterable[tuple[str, str, object, object]], *, siblings: bool) -> None:
-        """Count the compilations among ``(name, category, span_id, parent_id)``
-        components (``siblings``: one step's, so a parent among them counts too)."""
+    def add(self, components: Iterable[CompileInfo], *, siblings: bool) -> None:
+        """Count the compilations among ``(name, category, span_id, parent_id,
+        attributes)`` components (``siblings``: one step's, so a parent among them counts
+        too). A backward graph compiled lazily (:data:`~otel_tunix.attributes.COMPILE_TRIGGER`
+        ``lazy_backward``) is time of its frame's compilation, counted already."""
         compiles = [
             c
             for c in components
@@ -190,8 +197,9 @@ class Compilations:
             return
         ids = {c[2] for c in compiles} if siblings else ()
         known = self._ids
-        for _, _, sid, parent in compiles:
-            if parent not in known and parent not in ids:
+        for _, _, sid, parent, attrs in compiles:
+            lazy = isinstance(attrs, Mapping) and attrs.get(COMPILE_TRIGGER) == LAZY_BACKWARD
+            if not lazy and parent not in known and parent not in ids:
                 self.count += 1
             if sid is not None:
                 known.add(sid)

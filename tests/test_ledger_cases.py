@@ -199,3 +199,76 @@ def test_sampling_does_not_blind_the_ledger(tmp_path: Path) -> None:
     wall = live["wall_time_sec"]
     productive = _sum(clocks["steps"]) - sum(truth.values())
     assert live["goodput"] == pytest.approx(productive / wall, abs=0.02)
+
+
+@pytest.mark.slow
+def test_torch_compile_with_a_lazily_compiled_backward_counts_dynamos_compilations(
+    tmp_path: Path,
+) -> None:
+    """torch.compile (``aot_eager``) compiles each frame's forward, then its backward when
+    that first runs (``lazy_backward``): the backward is time of the frame's compilation,
+    not a compilation of its own; both ledgers count what dynamo counts."""
+    pytest.importorskip("torch")
+    clocks, live, offline = _run(
+        tmp_path,
+        """
+        import torch
+        from otel_tunix.instrumentation import torch as ott
+        configure()
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+        torch._dynamo.reset()
+        torch._dynamo.utils.clear_compilation_metrics()
+        ott.instrument_model(model)
+        for n, rows in enumerate([4, 4, 6, 4, 6, 3]):
+            with step(n):
+                loss = compiled(torch.randn(rows, 8)).sum()
+                loss.backward()
+        # dynamo's own count of the frames it compiled (its compilation metrics also hold
+        # an entry for each lazily compiled backward, with no frame)
+        clocks["dynamo"] = torch._dynamo.utils.counters["frames"]["ok"]
+        clocks["entries"] = len(torch._dynamo.utils.get_compilation_metrics())
+        done()
+        """,
+    )
+    assert clocks["dynamo"] >= 2 and clocks["entries"] > clocks["dynamo"]  # backwards too
+    assert live["compilations"] == offline["compilations"] == clocks["dynamo"]
+    assert live["badput_sec"][cat.COMPILATION] > 0
+
+
+@pytest.mark.slow
+def test_a_jax_loop_with_device_run_on(tmp_path: Path) -> None:
+    """A JAX loop with ``instrument_jit`` that never waits for its device: both ledgers run
+    the wall time to the device's completion and count the run-on as productive, as the
+    test's clocks around the loop and ``block_until_ready`` say."""
+    pytest.importorskip("jax")
+    clocks, live, _ = _run(
+        tmp_path,
+        """
+        import jax, jax.numpy as jnp
+        from otel_tunix.instrumentation import jax as otj
+
+        def chain(w, x):
+            for _ in range(8):
+                x = jnp.tanh(x @ w)
+            return x
+
+        configure()
+        step_fn = otj.instrument_jit(jax.jit(chain), component="train_step_compute")
+        w, x = jnp.full((512, 512), 0.01), jnp.ones((512, 512))
+        step_fn(w, x).block_until_ready()  # compiled before the loop
+        a = time.time_ns()
+        for n in range(40):
+            with step(n):
+                x = step_fn(w, x)  # never waits for the device
+        host_end = time.time_ns()
+        x.block_until_ready()
+        clocks["loop"] = [a, host_end, time.time_ns()]
+        done()
+        """,
+    )
+    start, host_end, end = clocks["loop"]
+    loop, run_on = (end - start) * 1e-9, (end - host_end) * 1e-9
+    assert run_on > 0.3 * loop  # the device did run on after the host loop
+    assert live["productive_time_sec"] >= 0.9 * loop
+    assert live["productive_time_sec"] <= loop + 0.05 * run_on

@@ -236,14 +236,28 @@ class RunTimeline:
             if isinstance(s, Mapping):
                 category = self._component(s, window)
                 if category is not None:
-                    found.append((str(s.get("name")), category, s.get("span_id"), s.get("parent")))
+                    found.append(
+                        (
+                            str(s.get("name")),
+                            category,
+                            s.get("span_id"),
+                            s.get("parent"),
+                            s.get("attributes"),
+                        )
+                    )
         self._compiles.add(found, siblings=True)
 
     def _loose_span(self, obj: Mapping[str, Any]) -> None:
         self.outside_spans += obj.get("outside") is True
         category = self._component(obj, _BESIDE)
         if category is not None:
-            found = (str(obj.get("name")), category, obj.get("span_id"), obj.get("parent"))
+            found = (
+                str(obj.get("name")),
+                category,
+                obj.get("span_id"),
+                obj.get("parent"),
+                obj.get("attributes"),
+            )
             self._compiles.add((found,), siblings=False)
 
     def _component(self, s: Mapping[str, Any], owner: int) -> str | None:

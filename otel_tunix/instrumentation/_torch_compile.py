@@ -28,6 +28,7 @@ from typing import Any
 import otel_tunix
 from otel_tunix import categories
 from otel_tunix._errors import report_internal_error
+from otel_tunix.attributes import COMPILE_TRIGGER
 from otel_tunix.instrumentation import _base
 from otel_tunix.metrics.compilations import cause_of_guard_failure, count_compilation
 
@@ -95,7 +96,7 @@ class _CompileHooks:
         try:
             start = self.local.starts.pop(str(getattr(args, "compile_id", "")), None)
             trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO").lower()
-            attrs: dict[str, Any] = {"tunix.compile.trigger": trigger}
+            attrs: dict[str, Any] = {COMPILE_TRIGGER: trigger}
             if trigger == "dynamo":
                 reason = _recompile_reason()
                 cause = cause_of_guard_failure(reason)

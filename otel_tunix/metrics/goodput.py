@@ -184,8 +184,11 @@ class LiveLedger(StepSpanProcessor):
 
     def _compilations(self, step: FinishedStep) -> None:
         classify = cat.classify
+        ex = step.record.extras
+        attrs = ex.attributes if ex is not None else {}
         self._engine.compiles.add(
-            ((c[0], classify(c[0], c[1]), c[2], c[3]) for c in step.components), siblings=True
+            ((c[0], classify(c[0], c[1]), c[2], c[3], attrs.get(c[2])) for c in step.components),
+            siblings=True,
         )
 
     def on_background_spans(self, spans: Sequence[BackgroundSpan]) -> None:
@@ -207,7 +210,13 @@ class LiveLedger(StepSpanProcessor):
         with self._lock:
             classify = cat.classify
             found = [
-                (s.name, classify(s.name, s.blocked, s.category), s.span_id, s.parent_id)
+                (
+                    s.name,
+                    classify(s.name, s.blocked, s.category),
+                    s.span_id,
+                    s.parent_id,
+                    s.attributes,
+                )
                 for s in spans
             ]
             self._engine.compiles.add(found, siblings=False)

@@ -671,10 +671,14 @@ def _extra_attributes(
     ex: ComponentExtras, rec: StepRecord, sid: int, start_pc: int, *, own: bool = True
 ) -> dict[str, object] | None:
     """A component's attributes beyond the standard ones, or ``None``: its own (given by
-    code in the block or a device-end resolver; not with ``own=False``, what the spans JSONL
-    keeps), then device end, incompleteness and background work."""
+    code in the block or a device-end resolver; with ``own=False``, what the spans JSONL
+    keeps, only those the goodput ledger reads: a compile's trigger), then device end,
+    incompleteness and background work."""
     background = sid in ex.background
-    mine = ex.attributes.get(sid) if own else None
+    mine = ex.attributes.get(sid)
+    if mine and not own:
+        trigger = mine.get(attr.COMPILE_TRIGGER)
+        mine = {attr.COMPILE_TRIGGER: trigger} if trigger is not None else None
     device_end = ex.device_ends.get(sid)
     host_end = rec.ends.get(sid, start_pc)
     device = device_end is not None and device_end != host_end
