@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanContext, get_current_span
 from otel_tunix import _step_record, categories
 from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix._ids import refill_span_ids, take_span_id
-from otel_tunix._records import step_extras
+from otel_tunix._records import step_extras, timed_totals
 from otel_tunix._shortcuts import (
     SPAN_KEY,
     attach_span,
@@ -422,48 +422,43 @@ _MAX_UNRECORDED = 4096
 class Timed(Unrecorded):
     """The stand-in of a component whose goodput category is not ``productive`` (a
     checkpoint, an evaluation, a compilation, a data wait), inside a step that is not
-    sampled: it records nothing but its time, which goes to the scope's
-    :attr:`~otel_tunix._records.ScopeStepCounts.unsampled` (two clock reads and a dict
-    update), so sampling does not blind the goodput ledger. Shared by the components of
-    its name, like :class:`Unrecorded`: one use at a time (the same name nested, or used
-    by two threads at once in steps not sampled, times the innermost / latest one)."""
+    sampled: it records nothing but its time (two clock reads and an addition), which the
+    next sampled step takes (:func:`otel_tunix._records.take_unsampled`), so sampling does
+    not blind the goodput ledger. Shared by the components of its name, like
+    :class:`Unrecorded`: one use at a time (the same name nested, or used by two threads at
+    once in steps not sampled, times the innermost / latest use)."""
 
-    __slots__ = ("_category", "_t0")
+    __slots__ = ("_category", "_t0", "_total")
 
     def __init__(self, name: str, blocked: bool, device_end: Any, category: str) -> None:
         super().__init__(name, blocked, device_end)
         self._category = category
         self._t0 = 0
+        self._total = 0
 
     def __enter__(self) -> Unrecorded:
         self._t0 = _clock()
         return UNRECORDED
 
-    def __exit__(self, *exc_info: object) -> None:
-        rt = _runtime
-        acc = rt.unsampled if rt is not None else None
-        if acc is not None:
-            c = self._category
-            acc[c] = acc.get(c, 0) + _clock() - self._t0
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:  # type: ignore[override]
+        self._total += _clock() - self._t0
 
     def add(self, start_ns: int, end_ns: int) -> None:
         """Count ``[start_ns, end_ns]`` (``perf_counter_ns``), a use that already ran."""
-        rt = _runtime
-        acc = rt.unsampled if rt is not None else None
-        if acc is not None and end_ns > start_ns:
-            c = self._category
-            acc[c] = acc.get(c, 0) + end_ns - start_ns
+        if end_ns > start_ns:
+            self._total += end_ns - start_ns
 
 
 def _new_unrecorded(name: str, blocked: bool, device_end: Any) -> Unrecorded:
     """The shared stand-in of ``name`` in steps not sampled: :class:`Timed` when its
     category (declared, else by name, resolved once here) is not ``productive``."""
     kind = categories.classify(name, blocked)
-    u = (
-        Unrecorded(name, blocked, device_end)
-        if kind == categories.PRODUCTIVE
-        else Timed(name, blocked, device_end, kind)
-    )
+    if kind == categories.PRODUCTIVE:
+        u = Unrecorded(name, blocked, device_end)
+    else:
+        u = Timed(name, blocked, device_end, kind)
+        if len(timed_totals) < _MAX_UNRECORDED:
+            timed_totals.append(u)
     if len(_unrecorded) < _MAX_UNRECORDED or name in _unrecorded:
         _unrecorded[name] = u
     return u

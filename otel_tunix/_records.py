@@ -20,9 +20,12 @@ __all__ = [
     "DeviceEnd",
     "ScopeStepCounts",
     "StepEvent",
+    "TimedTotal",
     "abandon",
     "append_event",
     "step_extras",
+    "take_unsampled",
+    "timed_totals",
 ]
 
 DeviceEnd = Callable[[], int | None]
@@ -50,14 +53,7 @@ class ScopeStepCounts:
     between: a scope that runs now and then (eval between training steps) gets its
     throughput from its own time, not from the span of the whole run."""
 
-    __slots__ = (
-        "active_ns",
-        "count",
-        "first_start_ns",
-        "last_end_ns",
-        "last_start_ns",
-        "unsampled",
-    )
+    __slots__ = ("active_ns", "count", "first_start_ns", "last_end_ns", "last_start_ns")
 
     def __init__(self) -> None:
         self.count = 0
@@ -66,9 +62,6 @@ class ScopeStepCounts:
         """The start of the scope's latest step that is not sampled."""
         self.last_end_ns = 0
         self.active_ns = 0
-        self.unsampled: dict[str, int] = {}
-        """Per goodput category, the time (ns) its components spent in it in the scope's
-        steps not sampled since its latest sampled one (handed to the next one)."""
 
 
 ComponentStart = tuple[str, bool, int, int, int, "threading.Thread | None"]
@@ -101,6 +94,33 @@ class ComponentExtras:
 
 
 _extras_lock = threading.Lock()
+
+
+class TimedTotal(Protocol):
+    """What the goodput ledger reads of a timed stand-in (``otel_tunix._component.Timed``):
+    its category and the time (ns) its uses in steps not sampled added up since the last
+    :func:`take_unsampled`."""
+
+    _category: str
+    _total: int
+
+
+timed_totals: list[TimedTotal] = []
+"""Every timed stand-in made (one per component name of a badput category: bounded)."""
+
+
+def take_unsampled() -> dict[str, int] | None:
+    """The time (ns) per goodput category the timed stand-ins added up since the last call
+    (``None``: none), reset to 0: the badput time of the steps not sampled since then."""
+    out: dict[str, int] | None = None
+    for t in timed_totals:
+        total = t._total
+        if total:
+            t._total = 0
+            if out is None:
+                out = {}
+            out[t._category] = out.get(t._category, 0) + total
+    return out
 
 
 def step_extras(rec: _WithExtras) -> ComponentExtras:

@@ -16,7 +16,13 @@ from typing import Any
 
 from otel_tunix import _step_record
 from otel_tunix._errors import report_internal_error, warn_once
-from otel_tunix._records import ScopeStepCounts, StepEvent, abandon
+from otel_tunix._records import (
+    ScopeStepCounts,
+    StepEvent,
+    abandon,
+    take_unsampled,
+    timed_totals,
+)
 from otel_tunix._shortcuts import SPAN_KEY, attach_span, detach, otel_context
 from otel_tunix._step_record import _NOT_SET, Runtime, StepRecord
 
@@ -125,12 +131,11 @@ class step:
             if n % rt.sampling_rate:  # not sampled
                 self._token = _current.set(None)
                 stats.last_start_ns = start  # open till it ends (Runtime.step_open)
-                rt.unsampled = stats.unsampled  # its badput components' time goes there
+                rt.unsampled_scope = self._scope
                 return self
             rec = StepRecord(rt, self._scope, n, start)
-            if stats.unsampled:  # the unsampled steps' badput time before this one
-                rec.unsampled, stats.unsampled = stats.unsampled, {}
-                rt.unsampled = None
+            if timed_totals:  # the badput time of the steps not sampled before this one
+                rec.unsampled = take_unsampled()
             if rt.pending_events:  # events raised while no sampled step was open
                 rec.events = _take_pending(rt)
             self._record = rec

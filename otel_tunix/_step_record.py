@@ -113,8 +113,8 @@ class StepRecord(NonRecordingSpan):
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
         self.unsampled: dict[str, int] | None = None
-        """Per goodput category, the time (ns) the components of the scope's unsampled steps
-        before this one spent in it (:attr:`ScopeStepCounts.unsampled`)."""
+        """Per goodput category, the time (ns) the components of the steps not sampled
+        before this one spent in it (:func:`otel_tunix._records.take_unsampled`)."""
         self.foreign = False
         """True once a component of another thread was recorded into the step."""
         ident = self.ident = _get_ident()
@@ -273,7 +273,7 @@ class Runtime:
         "pipeline",
         "sampling_rate",
         "scopes",
-        "unsampled",
+        "unsampled_scope",
     )
 
     def __init__(
@@ -294,10 +294,10 @@ class Runtime:
         self.allowed = frozenset(components) if components is not None else None
         self.pipeline = pipeline
         self.scopes: dict[str, ScopeStepCounts] = {}
-        self.unsampled: dict[str, int] | None = None
-        """The time per goodput category of the step not sampled that opened last
-        (its scope's :attr:`ScopeStepCounts.unsampled`; ``None`` once a sampled one did):
-        where a timed stand-in of :mod:`otel_tunix._component` adds its time."""
+        self.unsampled_scope: str | None = None
+        """The scope of the step not sampled that opened last (where the badput time the
+        timed stand-ins of :mod:`otel_tunix._component` measured after the last sampled
+        step goes at the end)."""
         self.last_scope: dict[int, ScopeStepCounts] = {}
         """Per thread, the scope of the step that ended last on it."""
         self.open_steps: list[StepRecord] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
@@ -266,10 +266,11 @@ class LiveLedger(StepSpanProcessor):
         # names a program logs (OTEL_TUNIX_MAX_METRIC_NAMES).
         logger.log_rows(((self._last_number, self.scalars()),), source=PERF_SOURCE)
 
-    def finish(self) -> None:
+    def finish(self, unsampled: Mapping[str, Mapping[str, float]] | None = None) -> None:
         """The run ends (every step processed): each scope's unsampled steps after its
-        last recorded one (the runtime counts every step) and their badput time, then the
-        rest settled and the scalars logged."""
+        last recorded one (the runtime counts every step) and their badput time
+        (``unsampled``: seconds per category, per scope), then the rest settled and the
+        scalars logged."""
         if self._closed:
             return
         with self._lock:
@@ -279,9 +280,8 @@ class LiveLedger(StepSpanProcessor):
                 for scope, counts in list(runtime.scopes.items()):
                     if counts.last_end_ns:
                         engine.scope_last(scope, counts.last_end_ns + off)
-                    left = counts.unsampled
-                    if left:
-                        engine.add_unsampled(scope, {k: v * _NS for k, v in left.items()})
+            for scope, seconds in (unsampled or {}).items():
+                engine.add_unsampled(scope, seconds)
             engine.finish()
         self._maybe_log(force=True)
         self._closed = True

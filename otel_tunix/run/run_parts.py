@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_tunix import _ids, _recording, _tally
+from otel_tunix._records import take_unsampled
 from otel_tunix._resource import RankInfo
 from otel_tunix._shortcuts import remove_span_processors, silence_periodic_readers
 from otel_tunix.metrics import goodput
@@ -129,16 +130,17 @@ class StepsPart(Part):
             )
             for scope, s in rt.scopes.items()
         }
-        unsampled = {
-            scope: {k: v * 1e-9 for k, v in s.unsampled.items()}
-            for scope, s in rt.scopes.items()
-            if s.unsampled
-        }
+        # the badput time of the steps not sampled after the last sampled one: the scope
+        # of the latest of them
+        rest = take_unsampled()
+        unsampled = {}
+        if rest and rt.unsampled_scope is not None:
+            unsampled[rt.unsampled_scope] = {k: v * 1e-9 for k, v in rest.items()}
         # users' sinks start closing on their threads; UserHooksPart waits for them
         st.processor.finish_session(counts, 0.0, unsampled)
         st.sessions = st.processor.sessions(counts, unsampled)
         if st.ledger is not None:  # every step processed: the ledger's last figures
-            st.ledger.finish()
+            st.ledger.finish(unsampled)
         return True
 
     def in_forked_child(self) -> None:
