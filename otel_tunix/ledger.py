@@ -115,7 +115,6 @@ class _Window:
         end: int,
         own: Sequence[Interval] | Callable[[], Sequence[Interval]],
         cats: dict[str, float],
-        *,
         evaluation: bool = False,
         wasted: bool = False,
     ) -> None:
@@ -137,22 +136,16 @@ class _Window:
         return own
 
 
-class _Gap:
-    """A settled stretch in no step window: what its time went to (``rest``, unless the
-    components beside the steps, ``near``, cover it)."""
+_Gap = tuple[int, int, str, Sequence[Interval]]
+"""A settled stretch in no step window: start, end, what its time went to (``rest``) unless
+the components beside the steps (``near``) cover it."""
 
-    __slots__ = ("end", "near", "rest", "start")
 
-    def __init__(self, start: int, end: int, rest: str, near: Sequence[Interval]) -> None:
-        self.start = start
-        self.end = end
-        self.rest = rest
-        self.near = near
-
-    def figures(self) -> dict[str, float]:
-        if not self.near:
-            return {self.rest: (self.end - self.start) * _NS}
-        return cat.categorize_intervals(self.start, self.end, self.near, self.rest)
+def _gap_figures(g: _Gap) -> dict[str, float]:
+    start, end, rest, near = g
+    if not near:
+        return {rest: (end - start) * _NS}
+    return cat.categorize_intervals(start, end, near, rest)
 
 
 @dataclass(slots=True)
@@ -223,6 +216,8 @@ class Ledger:
         self._first_step: int | None = None
         self._windows: list[_Window] = []
         self._beside: list[Interval] = []
+        self._evals: dict[str, bool] = {}
+        """Per scope, whether it is an evaluation scope."""
         self._gaps: list[_Gap] = []
         """The latest stretches in no step window that were settled (at most
         :data:`MAX_GAPS`, oldest first)."""
@@ -276,7 +271,9 @@ class Ledger:
         """A step window and its own components (or a function making them, with ``cats``,
         its figures alone, already known); its figures alone are returned (and added to
         its scope's)."""
-        evaluation = cat.is_eval_scope(scope)
+        evaluation = self._evals.get(scope)
+        if evaluation is None:
+            evaluation = self._evals[scope] = cat.is_eval_scope(scope)
         if self._start is None:
             self._start = self._frontier = self._latest = start
         if evaluation:  # an evaluation step is evaluation as a whole
@@ -291,7 +288,7 @@ class Ledger:
                     self._spill.append((k, max(s0, end), s1))
                     if s1 > self._latest:
                         self._latest = s1
-        w = _Window(scope, number, start, end, own, cats, evaluation=evaluation, wasted=wasted)
+        w = _Window(scope, number, start, end, own, cats, evaluation, wasted)
         if not wasted:
             figures = self._scopes.get(scope)
             if figures is None:
@@ -300,16 +297,22 @@ class Ledger:
                 figures[k] = figures.get(k, 0.0) + v
         prev = self._last.get(scope)
         if prev is None:
-            self._first.setdefault(scope, start)
+            self._first[scope] = start
             front = self._front.pop(scope, None)
             if self.sampled and front is not None and front < start:
-                self._add_window(_Window(scope, -1, front, start, (), {}, wasted=wasted))
+                self._add_window(_Window(scope, -1, front, start, (), {}, False, wasted))
         elif self.sampled and number - prev.number > 1 and start > prev.end:
             self._add_window(  # the unsampled steps between ran here
-                _Window(scope, number - 1, prev.end, start, (), {}, wasted=wasted)
+                _Window(scope, number - 1, prev.end, start, (), {}, False, wasted)
             )
         self._last[scope] = w
-        self._add_window(w)
+        first = self._first_step  # (_add_window, inline: once a step)
+        if first is None or start < first:
+            self._first_step = start
+        if w.end > self._latest:
+            self._latest = w.end
+        if w.end > self._frontier or start >= self._frontier:
+            self._windows.append(w)
         return cats
 
     def scope_first(self, scope: str, first_start: int) -> None:
@@ -363,15 +366,16 @@ class Ledger:
         window it overlaps is weighed again with it."""
         gaps, totals = self._gaps, self._totals
         i = len(gaps)
-        while i and gaps[i - 1].end > iv[1]:
+        while i and gaps[i - 1][1] > iv[1]:
             i -= 1
-        for g in gaps[i:]:
-            if g.start >= iv[2]:
+        for j in range(i, len(gaps)):
+            g = gaps[j]
+            if g[0] >= iv[2]:
                 break
-            for k, v in g.figures().items():
+            for k, v in _gap_figures(g).items():
                 totals[k] = totals.get(k, 0.0) - v
-            g.near = [*g.near, iv]
-            for k, v in g.figures().items():
+            g = gaps[j] = (g[0], g[1], g[2], [*g[3], iv])
+            for k, v in _gap_figures(g).items():
                 totals[k] = totals.get(k, 0.0) + v
 
     def add_unsampled(self, scope: str, seconds: Mapping[str, float]) -> None:
@@ -398,17 +402,25 @@ class Ledger:
         beside = sorted(self._beside, key=_second)
         spill = sorted(self._spill, key=_second)
         totals = self._totals
+        n = self._tiled(windows, lo, upto)
         if (
-            not beside and not spill and self._tiled(windows, lo, upto)
-        ):  # one loop's steps, one by one
-            for w in windows:
+            (n == len(windows) or windows[n].start >= upto)
+            and (not beside or beside[0][1] >= upto)
+            and (not spill or spill[0][1] >= upto)
+        ):  # one loop's steps, one by one, and nothing else up to there
+            for w in windows[:n]:
                 if w.start > lo:
                     self._gap(lo, w.start, ())
-                self._own(w)
+                cats = w.cats
+                if w.wasted or not cats:
+                    self._own(w)
+                else:
+                    for k, v in cats.items():
+                        totals[k] = totals.get(k, 0.0) + v
                 lo = w.end
             if upto > lo:
                 self._gap(lo, upto, ())
-            self._frontier, self._windows = upto, []
+            self._frontier, self._windows = upto, windows[n:]
             return
         points = {lo, upto}
         for w in windows:
@@ -450,14 +462,14 @@ class Ledger:
         self._spill = [iv for iv in spill if iv[2] > upto]
 
     @staticmethod
-    def _tiled(windows: list[_Window], lo: int, upto: int) -> bool:
-        """Whether the windows (in start order) lie one after the other between ``lo`` and
-        ``upto``: each then counts with its own figures."""
-        for w in windows:
+    def _tiled(windows: list[_Window], lo: int, upto: int) -> int:
+        """How many of the windows (in start order) lie one after the other between ``lo``
+        and ``upto``: each of those counts with its own figures."""
+        for n, w in enumerate(windows):
             if w.start < lo or w.end > upto:
-                return False
+                return n
             lo = w.end
-        return True
+        return len(windows)
 
     def _own(self, w: _Window) -> None:
         totals = self._totals
@@ -477,7 +489,7 @@ class Ledger:
         first = self._first_step
         rest = cat.INITIALIZATION if first is None or b <= first else cat.OTHER
         totals = self._totals
-        gap = _Gap(a, b, rest, near)
+        gap = (a, b, rest, near)
         gaps = self._gaps
         if len(gaps) >= MAX_GAPS:
             del gaps[: MAX_GAPS // 2]
@@ -485,7 +497,7 @@ class Ledger:
         if not near:
             totals[rest] = totals.get(rest, 0.0) + (b - a) * _NS
             return
-        for k, v in gap.figures().items():
+        for k, v in _gap_figures(gap).items():
             totals[k] = totals.get(k, 0.0) + v
 
     def finish(self, end: int | None = None) -> None:

@@ -71,6 +71,8 @@ FIRST_STEP = -1
 """``LiveLedger(start_ns=FIRST_STEP)``: the wall time starts at the first step."""
 _NS = 1e-9
 _CATEGORY = "category"
+_WAITS = frozenset(cat.PRECEDENCE[cat.PRECEDENCE.index(cat.PRODUCTIVE) + 1 :])
+"""Categories that productive work overlapping them takes over."""
 
 
 def _own(step: FinishedStep) -> list[Interval]:
@@ -85,17 +87,30 @@ def _own(step: FinishedStep) -> list[Interval]:
     ]
 
 
-def _productive_only(step: FinishedStep) -> bool:
-    """Whether every component of the step is busy and productive by its name (the usual
-    step: its figures are its window, no interval arithmetic), from the accounting's
-    per-name times (a name used ten times in the step is looked at once)."""
-    if step.background_ids is not None or step.summary.device_end_ns > step.end_ns:
-        return False  # (background work, or work that ran on past the window: weighed)
+def _shortcut(step: FinishedStep) -> dict[str, float] | None:
+    """The usual step's figures from the accounting's per-name times, without interval
+    arithmetic (``None``: weigh its components): productive work only (every busy name
+    productive, no blocked one), or productive work and waits of one kind (a blocked data
+    load: the wait's category then has the time the accounting found a blocked component
+    open and no busy one, as productive work over a wait takes it over)."""
+    summary = step.summary
+    if step.background_ids is not None or summary.device_end_ns > step.end_ns:
+        return None  # (background work, or work that ran on past the window: weighed)
     classify, productive = cat.classify, cat.PRODUCTIVE
-    for name, (busy, blocked, _) in step.summary.component_times.items():
-        if blocked or (busy and classify(name, False) != productive):
-            return False
-    return True
+    wait: str | None = None
+    for name, (busy, blocked, _) in summary.component_times.items():
+        if busy and classify(name, False) != productive:
+            return None
+        if blocked:
+            kind = classify(name, True)
+            if kind not in _WAITS or (wait is not None and kind != wait):
+                return None
+            wait = kind
+    seconds = max(0, step.end_ns - step.start_ns) * _NS
+    if wait is None:
+        return {productive: seconds}
+    waited = summary.blocked_time_sec
+    return {wait: waited, productive: seconds - waited}
 
 
 class LiveLedger(StepSpanProcessor):
@@ -153,16 +168,17 @@ class LiveLedger(StepSpanProcessor):
                     counts = step.record.runtime.scopes.get(step.scope)
                     if counts is not None and counts.first_start_ns:
                         engine.scope_first(step.scope, counts.first_start_ns + off)
-                if _productive_only(step):
-                    seconds = max(0, step.end_ns - step.start_ns) * _NS
+                cats = _shortcut(step)
+                if cats is not None:
                     own = functools.partial(_own, step)
-                    cats = {cat.PRODUCTIVE: seconds}
                     engine.add_step(
                         step.scope, step.number, step.start_ns, step.end_ns, own, cats=cats
                     )
                 else:
-                    engine.add_step(step.scope, step.number, step.start_ns, step.end_ns, _own(step))
-                    self._compilations(step)
+                    intervals = _own(step)
+                    engine.add_step(step.scope, step.number, step.start_ns, step.end_ns, intervals)
+                    if any(iv[0] == cat.COMPILATION for iv in intervals):
+                        self._compilations(step)
                     bg = step.background_ids
                     if bg is not None:
                         for c, e in zip(step.components, step.ends, strict=True):
