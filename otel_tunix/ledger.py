@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -136,13 +137,8 @@ class _Window:
         return own
 
 
-_Gap = tuple[int, int, str, Sequence[Interval]]
-"""A settled stretch in no step window: start, end, what its time went to (``rest``) unless
-the components beside the steps (``near``) cover it."""
-
-
-def _gap_figures(g: _Gap) -> dict[str, float]:
-    start, end, rest, near = g
+def _gap_figures(start: int, end: int, rest: str, near: Sequence[Interval]) -> dict[str, float]:
+    """A stretch in no step window: ``rest``, unless components beside the steps cover it."""
     if not near:
         return {rest: (end - start) * _NS}
     return cat.categorize_intervals(start, end, near, rest)
@@ -218,7 +214,12 @@ class Ledger:
         self._beside: list[Interval] = []
         self._evals: dict[str, bool] = {}
         """Per scope, whether it is an evaluation scope."""
-        self._gaps: list[_Gap] = []
+        self._gap_starts: array[int] = array("q")
+        self._gap_ends: array[int] = array("q")
+        """The latest stretches in no step window that were settled (at most
+        :data:`MAX_GAPS`, oldest first; plain numbers: nothing for the garbage collector)."""
+        self._gap_near: dict[int, list[Interval]] = {}
+        """The components beside the steps that covered some of them, by their start."""
         """The latest stretches in no step window that were settled (at most
         :data:`MAX_GAPS`, oldest first)."""
         self._spill: list[Interval] = []
@@ -364,18 +365,21 @@ class Ledger:
     def _late(self, iv: Interval) -> None:
         """A component beside the steps that covers settled time: each stretch in no step
         window it overlaps is weighed again with it."""
-        gaps, totals = self._gaps, self._totals
-        i = len(gaps)
-        while i and gaps[i - 1][1] > iv[1]:
+        starts, ends, totals = self._gap_starts, self._gap_ends, self._totals
+        first = self._first_step
+        i = len(ends)
+        while i and ends[i - 1] > iv[1]:
             i -= 1
-        for j in range(i, len(gaps)):
-            g = gaps[j]
-            if g[0] >= iv[2]:
+        for j in range(i, len(ends)):
+            a, b = starts[j], ends[j]
+            if a >= iv[2]:
                 break
-            for k, v in _gap_figures(g).items():
+            rest = cat.INITIALIZATION if first is None or b <= first else cat.OTHER
+            near = self._gap_near.get(a, [])
+            for k, v in _gap_figures(a, b, rest, near).items():
                 totals[k] = totals.get(k, 0.0) - v
-            g = gaps[j] = (g[0], g[1], g[2], [*g[3], iv])
-            for k, v in _gap_figures(g).items():
+            near = self._gap_near[a] = [*near, iv]
+            for k, v in _gap_figures(a, b, rest, near).items():
                 totals[k] = totals.get(k, 0.0) + v
 
     def add_unsampled(self, scope: str, seconds: Mapping[str, float]) -> None:
@@ -489,15 +493,18 @@ class Ledger:
         first = self._first_step
         rest = cat.INITIALIZATION if first is None or b <= first else cat.OTHER
         totals = self._totals
-        gap = (a, b, rest, near)
-        gaps = self._gaps
-        if len(gaps) >= MAX_GAPS:
-            del gaps[: MAX_GAPS // 2]
-        gaps.append(gap)
+        starts, ends = self._gap_starts, self._gap_ends
+        if len(starts) >= MAX_GAPS:
+            cut = starts[MAX_GAPS // 2]
+            del starts[: MAX_GAPS // 2], ends[: MAX_GAPS // 2]
+            self._gap_near = {k: v for k, v in self._gap_near.items() if k >= cut}
+        starts.append(a)
+        ends.append(b)
         if not near:
             totals[rest] = totals.get(rest, 0.0) + (b - a) * _NS
             return
-        for k, v in _gap_figures(gap).items():
+        self._gap_near[a] = list(near)
+        for k, v in _gap_figures(a, b, rest, near).items():
             totals[k] = totals.get(k, 0.0) + v
 
     def finish(self, end: int | None = None) -> None:

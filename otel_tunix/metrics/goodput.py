@@ -33,6 +33,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observa
 
 from otel_tunix import categories as cat
 from otel_tunix._process import process_start_ns
+from otel_tunix._records import ComponentStart
 from otel_tunix._version import __version__
 from otel_tunix.ledger import Interval, Ledger, as_figures_json
 from otel_tunix.logging_backend import PERF_SOURCE
@@ -75,14 +76,15 @@ _WAITS = frozenset(cat.PRECEDENCE[cat.PRECEDENCE.index(cat.PRODUCTIVE) + 1 :])
 """Categories that productive work overlapping them takes over."""
 
 
-def _own(step: FinishedStep) -> list[Interval]:
-    """A step's own components, classified (its background work apart: that counts beside
-    the steps), Unix ns."""
-    off, classify = step.offset, cat.classify
-    bg = step.background_ids
+def _own(
+    components: Sequence[ComponentStart], ends: Sequence[int], off: int, bg: Any
+) -> list[Interval]:
+    """A step's own components, classified (its background work, span ids ``bg``, apart:
+    that counts beside the steps), Unix ns."""
+    classify = cat.classify
     return [
         (classify(c[0], c[1]), c[4] + off, e + off)
-        for c, e in zip(step.components, step.ends, strict=True)
+        for c, e in zip(components, ends, strict=True)
         if bg is None or c[2] not in bg
     ]
 
@@ -170,12 +172,15 @@ class LiveLedger(StepSpanProcessor):
                         engine.scope_first(step.scope, counts.first_start_ns + off)
                 cats = _shortcut(step)
                 if cats is not None:
-                    own = functools.partial(_own, step)
+                    # (made only where windows overlap; the step itself is not kept)
+                    own = functools.partial(
+                        _own, step.components, step.ends, off, step.background_ids
+                    )
                     engine.add_step(
                         step.scope, step.number, step.start_ns, step.end_ns, own, cats=cats
                     )
                 else:
-                    intervals = _own(step)
+                    intervals = _own(step.components, step.ends, off, step.background_ids)
                     engine.add_step(step.scope, step.number, step.start_ns, step.end_ns, intervals)
                     if any(iv[0] == cat.COMPILATION for iv in intervals):
                         self._compilations(step)
