@@ -109,17 +109,17 @@ timed_totals: list[TimedTotal] = []
 """Every timed stand-in made (one per component name of a badput category: bounded)."""
 
 
-def take_unsampled() -> dict[str, int] | None:
-    """The time (ns) per goodput category the timed stand-ins added up since the last call
-    (``None``: none), reset to 0: the badput time of the steps not sampled since then."""
-    out: dict[str, int] | None = None
+def take_unsampled() -> dict[str, float] | None:
+    """The time (seconds) per goodput category the timed stand-ins added up since the last
+    call (``None``: none), reset to 0: the badput time of the steps not sampled since then."""
+    out: dict[str, float] | None = None
     for t in timed_totals:
         total = t._total
         if total:
             t._total = 0
             if out is None:
                 out = {}
-            out[t._category] = out.get(t._category, 0) + total
+            out[t._category] = out.get(t._category, 0.0) + total * 1e-9
     return out
 
 

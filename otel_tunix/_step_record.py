@@ -112,8 +112,8 @@ class StepRecord(NonRecordingSpan):
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
-        self.unsampled: dict[str, int] | None = None
-        """Per goodput category, the time (ns) the components of the steps not sampled
+        self.unsampled: dict[str, float] | None = None
+        """Per goodput category, the time (seconds) the components of the steps not sampled
         before this one spent in it (:func:`otel_tunix._records.take_unsampled`)."""
         self.foreign = False
         """True once a component of another thread was recorded into the step."""

@@ -106,3 +106,12 @@ COMPONENT_COUNT: Final = "tunix.component.count"
 
 METRIC_SCOPE: Final = "scope"
 METRIC_COMPONENT: Final = "component"
+
+
+def for_ledger(attributes: dict[str, object] | None, own: bool) -> dict[str, object] | None:
+    """A component's own ``attributes`` (``own``), or only those the goodput ledger reads
+    (a compile's :data:`COMPILE_TRIGGER`: what the spans JSONL keeps of them)."""
+    if own or not attributes:
+        return attributes
+    trigger = attributes.get(COMPILE_TRIGGER)
+    return {COMPILE_TRIGGER: trigger} if trigger is not None else None

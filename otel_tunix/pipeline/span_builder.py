@@ -212,8 +212,7 @@ class FinishedStep:
         )
         if ex is not None and ex.device_ends and ex.attributes:
             self.summary.device_blocked_time_sec = _device_blocked_sec(comps, ex)
-        if rec.unsampled:
-            self.summary.unsampled_sec = {k: v * 1e-9 for k, v in rec.unsampled.items()}
+        self.summary.unsampled_sec = rec.unsampled
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
         self.span_count = len(comps) + 1
@@ -670,15 +669,10 @@ def _device_blocked_sec(comps: list[ComponentStart], ex: ComponentExtras) -> flo
 def _extra_attributes(
     ex: ComponentExtras, rec: StepRecord, sid: int, start_pc: int, *, own: bool = True
 ) -> dict[str, object] | None:
-    """A component's attributes beyond the standard ones, or ``None``: its own (given by
-    code in the block or a device-end resolver; with ``own=False``, what the spans JSONL
-    keeps, only those the goodput ledger reads: a compile's trigger), then device end,
-    incompleteness and background work."""
+    """A component's attributes beyond the standard ones, or ``None``: its own (``own=False``:
+    what the spans JSONL keeps, ``attr.for_ledger``), device end, incompleteness, background."""
     background = sid in ex.background
-    mine = ex.attributes.get(sid)
-    if mine and not own:
-        trigger = mine.get(attr.COMPILE_TRIGGER)
-        mine = {attr.COMPILE_TRIGGER: trigger} if trigger is not None else None
+    mine = attr.for_ledger(ex.attributes.get(sid), own)
     device_end = ex.device_ends.get(sid)
     host_end = rec.ends.get(sid, start_pc)
     device = device_end is not None and device_end != host_end

@@ -135,7 +135,7 @@ class StepsPart(Part):
         rest = take_unsampled()
         unsampled = {}
         if rest and rt.unsampled_scope is not None:
-            unsampled[rt.unsampled_scope] = {k: v * 1e-9 for k, v in rest.items()}
+            unsampled[rt.unsampled_scope] = rest
         # users' sinks start closing on their threads; UserHooksPart waits for them
         st.processor.finish_session(counts, 0.0, unsampled)
         st.sessions = st.processor.sessions(counts, unsampled)
