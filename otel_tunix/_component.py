@@ -457,8 +457,11 @@ def _new_unrecorded(name: str, blocked: bool, device_end: Any) -> Unrecorded:
         u = Unrecorded(name, blocked, device_end)
     else:
         u = Timed(name, blocked, device_end, kind)
-        if len(timed_totals) < _MAX_UNRECORDED:
-            timed_totals.append(u)
+        old = timed_totals.get(name)  # (made again with other arguments: its time carried)
+        if old is not None:
+            u._total = old._total
+        if old is not None or len(timed_totals) < _MAX_UNRECORDED:
+            timed_totals[name] = u
     if len(_unrecorded) < _MAX_UNRECORDED or name in _unrecorded:
         _unrecorded[name] = u
     return u

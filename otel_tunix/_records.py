@@ -105,15 +105,15 @@ class TimedTotal(Protocol):
     _total: int
 
 
-timed_totals: list[TimedTotal] = []
-"""Every timed stand-in made (one per component name of a badput category: bounded)."""
+timed_totals: dict[str, TimedTotal] = {}
+"""The timed stand-in of each component name of a badput category (bounded)."""
 
 
 def take_unsampled() -> dict[str, float] | None:
     """The time (seconds) per goodput category the timed stand-ins added up since the last
     call (``None``: none), reset to 0: the badput time of the steps not sampled since then."""
     out: dict[str, float] | None = None
-    for t in timed_totals:
+    for t in list(timed_totals.values()):
         total = t._total
         if total:
             t._total = 0
