@@ -14,13 +14,16 @@ What it takes (Unix ns throughout):
   evaluation scope's step (``eval``, ``val``, ...) is ``evaluation`` as a whole; a step a
   later attempt ran again (``wasted``) is ``wasted_progress`` as a whole. In a run that
   records only some steps, the time between two recorded steps of a scope with steps between
-  them ran those steps: it is step time too (and before and after its first and last recorded ones:
-  :meth:`Ledger.scope_first`, :meth:`Ledger.scope_last`);
+  them ran those steps: it is step time too, and so is the time before its first and after
+  its last recorded one (:meth:`Ledger.scope_first`, :meth:`Ledger.scope_last`);
 * **components beside the steps** (:meth:`Ledger.add_beside`): components outside any step
   (a restore before the loop, an evaluation between steps) and background work (another
   thread's component open at an edge of a step's window: an asynchronous checkpoint writer).
   They count as their category only where no step window runs: inside one, the step's own
-  time stands (training went on beside them);
+  time stands (training went on beside them). One handed on after the time it covered was
+  settled weighs the stretches between steps it covered again;
+* **a step's own work past its window** (work it dispatched, still running on the device):
+  its category wherever it runs;
 * **time of steps that were not recorded** (:meth:`Ledger.add_unsampled`): per category, the
   time the components of unsampled steps spent in a badput category (measured on the hot
   path): it moves from ``productive`` to that category;
@@ -39,12 +42,11 @@ then dropped, so memory stays with what is still open.
 
 from __future__ import annotations
 
-import itertools
 import re
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import Any, Final
 
 from otel_tunix import categories as cat
@@ -220,8 +222,6 @@ class Ledger:
         :data:`MAX_GAPS`, oldest first; plain numbers: nothing for the garbage collector)."""
         self._gap_near: dict[int, list[Interval]] = {}
         """The components beside the steps that covered some of them, by their start."""
-        """The latest stretches in no step window that were settled (at most
-        :data:`MAX_GAPS`, oldest first)."""
         self._spill: list[Interval] = []
         """The parts of steps' own components past their windows (work a step dispatched,
         still running on the device): their category wherever they run."""
@@ -270,8 +270,8 @@ class Ledger:
         wasted: bool = False,
     ) -> dict[str, float]:
         """A step window and its own components (or a function making them, with ``cats``,
-        its figures alone, already known); its figures alone are returned (and added to
-        its scope's)."""
+        its figures alone, already known: only for a step whose components all end inside
+        its window); its figures alone are returned (and added to its scope's)."""
         evaluation = self._evals.get(scope)
         if evaluation is None:
             evaluation = self._evals[scope] = cat.is_eval_scope(scope)
@@ -429,7 +429,7 @@ class Ledger:
         points = {lo, upto}
         for w in windows:
             points.update(x for x in (w.start, w.end) if lo < x < upto)
-        for _, s0, s1 in itertools.chain(beside, spill):
+        for _, s0, s1 in chain(beside, spill):
             points.update(x for x in (s0, s1) if lo < x < upto)
         active: list[_Window] = []
         near: list[Interval] = []
