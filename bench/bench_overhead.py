@@ -164,16 +164,22 @@ def _loop(n: int, per_step: int, sampled: bool, distinct: bool = False) -> None:
                     pass
 
 
-def unsampled_alone(n: int) -> float:
+def unsampled_alone(n: int, name: str = "train_step_compute") -> float:
     """``n`` components in one step that is not sampled: the component alone, without the
     share of its step that the loop rows carry."""
     component = otel_tunix.component
     with otel_tunix.step(1):
         t = time.perf_counter()
         for _ in range(n):
-            with component("train_step_compute"):
+            with component(name):
                 pass
         return time.perf_counter() - t
+
+
+def unsampled_badput_alone(n: int) -> float:
+    """As :func:`unsampled_alone`, for a component of a badput category (a data wait): its
+    stand-in times it for the goodput ledger (two clock reads and a dict update)."""
+    return unsampled_alone(n, "train_data_load")
 
 
 def ours_on_one_thread(per_step: int, provider: TracerProvider) -> Callable[[int], float]:
@@ -330,6 +336,7 @@ def main() -> None:
         with configured(span_exporters=[NullExporter()]):
             rounds.take("otel-tunix, step not sampled", ours(False, per, False))
             rounds.take("  component alone, in one step not sampled", unsampled_alone)
+            rounds.take("  badput component alone, timed, not sampled", unsampled_badput_alone)
             rounds.take("otel-tunix, sampled: training thread alone", ours(True, per, False))
             rounds.take("otel-tunix, sampled (+ processing)", ours(True, per, True))
             rounds.take("  same, each component its own name", ours(True, per, True, distinct=True))
@@ -361,6 +368,7 @@ def main() -> None:
     order = [
         "bare clock pair", "OTel SDK, ALWAYS_OFF", "OTel SDK, ALWAYS_ON + batch(null)",
         "otel-tunix, step not sampled", "  component alone, in one step not sampled",
+        "  badput component alone, timed, not sampled",
         "otel-tunix, sampled: training thread alone",
         "otel-tunix, sampled (+ processing)", "  same, each component its own name",
         "  same, garbage collector off (diagnostic)",
@@ -386,6 +394,10 @@ def main() -> None:
     alone = rows["  component alone, in one step not sampled"]
     print(f"unsampled absolute                = {unsampled:.3f} us (target <= 0.5)")
     print(f"  component alone, without its step's share = {alone:.3f} us")
+    timed = rows["  badput component alone, timed, not sampled"]
+    print(
+        f"  badput component alone (timed)  = {timed:.3f} us, / SDK ALWAYS_OFF = {timed / off:.3f}"
+    )
     print(f"sampled+processing / SDK ALWAYS_ON = {sampled / on:.3f}  (target <= 0.25)")
     joined = rows["  same, joined to an app provider + SDK batch(null)"]
     print(f"  joined to an app's SDK batch     = {joined / on:.3f}")

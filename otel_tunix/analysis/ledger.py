@@ -184,7 +184,7 @@ def _read_runs(path: Path) -> tuple[list[_Run], int, list[str]]:
     for folder, paths in groups:
         timelines = [read_timeline(p, spans_rank(p)) for p in paths]
         bad += sum(t.stats.bad_lines for t in timelines)
-        timelines = [t for t in timelines if t.steps or t.i_start]
+        timelines = [t for t in timelines if not t.empty]
         if timelines:
             runs.append(_Run(folder, timelines))
         else:

@@ -1,29 +1,26 @@
-"""One run's time, instant by instant: what the goodput ledger reads from a spans JSONL file.
+"""One run's time, as a spans JSONL file tells it: what the goodput ledger reads.
 
 :class:`RunTimeline` takes a spans file's records one at a time (:meth:`RunTimeline.add`) and
 keeps what the ledger needs: the run's start (the ``type: "run"`` header's
-``process_start_ns``, else its ``start_ns``), every step's window, every component's interval
-with its category (:func:`otel_tunix.accounting.categories.classify`, 17 bytes each in arrays), the
-compilations and the last record's end. Steps (``type: "step"`` lines), other threads' work
-(``type: "span"`` lines) and components outside any step (``type: "span"`` with
-``outside: true``) all count; a line cut short by a kill is skipped and counted.
+``process_start_ns``, else its ``start_ns``), every step's window and its own components,
+the components beside the steps (other threads' background work, ``type: "span"`` lines;
+components outside any step, ``outside: true``), each with its category
+(:func:`otel_tunix.accounting.categories.classify`, in arrays), the badput time of the steps that
+were
+not sampled (``unsampled_sec`` of step and session lines), the compilations and the last
+record's end. A line cut short by a kill is skipped and counted.
 
-:meth:`RunTimeline.goodput` then gives every instant from the start to the last record one
-category, by :func:`otel_tunix.accounting.categories.categorize_intervals` (the one interval
-arithmetic): inside a training step's window, time no badput component covers is
-``productive``; an evaluation step's window is ``evaluation``; before the first step the
-rest is ``initialization``, between and after steps ``other``; the windows of steps a later
-attempt ran again are ``wasted_progress`` as a whole. docs/goodput.md gives each rule.
+:meth:`RunTimeline.goodput` then feeds them, in start order, to the one ledger engine
+(:class:`otel_tunix.accounting.ledger.Ledger`), which the live ledger feeds too; docs/goodput.md
+gives
+each rule.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-import re
 from array import array
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -31,11 +28,11 @@ from typing import Any, Final
 import numpy as np
 
 from otel_tunix.accounting import categories as cat
+from otel_tunix.accounting.ledger import Compilations, Ledger
 from otel_tunix.analysis.readers import AnalysisError, ReadStats, iter_records
 from otel_tunix.settings.attributes import BACKGROUND, KIND_BLOCKED
 
 __all__ = [
-    "COUNTED_COMPILE",
     "Goodput",
     "RunTimeline",
     "metrics_start_ns",
@@ -44,31 +41,12 @@ __all__ = [
 
 _NS = 1e-9
 
-COUNTED_COMPILE: Final = re.compile(r"compile", re.I)
-"""A component of category ``compilation`` whose name matches this (``jax_compile``,
-``torch_compile``, ``xla_compile``) is one compilation, unless its parent is one too (the
-outermost counts). ``jax_trace`` / ``jax_lower`` (the same compilation's earlier phases) and
-``warmup`` are compilation time, not compilations."""
-
 _CODE: Final = {c: i for i, c in enumerate(cat.PRECEDENCE)}
-_EVALUATION_CODE: Final = _CODE[cat.EVALUATION]
-_BACKGROUND: Final = 64
-"""Added to the code of a background component's interval (another thread's work open at an
-edge of a step's window, ``tunix.background`` in its attributes: an asynchronous checkpoint
-writer): it counts as its category only where no training step runs; inside a training
-step's window the step's own time stands (the training went on beside it)."""
-
-# What each stretch of the run is when no component decides it (``rest`` of
-# categorize_intervals); a wasted stretch is wasted_progress whatever ran in it.
-_Windows = tuple["array[int]", "array[int]"]
-"""Sorted disjoint windows: their starts and their ends."""
-
-_IN_STEP, _BEFORE_FIRST, _BETWEEN, _WASTED = (
-    cat.PRODUCTIVE,
-    cat.INITIALIZATION,
-    cat.OTHER,
-    cat.WASTED_PROGRESS,
-)
+_BESIDE: Final = -1
+"""The owner of a component beside the steps (not a step's own)."""
+_SETTLE_EVERY: Final = 4096
+"""Step windows fed to the engine between two settlements (memory stays with the open
+ones)."""
 
 
 @dataclass(slots=True)
@@ -146,24 +124,39 @@ class RunTimeline:
         self.w_step: array[int] = array("q")
         self.w_start: array[int] = array("q")
         self.w_end: array[int] = array("q")
-        # the component intervals: category code (index in PRECEDENCE), start, end
+        # the components: category code (index in PRECEDENCE), start, end, and their step
+        # window's index (_BESIDE: a component beside the steps)
         self.i_code: array[int] = array("b")
         self.i_start: array[int] = array("q")
         self.i_end: array[int] = array("q")
-        self.compilations = 0
-        self._compile_ids: set[object] = set()
+        self.i_owner: array[int] = array("q")
+        self._unsampled: dict[int, Mapping[str, float]] = {}
+        """Per step window, the badput time of the scope's unsampled steps before it."""
+        self._compiles = Compilations()
         self.outside_spans = 0
         self.host_end_ns = 0
         self.device_end_ns = 0
         self.last_ns = 0
         self.sessions: dict[str, tuple[int, int]] = {}
         """Per scope, the session line's ``(first_start_ns, last_end_ns)``."""
+        self.session_unsampled: dict[str, Mapping[str, float]] = {}
+        """Per scope, the badput time of its unsampled steps after its last sampled one."""
         self.stats = ReadStats()
 
     @property
     def steps(self) -> int:
         """Step records read."""
         return len(self.w_step)
+
+    @property
+    def compilations(self) -> int:
+        """Compilations recorded (docs/goodput.md)."""
+        return self._compiles.count
+
+    @property
+    def empty(self) -> bool:
+        """Whether no step and no component was read."""
+        return not self.w_step and not self.i_start
 
     # --- reading -----------------------------------------------------------------------
 
@@ -176,8 +169,12 @@ class RunTimeline:
             self._loose_span(obj)
         elif kind == "session":
             first, last = _int(obj.get("first_start_ns")), _int(obj.get("last_end_ns"))
+            scope = str(obj.get("scope") or "default")
             if first and last:
-                self.sessions[str(obj.get("scope") or "default")] = (first, last)
+                self.sessions[scope] = (first, last)
+            unsampled = _seconds(obj.get("unsampled_sec"))
+            if unsampled:
+                self.session_unsampled[scope] = unsampled
             self.last_ns = max(self.last_ns, last)
         elif kind in ("run", "meta"):
             self._header(obj)
@@ -224,12 +221,14 @@ class RunTimeline:
         if idx is None:
             idx = self._scope_index[scope] = len(self.scopes)
             self.scopes.append(scope)
+        window = len(self.w_step)
         self.w_scope.append(idx)
         self.w_step.append(_int(obj.get("step")))
         self.w_start.append(start)
         self.w_end.append(end)
-        if cat.is_eval_scope(scope):  # an evaluation step is evaluation as a whole
-            self._interval(_EVALUATION_CODE, start, end)
+        unsampled = _seconds(obj.get("unsampled_sec"))
+        if unsampled:
+            self._unsampled[window] = unsampled
         self.host_end_ns = max(self.host_end_ns, end)
         device_end = _int(obj.get("device_end_ns"))
         self.device_end_ns = max(self.device_end_ns, device_end)
@@ -237,33 +236,38 @@ class RunTimeline:
         spans = obj.get("spans")
         if not isinstance(spans, list):
             return
-        compiles = []
+        found = []
         for s in spans:
             if isinstance(s, Mapping):
-                category = self._component(s, outside=False)
-                if category == cat.COMPILATION and COUNTED_COMPILE.search(str(s.get("name"))):
-                    compiles.append(s)
-        if compiles:
-            ids = {s.get("span_id") for s in compiles}
-            for s in compiles:
-                self._count_compile(s, ids)
+                category = self._component(s, window)
+                if category is not None:
+                    found.append(
+                        (
+                            str(s.get("name")),
+                            category,
+                            s.get("span_id"),
+                            s.get("parent"),
+                            s.get("attributes"),
+                        )
+                    )
+        self._compiles.add(found, siblings=True)
 
     def _loose_span(self, obj: Mapping[str, Any]) -> None:
-        outside = obj.get("outside") is True
-        self.outside_spans += outside
-        category = self._component(obj, outside=outside)
-        if category == cat.COMPILATION and COUNTED_COMPILE.search(str(obj.get("name"))):
-            self._count_compile(obj, ())
+        self.outside_spans += obj.get("outside") is True
+        category = self._component(obj, _BESIDE)
+        if category is not None:
+            found = (
+                str(obj.get("name")),
+                category,
+                obj.get("span_id"),
+                obj.get("parent"),
+                obj.get("attributes"),
+            )
+            self._compiles.add((found,), siblings=False)
 
-    def _count_compile(self, span: Mapping[str, Any], siblings: Collection[object]) -> None:
-        parent = span.get("parent")
-        if parent not in self._compile_ids and parent not in siblings:
-            self.compilations += 1
-        if span.get("span_id") is not None:
-            self._compile_ids.add(span.get("span_id"))
-
-    def _component(self, s: Mapping[str, Any], *, outside: bool) -> str | None:
-        """Keep one component's interval; its category (``None``: not kept)."""
+    def _component(self, s: Mapping[str, Any], owner: int) -> str | None:
+        """Keep one component's interval (a step's own, or beside the steps); its category
+        (``None``: not a component)."""
         s0, s1 = s.get("start_ns"), s.get("end_ns")
         if type(s0) is not int or type(s1) is not int:  # (what the SDK writes: fast path)
             s0, s1 = _int(s0), _int(s1)
@@ -277,24 +281,15 @@ class RunTimeline:
             s.get("kind") == KIND_BLOCKED,
             given if type(given) is str else None,
         )
-        if outside and category == cat.PRODUCTIVE:
-            # Productive time is a training step's: a component outside any step with no
-            # category of its own (none declared, no name rule) leaves the stretch to the
-            # rest (initialization before the first step, other after it).
-            return None
         if s1 > s0:
             attrs = s.get("attributes")
-            background = isinstance(attrs, Mapping) and attrs.get(BACKGROUND) is True
-            self.i_code.append(_CODE[category] + (_BACKGROUND if background else 0))
+            if isinstance(attrs, Mapping) and attrs.get(BACKGROUND) is True:
+                owner = _BESIDE  # background work: beside the steps
+            self.i_code.append(_CODE[category])
             self.i_start.append(s0)
             self.i_end.append(s1)
+            self.i_owner.append(owner)
         return category
-
-    def _interval(self, code: int, s0: int, s1: int) -> None:
-        if s1 > s0:
-            self.i_code.append(code)
-            self.i_start.append(s0)
-            self.i_end.append(s1)
 
     # --- the ledger --------------------------------------------------------------------
 
@@ -320,160 +315,84 @@ class RunTimeline:
             )
             start = min(firsts)
         end = max(self.last_ns, start)
-        kept, wasted, redone = self._windows(redo or {}, g)
-        regions = _regions(start, end, first_step, kept, wasted)
-        totals = self._categorize(regions)
-        g.wall_time_sec = (end - start) * _NS
+        engine = Ledger(start, sampled=self.sampling_rate > 1)
+        if engine.sampled:
+            g.notes.append(
+                "sampling_rate > 1: the time between two sampled steps of a scope counts as "
+                "step time (the unsampled steps ran there), less the badput time their "
+                "components measured"
+            )
+            for scope, (first, _) in self.sessions.items():
+                engine.scope_first(scope, first)
+        redone = self._feed(engine, redo or {})
+        for scope, (_, last) in self.sessions.items():
+            engine.scope_last(scope, last)
+        for scope, seconds in self.session_unsampled.items():
+            engine.add_unsampled(scope, seconds)
+        engine.finish(end)
+        f = engine.figures()
+        g.wall_time_sec = f.wall_time_sec
         if self.device_end_ns > self.host_end_ns:
             g.device_run_on_sec = (min(self.device_end_ns, end) - self.host_end_ns) * _NS
-        g.productive_sec = totals.pop(cat.PRODUCTIVE, 0.0)
-        for k, v in totals.items():
+        g.productive_sec = f.productive_sec
+        for k, v in f.badput_sec.items():
             g.badput_sec[k] = g.badput_sec.get(k, 0.0) + v
         return g, redone
 
-    def _windows(
-        self, redo: Mapping[str, Sequence[tuple[int, int]]], g: Goodput
-    ) -> tuple[_Windows, _Windows, int]:
-        """The step windows kept and wasted, each as their union (unsampled steps between
-        sampled ones included with ``sampling_rate`` > 1), and the number of steps wasted."""
+    def _feed(self, engine: Ledger, redo: Mapping[str, Sequence[tuple[int, int]]]) -> int:
+        """Every step window (with its own components) and every component beside the
+        steps, in start order, to ``engine``, settled as it goes; the steps redone."""
         evals = [cat.is_eval_scope(s) for s in self.scopes]
-
-        def is_redone(scope: int, step: int) -> bool:
-            if evals[scope]:
-                return False
-            return any(lo <= step <= hi for lo, hi in redo.get(self.scopes[scope], ()))
-
-        mask = np.zeros(len(self.w_step), dtype=bool)
-        if redo:
-            for i in range(len(self.w_step)):
-                mask[i] = is_redone(self.w_scope[i], self.w_step[i])
-        redone = int(mask.sum())
-        extra_kept: list[tuple[int, int]] = []
-        extra_wasted: list[tuple[int, int]] = []
-        if self.sampling_rate > 1 and self.w_step:
-            # Between two sampled steps of a scope ran the unsampled ones: step time too.
-            by_scope: dict[int, list[int]] = {}
-            for i, sc in enumerate(self.w_scope):
-                by_scope.setdefault(sc, []).append(i)
-            for sc, idx in by_scope.items():
-                idx.sort(key=self.w_start.__getitem__)
-                for a, b in itertools.pairwise(idx):
-                    gap = self.w_step[b] - self.w_step[a] - 1
-                    if gap > 0 and self.w_start[b] > self.w_end[a]:
-                        w = is_redone(sc, self.w_step[a] + 1)
-                        (extra_wasted if w else extra_kept).append((self.w_end[a], self.w_start[b]))
-                        redone += gap if w else 0
-                session = self.sessions.get(self.scopes[sc])
-                if session is not None:  # unsampled steps before the first, after the last
-                    extra_kept.append((session[0], self.w_start[idx[0]]))
-                    extra_kept.append((self.w_end[idx[-1]], session[1]))
-            g.notes.append(
-                "sampling_rate > 1: the time between two sampled steps of a scope counts as "
-                "step time (the unsampled steps ran there); their components are not seen"
-            )
-        starts = np.frombuffer(self.w_start, dtype=np.int64)
-        ends = np.frombuffer(self.w_end, dtype=np.int64)
-        kept = _merge(starts[~mask], ends[~mask], extra_kept)
-        wasted = _merge(starts[mask], ends[mask], extra_wasted)
-        return kept, wasted, redone
-
-    def _categorize(self, regions: Iterable[tuple[int, int, str]]) -> dict[str, float]:
-        """Seconds per category over the regions, each by the components open in it
-        (background components not inside training steps)."""
-        totals: dict[str, float] = {}
-        active: list[tuple[str, int, int, bool]] = []
-        pending = self._sorted_intervals()
-        nxt = next(pending, None)
-        for a, b, label in regions:
-            while nxt is not None and nxt[1] < b:
-                active.append(nxt)
-                nxt = next(pending, None)
-            if label == _WASTED:
-                totals[label] = totals.get(label, 0.0) + (b - a) * _NS
-                continue
-            active = [iv for iv in active if iv[2] > a]
-            counted = [iv[:3] for iv in active if iv[1] < b and not (iv[3] and label == _IN_STEP)]
-            if not counted:
-                totals[label] = totals.get(label, 0.0) + (b - a) * _NS
-                continue
-            for k, v in cat.categorize_intervals(a, b, counted, rest=label).items():
-                totals[k] = totals.get(k, 0.0) + v
-        return totals
-
-    def _sorted_intervals(self) -> Iterator[tuple[str, int, int, bool]]:
-        """The intervals by start (category, start, end, background), made into tuples a
-        block at a time (memory stays at the arrays' 17 bytes an interval and numpy's sort
-        order)."""
-        starts = np.frombuffer(self.i_start, dtype=np.int64)
-        ends = np.frombuffer(self.i_end, dtype=np.int64)
-        codes = np.frombuffer(self.i_code, dtype=np.int8)
-        order = starts.argsort(kind="stable")
+        redone = 0
         names = cat.PRECEDENCE
-        for k in range(0, len(order), 4096):
-            idx = order[k : k + 4096]
-            for c, s0, s1 in zip(
-                codes[idx].tolist(), starts[idx].tolist(), ends[idx].tolist(), strict=True
-            ):
-                yield names[c % _BACKGROUND], s0, s1, c >= _BACKGROUND
+        w_start = np.frombuffer(self.w_start, dtype=np.int64)
+        owners = np.frombuffer(self.i_owner, dtype=np.int64)
+        i_start = np.frombuffer(self.i_start, dtype=np.int64)
+        by_owner = np.lexsort((i_start, owners))  # each window's components together
+        sorted_owners = owners[by_owner]
+        bounds = np.searchsorted(sorted_owners, np.arange(-1, len(self.w_step) + 1))
+        beside = by_owner[bounds[0] : bounds[1]]  # (owner -1 first, by start)
+        codes, starts, ends = self.i_code, self.i_start, self.i_end
+        j = 0
+        for k, w in enumerate(np.argsort(w_start, kind="stable").tolist()):
+            w_s = self.w_start[w]
+            while j < len(beside) and starts[int(beside[j])] < w_s:
+                b = int(beside[j])
+                engine.add_beside(names[codes[b]], starts[b], ends[b])
+                j += 1
+            sc, number = self.w_scope[w], self.w_step[w]
+            wasted = not evals[sc] and any(
+                lo <= number <= hi for lo, hi in redo.get(self.scopes[sc], ())
+            )
+            redone += wasted
+            own = [
+                (names[codes[i]], starts[i], ends[i])
+                for i in by_owner[bounds[w + 1] : bounds[w + 2]].tolist()
+            ]
+            scope = self.scopes[sc]
+            prev_last = engine.last_number(scope)
+            engine.add_step(scope, number, w_s, self.w_end[w], own, wasted=wasted)
+            if wasted and prev_last is not None and engine.sampled:
+                redone += max(0, number - prev_last - 1)
+            unsampled = self._unsampled.get(w)
+            if unsampled:
+                engine.add_unsampled(scope, unsampled)
+            if k and k % _SETTLE_EVERY == 0:
+                engine.settle(w_s)
+        for b in beside[j:].tolist():
+            engine.add_beside(names[codes[b]], starts[b], ends[b])
+        return redone
 
 
-def _merge(starts: np.ndarray, ends: np.ndarray, more: list[tuple[int, int]]) -> _Windows:
-    """The union of windows (and ``more``), as sorted disjoint intervals: two arrays of
-    8 bytes an interval, for a run of any length."""
-    if more:
-        starts = np.concatenate([starts, np.array([w[0] for w in more], dtype=np.int64)])
-        ends = np.concatenate([ends, np.array([w[1] for w in more], dtype=np.int64)])
-    keep = ends > starts
-    s, e = starts[keep], ends[keep]
-    if not len(s):
-        return array("q"), array("q")
-    order = s.argsort(kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
-    last = np.concatenate([first[1:] - 1, [len(s) - 1]])
-    return array("q", s[first].tobytes()), array("q", reach[last].tobytes())
-
-
-def _regions(
-    start: int, end: int, first_step: int | None, kept: _Windows, wasted: _Windows
-) -> Iterator[tuple[int, int, str]]:
-    """``[start, end]`` cut into stretches labelled by what they are when no component
-    decides: wasted, in a step, before the first step, between steps (made as they are
-    walked: memory stays with the windows)."""
-    (ks, ke), (ws, we) = kept, wasted
-    edges = heapq.merge(
-        (x for i in range(len(ks)) for x in (ks[i], ke[i])),
-        (x for i in range(len(ws)) for x in (ws[i], we[i])),
-        () if first_step is None else (first_step,),
-    )
-    ki = wi = 0
-    a = start
-    run: tuple[int, int, str] | None = None
-    for b in itertools.chain((x for x in edges if start < x < end), (end,)):
-        if b <= a:
-            continue
-        while ki < len(ks) and ke[ki] <= a:
-            ki += 1
-        while wi < len(ws) and we[wi] <= a:
-            wi += 1
-        if wi < len(ws) and ws[wi] <= a:
-            label = _WASTED
-        elif ki < len(ks) and ks[ki] <= a:
-            label = _IN_STEP
-        elif first_step is None or a < first_step:
-            label = _BEFORE_FIRST
-        else:
-            label = _BETWEEN
-        if run is not None and run[2] == label:
-            run = (run[0], b, label)
-        else:
-            if run is not None:
-                yield run
-            run = (a, b, label)
-        a = b
-    if run is not None:
-        yield run
+def _seconds(v: object) -> dict[str, float]:
+    """A ``{category: seconds}`` object of a line (anything else: empty)."""
+    if not isinstance(v, Mapping):
+        return {}
+    return {
+        str(k): float(x)
+        for k, x in v.items()
+        if isinstance(x, int | float) and not isinstance(x, bool) and x > 0
+    }
 
 
 def read_timeline(path: Path, rank: int | None = None) -> RunTimeline:

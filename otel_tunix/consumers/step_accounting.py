@@ -231,25 +231,32 @@ class StepAccountingProcessor(StepSpanProcessor):
         return self._consumers.hooks_closing()
 
     def sessions(
-        self, step_counts: Mapping[str, tuple[int, int, int, int]] | None = None
+        self,
+        step_counts: Mapping[str, tuple[int, int, int, int]] | None = None,
+        unsampled: Mapping[str, Mapping[str, float]] | None = None,
     ) -> list[ScopeSession]:
         """Per-scope totals; ``step_counts`` maps scope to (steps, first start, last end,
-        active ns) of all its steps, sampled or not."""
+        active ns) of all its steps, sampled or not; ``unsampled``, scope to the badput
+        time (seconds per goodput category) of its unsampled steps after its last sampled
+        one."""
         with self._lock:
             out = {k: v.copy() for k, v in self._sessions.items()}
         for scope, (count, first, last, active) in (step_counts or {}).items():
             s = out.setdefault(scope, ScopeSession(scope))
             s.steps, s.first_start_ns, s.last_end_ns, s.active_ns = count, first, last, active
+        for scope, seconds in (unsampled or {}).items():
+            out.setdefault(scope, ScopeSession(scope)).unsampled_sec = dict(seconds)
         return [out[k] for k in sorted(out)]
 
     def finish_session(
         self,
         step_counts: Mapping[str, tuple[int, int, int, int]],
         timeout: float | None = None,
+        unsampled: Mapping[str, Mapping[str, float]] | None = None,
     ) -> list[str]:
         """Send the session totals to its sinks and close them (see
         :meth:`Consumers.finish`); returns the names of those that had not finished."""
-        unfinished = self._consumers.finish(self.sessions(step_counts), timeout)
+        unfinished = self._consumers.finish(self.sessions(step_counts, unsampled), timeout)
         self._closed = True
         return unfinished
 

@@ -29,6 +29,7 @@ import otel_tunix
 from otel_tunix.accounting import categories
 from otel_tunix.instrumentation import _base
 from otel_tunix.metrics.compilations import cause_of_guard_failure, count_compilation
+from otel_tunix.settings.attributes import COMPILE_TRIGGER
 from otel_tunix.support.errors import report_internal_error
 
 COMPONENT = "torch_compile"
@@ -95,7 +96,7 @@ class _CompileHooks:
         try:
             start = self.local.starts.pop(str(getattr(args, "compile_id", "")), None)
             trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO").lower()
-            attrs: dict[str, Any] = {"tunix.compile.trigger": trigger}
+            attrs: dict[str, Any] = {COMPILE_TRIGGER: trigger}
             if trigger == "dynamo":
                 reason = _recompile_reason()
                 cause = cause_of_guard_failure(reason)

@@ -162,6 +162,7 @@ class StepSummary:
         "start_ns",
         "step",
         "step_time_sec",
+        "unsampled_sec",
     )
 
     def __init__(
@@ -202,6 +203,9 @@ class StepSummary:
         self.device_blocked_time_sec = 0.0
         self.background_time_sec = background_time_sec
         self.background_times = background_times
+        self.unsampled_sec: dict[str, float] | None = None
+        """Per goodput category, the time the components of the scope's steps that were
+        not recorded since its previous recorded step spent in it (``None``: none)."""
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -292,6 +296,8 @@ class StepSummary:
             out["device_times"] = dict(self.device_times or {})
         if self.device_blocked_time_sec:
             out["device_blocked_time_sec"] = self.device_blocked_time_sec
+        if self.unsampled_sec:
+            out["unsampled_sec"] = dict(self.unsampled_sec)
         if self.background_times:
             out["background_time_sec"] = self.background_time_sec
             out["background_times"] = dict(self.background_times)
@@ -324,6 +330,9 @@ class ScopeSession:
     background_time_sec: float = 0.0
     """Summed over the sampled steps: time other threads' background work ran in them."""
     components: dict[str, ComponentTime] = field(default_factory=dict)
+    unsampled_sec: dict[str, float] = field(default_factory=dict)
+    """Per goodput category, the time the components of the scope's steps that were not
+    recorded after its last recorded step spent in it."""
 
     @property
     def wall_time_sec(self) -> float:
@@ -420,4 +429,5 @@ class ScopeSession:
             "background_time_sec": self.background_time_sec,
             "mean_step_time_sec": self.mean(self.step_time_sec),
             "components": {k: v.to_json() for k, v in self.components.items()},
+            **({"unsampled_sec": dict(self.unsampled_sec)} if self.unsampled_sec else {}),
         }

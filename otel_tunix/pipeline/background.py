@@ -275,6 +275,11 @@ class BackgroundSpan:
             )
         return span
 
+    def interval(self) -> tuple[str, bool, int, int]:
+        """``(name, blocked, start, end)``, Unix epoch ns."""
+        c, off = self._carried, self._builder.offset
+        return c.name, c.blocked, c.start + off, self._end + off
+
     def to_json(self) -> dict[str, object]:
         """Its line of the spans JSONL file: ``type: "span"``, its step's scope, number and
         trace id, and the fields of a step line's ``spans`` entries."""

@@ -161,6 +161,7 @@ class FinishedStep:
         )
         if ex is not None and ex.device_ends and ex.attributes:
             self.summary.device_blocked_time_sec = _device_blocked_sec(comps, ex)
+        self.summary.unsampled_sec = rec.unsampled
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
         self.span_count = len(comps) + 1
@@ -626,11 +627,10 @@ def _device_blocked_sec(comps: list[ComponentStart], ex: ComponentExtras) -> flo
 def _extra_attributes(
     ex: ComponentExtras, rec: StepRecord, sid: int, start_pc: int, *, own: bool = True
 ) -> dict[str, object] | None:
-    """A component's attributes beyond the standard ones, or ``None``: its own (given by
-    code in the block or a device-end resolver; not with ``own=False``, what the spans JSONL
-    keeps), then device end, incompleteness and background work."""
+    """A component's attributes beyond the standard ones, or ``None``: its own (``own=False``:
+    what the spans JSONL keeps, ``attr.for_ledger``), device end, incompleteness, background."""
     background = sid in ex.background
-    mine = ex.attributes.get(sid) if own else None
+    mine = attr.for_ledger(ex.attributes.get(sid), own)
     device_end = ex.device_ends.get(sid)
     host_end = rec.ends.get(sid, start_pc)
     device = device_end is not None and device_end != host_end

@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanContext, get_current_span
 
 from otel_tunix.accounting import categories
 from otel_tunix.recording import step_record as _step_record
-from otel_tunix.recording.records import step_extras
+from otel_tunix.recording.records import step_extras, timed_totals
 from otel_tunix.recording.step_record import _NOT_SET, OutsideRecord, Runtime, StepRecord
 from otel_tunix.support.errors import report_internal_error, warn_once
 from otel_tunix.support.ids import refill_span_ids, take_span_id
@@ -421,8 +421,49 @@ _unrecorded: dict[str, Unrecorded] = {}
 _MAX_UNRECORDED = 4096
 
 
+class Timed(Unrecorded):
+    """The stand-in of a component whose goodput category is not ``productive`` (a
+    checkpoint, an evaluation, a compilation, a data wait), inside a step that is not
+    sampled: it records nothing but its time (two clock reads and an addition), which the
+    next sampled step takes (:func:`otel_tunix.recording.records.take_unsampled`), so sampling does
+    not blind the goodput ledger. Shared by the components of its name, like
+    :class:`Unrecorded`: one use at a time (the same name nested, or used by two threads at
+    once in steps not sampled, times the innermost / latest use)."""
+
+    __slots__ = ("_category", "_t0", "_total")
+
+    def __init__(self, name: str, blocked: bool, device_end: Any, category: str) -> None:
+        super().__init__(name, blocked, device_end)
+        self._category = category
+        self._t0 = 0
+        self._total = 0
+
+    def __enter__(self) -> Unrecorded:
+        self._t0 = _clock()
+        return UNRECORDED
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:  # type: ignore[override]
+        self._total += _clock() - self._t0
+
+    def add(self, start_ns: int, end_ns: int) -> None:
+        """Count ``[start_ns, end_ns]`` (``perf_counter_ns``), a use that already ran."""
+        if end_ns > start_ns:
+            self._total += end_ns - start_ns
+
+
 def _new_unrecorded(name: str, blocked: bool, device_end: Any) -> Unrecorded:
-    u = Unrecorded(name, blocked, device_end)
+    """The shared stand-in of ``name`` in steps not sampled: :class:`Timed` when its
+    category (declared, else by name, resolved once here) is not ``productive``."""
+    kind = categories.classify(name, blocked)
+    if kind == categories.PRODUCTIVE:
+        u = Unrecorded(name, blocked, device_end)
+    else:
+        u = Timed(name, blocked, device_end, kind)
+        old = timed_totals.get(name)  # (made again with other arguments: its time carried)
+        if old is not None:
+            u._total = old._total
+        if old is not None or len(timed_totals) < _MAX_UNRECORDED:
+            timed_totals[name] = u
     if len(_unrecorded) < _MAX_UNRECORDED or name in _unrecorded:
         _unrecorded[name] = u
     return u
@@ -448,6 +489,8 @@ def record_component(
     """
     c = component(name, blocked, start_ns=start_ns, category=category)
     if type(c) is not Component:  # a step that is not sampled
+        if type(c) is Timed:
+            c.add(start_ns, end_ns)
         return
     c.__enter__()
     sid = c._sid

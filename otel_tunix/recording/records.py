@@ -20,9 +20,12 @@ __all__ = [
     "DeviceEnd",
     "ScopeStepCounts",
     "StepEvent",
+    "TimedTotal",
     "abandon",
     "append_event",
     "step_extras",
+    "take_unsampled",
+    "timed_totals",
 ]
 
 DeviceEnd = Callable[[], int | None]
@@ -91,6 +94,33 @@ class ComponentExtras:
 
 
 _extras_lock = threading.Lock()
+
+
+class TimedTotal(Protocol):
+    """What the goodput ledger reads of a timed stand-in (``otel_tunix.recording.component.Timed``):
+    its category and the time (ns) its uses in steps not sampled added up since the last
+    :func:`take_unsampled`."""
+
+    _category: str
+    _total: int
+
+
+timed_totals: dict[str, TimedTotal] = {}
+"""The timed stand-in of each component name of a badput category (bounded)."""
+
+
+def take_unsampled() -> dict[str, float] | None:
+    """The time (seconds) per goodput category the timed stand-ins added up since the last
+    call (``None``: none), reset to 0: the badput time of the steps not sampled since then."""
+    out: dict[str, float] | None = None
+    for t in list(timed_totals.values()):
+        total = t._total
+        if total:
+            t._total = 0
+            if out is None:
+                out = {}
+            out[t._category] = out.get(t._category, 0.0) + total * 1e-9
+    return out
 
 
 def step_extras(rec: _WithExtras) -> ComponentExtras:

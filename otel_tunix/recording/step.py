@@ -15,7 +15,13 @@ import time
 from typing import Any
 
 from otel_tunix.recording import step_record as _step_record
-from otel_tunix.recording.records import ScopeStepCounts, StepEvent, abandon
+from otel_tunix.recording.records import (
+    ScopeStepCounts,
+    StepEvent,
+    abandon,
+    take_unsampled,
+    timed_totals,
+)
 from otel_tunix.recording.step_record import _NOT_SET, Runtime, StepRecord
 from otel_tunix.support.errors import report_internal_error, warn_once
 from otel_tunix.support.shortcuts import SPAN_KEY, attach_span, detach, otel_context
@@ -127,8 +133,11 @@ class step:
             if n % rt.sampling_rate:  # not sampled
                 self._token = _current.set(None)
                 stats.last_start_ns = start  # open till it ends (Runtime.step_open)
+                rt.unsampled_scope = self._scope
                 return self
             rec = StepRecord(rt, self._scope, n, start)
+            if timed_totals:  # the badput time of the steps not sampled before this one
+                rec.unsampled = take_unsampled()
             if rt.pending_events:  # events raised while no sampled step was open
                 rec.events = _take_pending(rt)
             self._record = rec

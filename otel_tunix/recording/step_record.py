@@ -93,6 +93,7 @@ class StepRecord(NonRecordingSpan):
         "thread",
         "top",
         "trace_id",
+        "unsampled",
         "view",
     )
 
@@ -111,6 +112,9 @@ class StepRecord(NonRecordingSpan):
         self.error: BaseException | None = None
         self.events: list[StepEvent] | None = None
         self.submitted_at = 0.0
+        self.unsampled: dict[str, float] | None = None
+        """Per goodput category, the time (seconds) the components of the steps not sampled
+        before this one spent in it (:func:`otel_tunix.recording.records.take_unsampled`)."""
         self.foreign = False
         """True once a component of another thread was recorded into the step."""
         ident = self.ident = _get_ident()
@@ -269,6 +273,7 @@ class Runtime:
         "pipeline",
         "sampling_rate",
         "scopes",
+        "unsampled_scope",
     )
 
     def __init__(
@@ -289,6 +294,10 @@ class Runtime:
         self.allowed = frozenset(components) if components is not None else None
         self.pipeline = pipeline
         self.scopes: dict[str, ScopeStepCounts] = {}
+        self.unsampled_scope: str | None = None
+        """The scope of the step not sampled that opened last (where the badput time the
+        timed stand-ins of :mod:`otel_tunix.recording.component` measured after the last sampled
+        step goes at the end)."""
         self.last_scope: dict[int, ScopeStepCounts] = {}
         """Per thread, the scope of the step that ended last on it."""
         self.open_steps: list[StepRecord] = []

@@ -22,6 +22,7 @@ from otel_tunix.model.resource import RankInfo
 from otel_tunix.pipeline.export_processor import BatchExportProcessor
 from otel_tunix.pipeline.hooks import count_left_behind
 from otel_tunix.recording import hot_path as _recording
+from otel_tunix.recording.records import take_unsampled
 from otel_tunix.run import signals
 from otel_tunix.run.parts import Part, left
 from otel_tunix.run.perfetto_trace import perfetto_from_jsonl
@@ -131,11 +132,17 @@ class StepsPart(Part):
             )
             for scope, s in rt.scopes.items()
         }
-        st.sessions = st.processor.sessions(counts)
+        # the badput time of the steps not sampled after the last sampled one: the scope
+        # of the latest of them
+        rest = take_unsampled()
+        unsampled = {}
+        if rest and rt.unsampled_scope is not None:
+            unsampled[rt.unsampled_scope] = rest
+        st.sessions = st.processor.sessions(counts, unsampled)
         # users' consumers start closing on their threads; UserHooksPart waits for them
         st.consumers.finish(st.sessions, 0.0)
         if st.ledger is not None:  # every step processed: the ledger's last figures
-            st.ledger.finish()
+            st.ledger.finish(unsampled)
         return True
 
     def in_forked_child(self) -> None:

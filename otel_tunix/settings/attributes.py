@@ -30,6 +30,12 @@ INCOMPLETE: Final = "tunix.incomplete"
 STEP_ABANDONED: Final = "tunix.step.abandoned"
 """True on a step span that was left open (a generator abandoned or thrown into, a step
 exited on another thread) and closed by otel-tunix when the next step of its scope began."""
+COMPILE_TRIGGER: Final = "tunix.compile.trigger"
+"""On a compile component: what made the compiler run (torch.compile: ``dynamo`` for a frame
+compiled, ``lazy_backward`` for the backward graph of a frame compiled earlier, which is
+compilation time of that frame's compilation, not a compilation of its own)."""
+LAZY_BACKWARD: Final = "lazy_backward"
+"""The :data:`COMPILE_TRIGGER` of a backward graph compiled when it first runs."""
 BACKGROUND: Final = "tunix.background"
 """True on a component that ran on another thread than its step's and was open at an edge
 of that step's window (an async checkpoint writer): counted in every step whose window it
@@ -100,3 +106,12 @@ COMPONENT_COUNT: Final = "tunix.component.count"
 
 METRIC_SCOPE: Final = "scope"
 METRIC_COMPONENT: Final = "component"
+
+
+def for_ledger(attributes: dict[str, object] | None, own: bool) -> dict[str, object] | None:
+    """A component's own ``attributes`` (``own``), or only those the goodput ledger reads
+    (a compile's :data:`COMPILE_TRIGGER`: what the spans JSONL keeps of them)."""
+    if own or not attributes:
+        return attributes
+    trigger = attributes.get(COMPILE_TRIGGER)
+    return {COMPILE_TRIGGER: trigger} if trigger is not None else None

@@ -191,20 +191,24 @@ def test_outside_components_count_where_no_step_covers_them() -> None:
     assert f["badput_sec"]["initialization"] == pytest.approx(5.0)
 
 
-def test_with_sampling_the_steps_not_recorded_count_as_the_recorded_ones(tmp_path: Path) -> None:
+def test_with_sampling_the_steps_not_recorded_count_with_their_own_waits(tmp_path: Path) -> None:
     """``sampling_rate=4``: three steps in four are not recorded; the time between two
-    recorded steps ran them, and counts as the recorded steps did, not as ``other``."""
+    recorded steps ran them and is step time, and their data waits (timed on the hot path)
+    are ``data_stall``, as the test's clock around each wait says."""
     out = tmp_path / "run"
     otel_tunix.configure(
         perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=4),
         output_dir=out,
         run_id="goodput-sampled",
     )
+    waited = 0.0
     t0 = time.perf_counter()
     for n in range(16):
         with otel_tunix.step(n):
+            a = time.perf_counter()
             with otel_tunix.component("train_data_load", blocked=True):
                 time.sleep(0.01)
+            waited += time.perf_counter() - a
             with otel_tunix.component("train_step_compute"):
                 time.sleep(0.02)
     loop = time.perf_counter() - t0
@@ -216,17 +220,8 @@ def test_with_sampling_the_steps_not_recorded_count_as_the_recorded_ones(tmp_pat
     stalled, productive = bad["data_stall"], summary["productive_time_sec"]
     # all sixteen steps' time, not the four recorded ones'
     assert 0.9 * loop <= stalled + productive <= loop
-    # shared out as the recorded steps' own shares (as their spans measured them): within
-    # the smallest and the largest of those
-    shares = []
-    for r in read_jsonl(out / "spans.jsonl"):
-        if r.get("type") == "step":
-            load = sum(
-                s["end_ns"] - s["start_ns"] for s in r["spans"] if s["name"] == "train_data_load"
-            )
-            shares.append(load / (r["end_ns"] - r["start_ns"]))
-    assert len(shares) == 4
-    assert min(shares) - 1e-9 <= stalled / (stalled + productive) <= max(shares) + 1e-9
+    # every step's wait, recorded or not, within the test's clock around it
+    assert 16 * 0.01 <= stalled <= waited
 
 
 def test_an_outside_component_handed_on_after_the_next_step_still_counts(tmp_path: Path) -> None:
