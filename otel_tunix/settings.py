@@ -162,6 +162,10 @@ _BOOL = "true or false (also 1/0, yes/no, on/off)"
 _EXPORTERS = "a comma-separated list of exporter names, or none"
 _URL = "a URL with its scheme (`http://host:4317`, `https://host:4318`)"
 
+DEFAULT_SCOPE = "otel_tunix"
+"""The default instrumentation scope (tracer and meter name) of otel-tunix's spans and
+metrics: not ``tunix``, the meter name of upstream Tunix's own OpenTelemetry metrics."""
+
 SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_ENABLED, "enabled", parse_bool, True,
             "record step and component spans", _BOOL),
@@ -171,7 +175,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(env.OTEL_TUNIX_COMPONENTS, "components", _components, None,
             "comma-separated component names to record (unset: all)",
             "comma-separated component names"),
-    Setting(env.OTEL_TUNIX_SCOPE, "scope", _text, "tunix",
+    Setting(env.OTEL_TUNIX_SCOPE, "scope", _text, DEFAULT_SCOPE,
             "instrumentation scope (tracer and meter name)", "a non-empty name"),
     Setting(env.OTEL_TUNIX_OUTPUT_DIR, "output_dir", _text, None,
             "local run folder; `none` turns it off (unset: `./otel-tunix-runs/<run id>`); "
@@ -384,7 +388,7 @@ class Settings:
     enabled: bool = True
     sampling_rate: int = 1
     components: tuple[str, ...] | None = None
-    scope: str = "tunix"
+    scope: str = DEFAULT_SCOPE
     output_dir: str | None = None
     export_jsonl_path: str | None = None
     export_fn: str | None = None

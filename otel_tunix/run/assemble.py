@@ -65,7 +65,7 @@ from otel_tunix.run.run_parts import (
 )
 from otel_tunix.run.signal_exports import SignalExportStats, new_signal_stats
 from otel_tunix.run.state import RunState
-from otel_tunix.settings import ConfigurationError, Settings
+from otel_tunix.settings import DEFAULT_SCOPE, ConfigurationError, Settings
 from otel_tunix.sinks import ExportFnSink, MetricsLoggerSink, instrument_sink
 
 __all__ = ["Providers", "assemble", "disabled_run", "run_folder"]
@@ -377,7 +377,7 @@ def _step_processor(
     # point recorded into it would cost ~4 us for nothing.
     if not prov.owns_meter or prov.readers:
         instruments = instrument_sink(
-            prov.meter, cfg.otel_scope or "tunix", __version__,
+            prov.meter, cfg.otel_scope or DEFAULT_SCOPE, __version__,
             readers=prov.readers if prov.owns_meter else None,
             resource=info.resource, fast=settings.metrics_fast_path,
         )  # fmt: skip
@@ -463,7 +463,7 @@ def _runtime(
     builder = SpanBuilder(
         span_sink,
         prov.span_resource,
-        InstrumentationScope(cfg.otel_scope or "tunix", __version__),
+        InstrumentationScope(cfg.otel_scope or DEFAULT_SCOPE, __version__),
         offset=offset_ns,
     )
     pipeline = Pipeline(

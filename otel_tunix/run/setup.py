@@ -35,7 +35,7 @@ from otel_tunix.run import run_config as run_config_
 from otel_tunix.run.arguments import RunArguments
 from otel_tunix.run.parts import close_parts, flush_parts, parts_in_forked_child, start_parts
 from otel_tunix.run.state import RunState, write_summary
-from otel_tunix.settings import load_settings
+from otel_tunix.settings import DEFAULT_SCOPE, load_settings
 
 _logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def configure(
         if settings.sdk_disabled:
             _recording.set_runtime(None)
             _state = assemble.disabled_run(args, settings, rid, rank, resource, job)
-            set_current(CurrentRun(_state.info, _state.logger, cfg.otel_scope or "tunix"))
+            set_current(CurrentRun(_state.info, _state.logger, cfg.otel_scope or DEFAULT_SCOPE))
             return _state.info
         info = RunInfo(
             rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files, job=job
@@ -181,7 +181,7 @@ def configure(
             CurrentRun(
                 info,
                 state.logger,
-                cfg.otel_scope or "tunix",
+                cfg.otel_scope or DEFAULT_SCOPE,
                 meter_provider=state.meter_provider,
                 logger_provider=state.logger_provider,
                 datadog=state.datadog,
