@@ -17,10 +17,10 @@ from opentelemetry import metrics
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.resources import Resource
 
-from otel_tunix.settings import DEFAULT_SCOPE
 from otel_tunix._job import JobInfo
 from otel_tunix._resource import RankInfo
 from otel_tunix._version import __version__
+from otel_tunix.settings import DEFAULT_SCOPE
 
 if TYPE_CHECKING:
     from otel_tunix.metrics_logger import MetricsLogger

@@ -12,7 +12,12 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, OTELResourceDetector, Resource
+from opentelemetry.sdk.resources import (
+    SERVICE_INSTANCE_ID,
+    SERVICE_NAME,
+    OTELResourceDetector,
+    Resource,
+)
 
 from otel_tunix import _tally
 from otel_tunix import attributes as attr

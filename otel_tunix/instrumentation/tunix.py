@@ -183,16 +183,23 @@ def _eval_step_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
     return eval_step
 
 
+def _orbax(manager: Any) -> Any:
+    """The Orbax object a Tunix ``CheckpointManager`` saves with: ``_checkpoint_manager``
+    (google-tunix 0.1.7, Orbax's ``CheckpointManager``) or ``_checkpointer`` (Tunix HEAD,
+    Orbax v1's ``training.Checkpointer``); both answer ``should_save(step)``."""
+    return getattr(manager, "_checkpoint_manager", None) or getattr(manager, "_checkpointer", None)
+
+
 def _wrap_checkpoint_save(
     wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
 ) -> Any:
     if not _active.is_set() or not step_is_open():
         return wrapped(*args, **kwargs)
     try:
-        manager = getattr(instance, "_checkpoint_manager", None)
+        orbax = _orbax(instance)
         step = args[0] if args else kwargs.get("step")
         force = kwargs.get("force", args[4] if len(args) > 4 else False)
-        saves = manager is not None and (force or manager.should_save(step))
+        saves = orbax is not None and (force or orbax.should_save(step))
     except Exception:  # Tunix's private checkpoint API changed: time the call all the same
         saves = True
     if not saves:
@@ -209,9 +216,10 @@ def _wrap_checkpoint_restore(
     if not _active.is_set():
         return wrapped(*args, **kwargs)
     try:
-        manager = getattr(instance, "_checkpoint_manager", None)
         step = args[2] if len(args) > 2 else kwargs.get("step")
-        restores = manager is not None and (step is not None or manager.latest_step() is not None)
+        restores = _orbax(instance) is not None and (
+            step is not None or instance.latest_step() is not None
+        )
     except Exception:  # Tunix's private checkpoint API changed: time the call all the same
         restores = True
     if not restores:
@@ -344,6 +352,7 @@ def declare_categories() -> None:
 _active = threading.Event()
 _shared_tracer: OTelPerfTracer | None = None
 
+
 @dataclass(frozen=True, slots=True)
 class Patch:
     """One patch: the first of ``targets`` (``Class.method`` in ``module``) that the
@@ -357,28 +366,58 @@ class Patch:
 
 
 PATCHES: tuple[Patch, ...] = (
-    Patch("tunix.sft.peft_trainer", ("PeftTrainer.__init__",), _wrap_peft_init,
-          "otel-tunix's perf tracer in Tunix's trainers (no train step components)"),
-    Patch("tunix.sft.peft_trainer", ("PeftTrainer.train",), _wrap_train,
-          "the train steps (one per trainer iteration)"),
-    Patch("tunix.sft.peft_trainer", ("PeftTrainer._run_eval",), _wrap_run_eval,
-          "the eval steps"),
-    Patch("tunix.sft.checkpoint_manager", ("CheckpointManager.save",), _wrap_checkpoint_save,
-          "the checkpoint_save components"),
-    Patch("tunix.sft.checkpoint_manager", ("CheckpointManager.maybe_restore",),
-          _wrap_checkpoint_restore, "the checkpoint_restore components"),
-    Patch("tunix.sft.inflight_throttler", ("InflightThrottler.wait_for_next",),
-          _wrap_wait_for_next, "the train_inflight_wait components"),
-    Patch("tunix.sft.metrics_logger", ("MetricsLogger.__init__",), _wrap_metrics_logger_init,
-          "Tunix's scalars as OTel instruments and in metrics.jsonl"),
+    Patch(
+        "tunix.sft.peft_trainer",
+        ("PeftTrainer.__init__",),
+        _wrap_peft_init,
+        "otel-tunix's perf tracer in Tunix's trainers (no train step components)",
+    ),
+    Patch(
+        "tunix.sft.peft_trainer",
+        ("PeftTrainer.train",),
+        _wrap_train,
+        "the train steps (one per trainer iteration)",
+    ),
+    Patch("tunix.sft.peft_trainer", ("PeftTrainer._run_eval",), _wrap_run_eval, "the eval steps"),
+    Patch(
+        "tunix.sft.checkpoint_manager",
+        ("CheckpointManager.save",),
+        _wrap_checkpoint_save,
+        "the checkpoint_save components",
+    ),
+    Patch(
+        "tunix.sft.checkpoint_manager",
+        ("CheckpointManager.maybe_restore",),
+        _wrap_checkpoint_restore,
+        "the checkpoint_restore components",
+    ),
+    Patch(
+        "tunix.sft.inflight_throttler",
+        ("InflightThrottler.wait_for_next",),
+        _wrap_wait_for_next,
+        "the train_inflight_wait components",
+    ),
+    Patch(
+        "tunix.sft.metrics_logger",
+        ("MetricsLogger.__init__",),
+        _wrap_metrics_logger_init,
+        "Tunix's scalars as OTel instruments and in metrics.jsonl",
+    ),
     # Tunix after 0.1.7 renamed RLCluster to RLEngine (RLCluster is an alias) and
     # _init_cluster to _init_engine.
-    Patch("tunix.rl.rl_cluster", ("RLEngine._init_engine", "RLCluster._init_cluster"),
-          _wrap_init_cluster,
-          "the RL step breakdown (rollout, reference_inference, weight_sync, ...) and "
-          "Tunix's perf metrics computed from it; Tunix keeps its own tracers"),
-    Patch("tunix.rl.rl_learner", ("RLLearner.train",), _wrap_rl_train,
-          "rl/learner steps numbered as Tunix logs their metrics (a counter instead)"),
+    Patch(
+        "tunix.rl.rl_cluster",
+        ("RLEngine._init_engine", "RLCluster._init_cluster"),
+        _wrap_init_cluster,
+        "the RL step breakdown (rollout, reference_inference, weight_sync, ...) and "
+        "Tunix's perf metrics computed from it; Tunix keeps its own tracers",
+    ),
+    Patch(
+        "tunix.rl.rl_learner",
+        ("RLLearner.train",),
+        _wrap_rl_train,
+        "rl/learner steps numbered as Tunix logs their metrics (a counter instead)",
+    ),
 )
 """Everything the instrumentor patches, chosen by what the installed Tunix has."""
 

@@ -491,7 +491,9 @@ _ROWS: list[MetricSpec] = [
         semconv=True,
     ),
     MetricSpec("hw.temperature", G, "Cel", "GPU core temperature", "gpu", semconv=True),
-    MetricSpec("tunix.gpu.clock.sm", G, "Hz", "SM clock (hw.gpu.* has no convention for it)", "gpu"),
+    MetricSpec(
+        "tunix.gpu.clock.sm", G, "Hz", "SM clock (hw.gpu.* has no convention for it)", "gpu"
+    ),
     # --- process, host, framework, queues ---------------------------------------------
     MetricSpec(
         "process.cpu.utilization",

@@ -7,6 +7,7 @@ Ground truths the tests measure themselves: a clock around ``train()``, Tunix's 
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -316,10 +317,14 @@ def test_ppo_learner_actor_and_critic_steps_inside_the_learner_step(tmp_path: Pa
                 tokenizer=vocab,
                 cluster_config=_cluster_config(4, critic=True),
             )
+            # its config argument is ``ppo_config`` in google-tunix 0.1.7, ``algo_config`` on
+            # Tunix HEAD (which takes ``rl_cluster`` for its ``rl_engine`` still)
+            params = inspect.signature(ppo_lib.PPOLearner.__init__).parameters
+            config = "algo_config" if "algo_config" in params else "ppo_config"
             learner = ppo_lib.PPOLearner(
                 rl_cluster=cluster,
-                ppo_config=ppo_lib.PPOConfig(num_iterations=1),
                 reward_fns=_reward,
+                **{config: ppo_lib.PPOConfig(num_iterations=1)},
             )
             start = time.perf_counter()
             learner.train(_prompts())

@@ -30,9 +30,7 @@ def test_the_tunix_suite_passes_on(tunix: str, request: pytest.FixtureRequest) -
     if tunix == "head":
         head: Path = request.getfixturevalue("tunix_head")
         env[UNDER_TEST] = str(head)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(head), env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(head), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *FILES],
         cwd=ROOT,

@@ -215,7 +215,9 @@ def test_every_gen_ai_series_carries_the_conventions_required_attributes(clock):
     reader = InMemoryMetricReader()
     gm = GenerationMetrics(MeterProvider(metric_readers=[reader]), provider="vllm")
     list(gm.stream(_tokens(3, clock), prompt_tokens=2))
-    gen_ai = {name: points for name, points in _points(reader).items() if name.startswith("gen_ai.")}
+    gen_ai = {
+        name: points for name, points in _points(reader).items() if name.startswith("gen_ai.")
+    }
     assert len(gen_ai) == 4  # TTFT, TPOT, request duration, token usage
     for name, points in gen_ai.items():
         for point in points:
