@@ -87,8 +87,13 @@ def test_upstream_otel_path_and_ours_give_each_value_once_at_the_collector(
         otel_tunix.shutdown()
         inst.uninstrument()
 
-    ours = {"tunix.training.loss", "tunix.rewards.mean", "tunix.perf.global_step_time",
-            "tunix.rewards.score.mean", "tunix.steps"}  # fmt: skip
+    ours = {
+        "tunix.training.loss",
+        "tunix.rewards.mean",
+        "tunix.perf.global_step_time",
+        "tunix.rewards.score.mean",
+        "tunix.steps",
+    }
     out = rotel_collector.wait_for_metrics(*ours, "tunix.training.step")
     scopes: dict[str, set[str]] = defaultdict(set)
     units: dict[str, set[str]] = defaultdict(set)
