@@ -47,6 +47,7 @@ import otel_tunix
 from otel_tunix import _tally, categories
 from otel_tunix._errors import warn_once
 from otel_tunix.instrumentation import _base
+from otel_tunix.instrumentation import _tunix_orchestrator as _orchestrator
 from otel_tunix.instrumentation._base import step_is_open
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.instrumentation._tunix_metrics import (
@@ -353,6 +354,19 @@ _active = threading.Event()
 _shared_tracer: OTelPerfTracer | None = None
 
 
+def _if_active(
+    wrapper: Callable[..., Any],
+    wrapped: Callable[..., Any],
+    instance: Any,
+    args: Any,
+    kwargs: Any,
+) -> Any:
+    """``wrapper`` while the instrumentor is on, else the call as it is."""
+    if not _active.is_set():
+        return wrapped(*args, **kwargs)
+    return wrapper(wrapped, instance, args, kwargs)
+
+
 @dataclass(frozen=True, slots=True)
 class Patch:
     """One patch: the first of ``targets`` (``Class.method`` in ``module``) that the
@@ -411,6 +425,25 @@ PATCHES: tuple[Patch, ...] = (
         _wrap_init_cluster,
         "the RL step breakdown (rollout, reference_inference, weight_sync, ...) and "
         "Tunix's perf metrics computed from it; Tunix keeps its own tracers",
+    ),
+    # Tunix after 0.1.7: the experimental control plane (absent before: never imported)
+    Patch(
+        "tunix.experimental.orchestrator.rl_program",
+        ("StandardRLProgram.__init__",),
+        lambda *a: _if_active(_orchestrator.wrap_program_init, *a),
+        "the orchestrator's rl/learner steps with their policy version and policy lag",
+    ),
+    Patch(
+        "tunix.experimental.orchestrator.health_monitor",
+        ("HealthMonitor.poll",),
+        lambda *a: _if_active(_orchestrator.wrap_poll, *a),
+        "the time of each worker in each state (worker_<state> components)",
+    ),
+    Patch(
+        "tunix.experimental.orchestrator.health_monitor",
+        ("HealthMonitor.close",),
+        lambda *a: _if_active(_orchestrator.wrap_monitor_close, *a),
+        "the last state of each worker when the health monitor closes",
     ),
     Patch(
         "tunix.rl.rl_learner",
