@@ -514,10 +514,11 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     """Applies :class:`OTelPerfTracer` and :class:`OTelLoggingBackend` to an unmodified
     Tunix program, with one otel-tunix step per trainer iteration.
 
-    Patches, applied when the Tunix modules are imported (importing otel-tunix never
-    imports Tunix):
+    Patches (:data:`PATCHES`), applied when the Tunix modules are imported (importing
+    otel-tunix never imports Tunix), each target chosen by what the installed Tunix has; one
+    that is not there is one warning naming what the run lacks, counted in ``summary.json``:
 
-    * ``PeftTrainer`` (and the RL ``Trainer``) / ``RLCluster``: the default no-op perf
+    * ``PeftTrainer`` (and the RL ``Trainer``) / ``RLEngine`` (``RLCluster``): the default no-op perf
       tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix ``PerfTracer`` is
       left alone); ``train()`` opens a step per iteration (scope ``train``, or ``rl/actor``
       / ``rl/critic`` by ``metrics_prefix``) with ``train_data_load``; evaluation runs
@@ -529,7 +530,12 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     * Goodput categories (:mod:`otel_tunix.categories`): ``checkpoint_save``,
       ``checkpoint_restore``, ``eval_step_compute`` and ``weight_sync`` are declared
       (:data:`CATEGORY_OF`); the ``eval`` steps are evaluation as a whole.
-    * Tunix's ``MetricsLogger``: gains an :class:`OTelLoggingBackend` (process 0).
+    * Tunix's ``MetricsLogger``: gains an :class:`OTelLoggingBackend` (process 0); with
+      Tunix's own OpenTelemetry path on, Tunix's meter keeps only ``tunix.training.step``
+      (:class:`~otel_tunix.instrumentation._tunix_metrics.StepGaugeOnly`).
+    * Tunix's orchestrator, where it exists: ``StandardRLProgram`` steps with their policy
+      version and lag, ``HealthMonitor`` worker states as components
+      (:mod:`otel_tunix.instrumentation._tunix_orchestrator`).
 
     Options of ``instrument()``: ``tracer`` (an :class:`OTelPerfTracer` to use instead).
     Combine with :class:`otel_tunix.instrumentation.jax.JaxInstrumentor` for compilation
