@@ -518,8 +518,8 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     otel-tunix never imports Tunix), each target chosen by what the installed Tunix has; one
     that is not there is one warning naming what the run lacks, counted in ``summary.json``:
 
-    * ``PeftTrainer`` (and the RL ``Trainer``) / ``RLEngine`` (``RLCluster``): the default no-op perf
-      tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix ``PerfTracer`` is
+    * ``PeftTrainer`` (and the RL ``Trainer``) / ``RLEngine`` (``RLCluster``): the default
+      no-op perf tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix ``PerfTracer`` is
       left alone); ``train()`` opens a step per iteration (scope ``train``, or ``rl/actor``
       / ``rl/critic`` by ``metrics_prefix``) with ``train_data_load``; evaluation runs
       as ``eval`` steps with ``eval_data_load`` and ``eval_step_compute`` (device end).
