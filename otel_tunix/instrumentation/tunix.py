@@ -519,8 +519,8 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     that is not there is one warning naming what the run lacks, counted in ``summary.json``:
 
     * ``PeftTrainer`` (and the RL ``Trainer``) / ``RLEngine`` (``RLCluster``): the default
-      no-op perf tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix ``PerfTracer`` is
-      left alone); ``train()`` opens a step per iteration (scope ``train``, or ``rl/actor``
+      no-op perf tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix
+      ``PerfTracer`` is teed with it); ``train()`` opens a step per iteration (scope ``train``, or ``rl/actor``
       / ``rl/critic`` by ``metrics_prefix``) with ``train_data_load``; evaluation runs
       as ``eval`` steps with ``eval_data_load`` and ``eval_step_compute`` (device end).
     * ``InflightThrottler.wait_for_next``: ``train_inflight_wait`` (blocked) when it waits.
