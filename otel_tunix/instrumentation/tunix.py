@@ -522,7 +522,8 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
       no-op perf tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix
       ``PerfTracer`` is teed with it); ``train()`` opens a step per iteration (scope
       ``train``, or ``rl/actor`` / ``rl/critic`` by ``metrics_prefix``) with
-      ``train_data_load``; evaluation runs as ``eval`` steps with ``eval_data_load`` and ``eval_step_compute`` (device end).
+      ``train_data_load``; evaluation runs as ``eval`` steps with ``eval_data_load`` and
+      ``eval_step_compute`` (device end).
     * ``InflightThrottler.wait_for_next``: ``train_inflight_wait`` (blocked) when it waits.
     * ``CheckpointManager.save``: ``checkpoint_save`` when it saves;
       ``CheckpointManager.maybe_restore``: ``checkpoint_restore`` when there is a checkpoint
