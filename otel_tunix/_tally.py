@@ -2,7 +2,8 @@
 
 Each is a process-wide count (``names_cleaned``, ``values_cleaned``, ``secrets_redacted``,
 ``metric_names_refused``, ``hook_calls_dropped``); a run reports what was added since its
-``configure()`` began (:func:`start_run`, :func:`this_run`). Incremented on slow paths only (the
+``configure()`` began (:func:`start_run`, :func:`this_run`), and the counts that describe the
+process as it is (:func:`hold`: ``tunix_patches_missing``). Incremented on slow paths only (the
 first sight of a name, a refusal), so a lock costs nothing that matters.
 """
 
