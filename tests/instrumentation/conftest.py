@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +48,25 @@ def tunix_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tar.extractall(dest, filter="data")
     (package,) = dest.glob("**/tunix/__init__.py")
     return package.parent.parent
+
+
+@contextmanager
+def xprof_annotations() -> Iterator[list[tuple[str, Any]]]:
+    """The ``(name, step_num)`` of each ``jax.profiler.StepTraceAnnotation`` made inside
+    (Tunix looks the class up on ``jax.profiler`` at each use): the step numbers Tunix's
+    XProf traces carry."""
+    import jax
+
+    real = jax.profiler.StepTraceAnnotation
+    seen: list[tuple[str, Any]] = []
+
+    class Recording(real):  # type: ignore[misc, valid-type]
+        def __init__(self, name: str, **kwargs: Any) -> None:
+            seen.append((name, kwargs.get("step_num")))
+            super().__init__(name, **kwargs)
+
+    jax.profiler.StepTraceAnnotation = Recording
+    try:
+        yield seen
+    finally:
+        jax.profiler.StepTraceAnnotation = real

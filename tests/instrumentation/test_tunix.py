@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import xprof_annotations
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -91,6 +92,7 @@ class Run:
     losses: list[float]
     eval_losses: list[float]
     run_dir: Path
+    annotations: list[tuple[str, Any]]  # Tunix's XProf step annotations (name, step_num)
 
 
 def _parent_name(spans: list[Any], span: Any) -> str | None:
@@ -125,7 +127,8 @@ def instrumented_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
                 ),
             )
             data = batches(STEPS + 5)
-            trainer.train(data, eval_ds=data[:EVAL_BATCHES])
+            with xprof_annotations() as annotations:
+                trainer.train(data, eval_ds=data[:EVAL_BATCHES])
             history = trainer.metrics_logger.get_metric_history
             losses = [float(v) for v in history("", "loss", "train")]
             eval_losses = [float(v) for v in history("", "loss", "eval")]
@@ -136,7 +139,7 @@ def instrumented_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         metrics = cap.metrics()
         units = cap.metric_units()
         summaries = list(cap.summaries)
-    return Run(spans, metrics, units, summaries, losses, eval_losses, run_dir)
+    return Run(spans, metrics, units, summaries, losses, eval_losses, run_dir, annotations)
 
 
 def test_one_train_step_per_iteration_with_its_components(instrumented_run: Run) -> None:
@@ -147,6 +150,9 @@ def test_one_train_step_per_iteration_with_its_components(instrumented_run: Run)
     assert all(s.attributes["tunix.train_step"] == s.attributes[attr.STEP] for s in steps)
     # and the number Tunix's XProf annotation gives the same iteration (0-based), beside it
     assert all(s.attributes[PROFILER_STEP] == s.attributes[attr.STEP] - 1 for s in steps)
+    xprof = [n for name, n in instrumented_run.annotations if name == "train"]
+    # Tunix annotates one more iteration: the last fetch, which finds max_steps reached
+    assert sorted(s.attributes[PROFILER_STEP] for s in steps) == xprof[:STEPS]
     assert all(s.attributes[attr.SCOPE] == "train" for s in steps)
     per_step = Counter(
         (s.name, s.attributes[attr.STEP]) for s in spans if s.attributes.get(attr.SCOPE) == "train"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import xprof_annotations
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -31,6 +32,7 @@ tc = pytest.importorskip("tunix.tests.test_common")
 
 from otel_tunix import attributes as attr  # noqa: E402
 from otel_tunix.instrumentation.tunix import (  # noqa: E402
+    PROFILER_STEP,
     OTelPerfTracer,
     TeeTracer,
     TunixInstrumentor,
@@ -99,6 +101,8 @@ class RLRun:
     # How late a thread woke from a 1 ms sleep, sampled through the run: the scheduling
     # delay a waiter thread suffered at that time on this machine.
     wake_lateness: list[float]
+    # (name, step_num) of each XProf step annotation Tunix made during the run
+    annotations: list[tuple[str, Any]]
 
 
 def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
@@ -161,7 +165,8 @@ def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
             prober.start()
             start = time.perf_counter()
             try:
-                learner.train(_prompts())
+                with xprof_annotations() as annotations:
+                    learner.train(_prompts())
             finally:
                 done.set()
                 prober.join()
@@ -172,7 +177,7 @@ def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
         spans = cap.spans()
         summaries = list(cap.summaries)
     main = threading.main_thread().ident or 0
-    return RLRun(summaries, spans, wall, logged, exports, run_dir, main, lateness)
+    return RLRun(summaries, spans, wall, logged, exports, run_dir, main, lateness, annotations)
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +235,15 @@ def test_one_name_per_kind_of_work_and_tunix_tags_as_attributes(grpo: RLRun) -> 
         if span.name == "peft_train_step":
             assert span.attributes["tunix.role"] == "actor"
             assert span.attributes["tunix.micro_batch"] == 0
+
+
+def test_learner_steps_carry_the_step_number_of_tunix_xprof_annotations(grpo: RLRun) -> None:
+    """Tunix's ``trainer`` annotation of a global step numbers it by the learner's iteration
+    count as it starts: that number is on the learner step span, beside Tunix's global step."""
+    learner = [s for s in grpo.spans if s.name == "rl/learner_step"]
+    trainer = [n for name, n in grpo.annotations if name == "trainer"]
+    assert len(trainer) == len(learner) == STEPS
+    assert sorted(s.attributes[PROFILER_STEP] for s in learner) == sorted(trainer)
 
 
 def test_learner_steps_tile_the_training_loop(grpo: RLRun) -> None:
