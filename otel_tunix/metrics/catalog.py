@@ -491,9 +491,7 @@ _ROWS: list[MetricSpec] = [
         semconv=True,
     ),
     MetricSpec("hw.temperature", G, "Cel", "GPU core temperature", "gpu", semconv=True),
-    MetricSpec(
-        "tunix.gpu.clock.sm", G, "Hz", "SM clock (hw.gpu.* has no convention for it)", "gpu"
-    ),
+    MetricSpec("tunix.gpu.clock.sm", G, "Hz", "SM clock (no convention in hw.gpu.*)", "gpu"),
     # --- process, host, framework, queues ---------------------------------------------
     MetricSpec(
         "process.cpu.utilization",
