@@ -272,6 +272,27 @@ def test_the_tunix_under_test_is_the_one_imported() -> None:
         assert Path(tunix.__file__).resolve().is_relative_to(Path(under_test).resolve())
 
 
+def test_every_patch_target_resolves_on_this_tunix() -> None:
+    """Each patch finds its target in the Tunix under test (a module this Tunix does not
+    have, such as HEAD's orchestrator on 0.1.7, is never imported, so never patched)."""
+    import importlib
+    import importlib.util
+
+    from otel_tunix.instrumentation.tunix import PATCHES, _resolve
+
+    def exists(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its parent package is not there
+            return False
+
+    present = [p for p in PATCHES if exists(p.module)]
+    assert len(present) >= 9  # the SFT and RL ones, on every Tunix
+    for patch in present:
+        module = importlib.import_module(patch.module)
+        assert _resolve(module, patch.targets) is not None, (patch.module, patch.targets)
+
+
 def test_a_target_this_tunix_lacks_is_one_warning_and_a_count_in_summary_json(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:

@@ -43,8 +43,12 @@ def test_the_tunix_suite_passes_on(tunix: str, request: pytest.FixtureRequest) -
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|skipped|failed)", out)}
     assert counts.get("passed", 0) >= 30, out
-    assert "could not patch" not in proc.stdout + proc.stderr
-    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+    assert "this Tunix has no" not in proc.stdout + proc.stderr  # no patch target missing
+    skipped = [
+        line
+        for line in out.splitlines()
+        if line.startswith("SKIPPED") and "entry points are not installed" not in line
+    ]  # (the zero-code test needs ``pip install -e .``: not a matter of the Tunix version)
     if tunix == "head":  # everything runs on HEAD: the tests of what only HEAD has too
         assert not skipped, out
     else:
