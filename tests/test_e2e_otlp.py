@@ -48,7 +48,7 @@ def test_spans_and_metrics_reach_a_real_collector(rotel_collector, monkeypatch, 
         assert comp.attributes["tunix.time_kind"] == expected_kind
         assert comp.resource["service.name"] == "e2e-training"
         assert comp.resource["tunix.run.id"] == info.run_id
-        assert comp.scope_name == "tunix"
+        assert comp.scope_name == "otel_tunix"
     for name in ("tunix.step.busy_time", "tunix.step.blocked_time", "tunix.step.idle_time"):
         metric = out.metric(name)
         assert metric.unit == "s"

@@ -252,7 +252,7 @@ class Actor:
         self.pool = ThreadPoolExecutor(cfg.rollout_workers, thread_name_prefix="rollout-worker")
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
         # TTFT, TPOT, tokens: gen_ai.* histograms on the run's meter (OTLP, Prometheus...)
-        self.generation = GenerationMetrics(model_name="otel-tunix-tiny-lm")
+        self.generation = GenerationMetrics(model_name="otel-tunix-tiny-lm", provider="otel_tunix")
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

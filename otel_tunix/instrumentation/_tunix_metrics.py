@@ -11,6 +11,8 @@ import re
 import threading
 from typing import Any
 
+from opentelemetry.metrics import NoOpMeter
+
 import otel_tunix
 from otel_tunix.instrumentation.jax import run_meter
 from otel_tunix.logger.backend import PERF_SOURCE, LoggingBackend, to_scalar
@@ -73,12 +75,15 @@ class TunixMetric:
 
     @property
     def instrument_name(self) -> str:
-        """Tunix's own name for the four it names (``tunix.training.loss``), else
-        ``tunix.`` + the name with ``/`` as ``.`` (``tunix.rewards.mean``)."""
+        """Tunix's own name for the four it names (``tunix.training.loss``), else ``tunix.``
+        + the name normalised as Tunix's MetricsLogger does (lowercase, each run of other
+        characters than ``[a-z0-9_.-]`` one ``.``: ``rewards/score mean`` ->
+        ``tunix.rewards.score.mean``). A category prefix stays in the name
+        (``tunix.rewards.mean``), where Tunix puts it in ``tunix.metrics.prefix``."""
         named = TUNIX_NAMED.get(self.name)
         if named is not None:
             return named
-        return ("tunix." + _NOT_NAME.sub("_", self.name).replace("/", "."))[:255]
+        return ("tunix." + (_NOT_NAME.sub(".", self.name).strip(".").lower() or "unnamed"))[:255]
 
     @property
     def logger_name(self) -> str:
@@ -120,7 +125,7 @@ class TunixMetric:
         return f"TunixMetric({self.name!r}, mode={self.mode!r}, role={self.role!r})"
 
 
-_NOT_NAME = re.compile(r"[^A-Za-z0-9_./\-]")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_.\-]+")
 
 
 def parse_event(event: str) -> TunixMetric:
@@ -252,9 +257,42 @@ class OTelLoggingBackend(LoggingBackend):
             exc_info=_logger.isEnabledFor(logging.DEBUG),
         )
 
+    @property
+    def publishing(self) -> bool:
+        """Whether this backend is the one that publishes (the oldest alive)."""
+        with _live_lock:
+            return bool(_live_backends) and _live_backends[0] is self and not self._closed
+
     def close(self) -> None:
         """Stop publishing (Tunix calls it when its MetricsLogger closes)."""
         self._closed = True
         with _live_lock:
             if self in _live_backends:
                 _live_backends.remove(self)
+
+
+# --- Tunix's own OpenTelemetry double-write ---------------------------------------------------
+
+STEP_GAUGE = "tunix.training.step"
+"""The one instrument of Tunix's own OpenTelemetry path (``MetricsLoggerOptions(
+enable_opentelemetry=True)``, Tunix after 0.1.7) whose value otel-tunix does not publish:
+the logical step per ``tunix.training.mode`` / ``tunix.metrics.prefix``."""
+
+
+class StepGaugeOnly:
+    """Tunix's meter, for a MetricsLogger whose scalars an :class:`OTelLoggingBackend`
+    publishes: only :data:`STEP_GAUGE` reaches Tunix's meter (its own scope ``tunix``),
+    every other gauge Tunix creates records nothing, so each value reaches the collector
+    once (otel-tunix's instrument, with its unit), never a second time from Tunix."""
+
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
+
+    def create_gauge(self, name: str, unit: str = "", description: str = "") -> Any:
+        """The real gauge for :data:`STEP_GAUGE`, else a no-op one."""
+        if name == STEP_GAUGE:
+            return self.meter.create_gauge(name, unit=unit, description=description)
+        return NoOpMeter("tunix").create_gauge(name, unit=unit, description=description)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.meter, name)

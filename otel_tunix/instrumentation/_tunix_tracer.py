@@ -55,6 +55,27 @@ def _set_tags(comp: Any, tags: Mapping[str, Any]) -> None:
         comp.set_attribute(TAG_ATTRIBUTES.get(key) or f"tunix.tag.{key}", value)
 
 
+def _set_step_attributes(step: Any, attributes: Callable[[], Mapping[str, Any]] | None) -> None:
+    """``attributes()`` on the step just opened (a framework counter that cannot be read is
+    left out, said once)."""
+    set_attribute = getattr(step, "set_attribute", None)
+    if attributes is None or set_attribute is None:
+        return
+    try:
+        values = attributes()
+    except Exception:  # the framework's private counter changed
+        warn_once(
+            ("tunix", "step-attributes"),
+            "otel-tunix: reading a Tunix step attribute failed; left out",
+            logger=_logger,
+            level=logging.DEBUG,
+            exc_info=True,
+        )
+        return
+    for key, value in values.items():
+        set_attribute(key, value)
+
+
 # --- the tracer ----------------------------------------------------------------------------
 
 
@@ -109,6 +130,8 @@ class _TracerState:
         self.numbers: dict[str, Callable[[], int]] = {}
         """Per scope, where the number of a step this tracer opens comes from (the
         framework's own counter); else a counter per scope."""
+        self.attributes: dict[str, Callable[[], Mapping[str, Any]]] = {}
+        """Per scope, attributes read as a step this tracer opens opens."""
         self.lock = threading.Lock()
         self.exports = LearnerExport()
 
@@ -252,6 +275,8 @@ class OTelPerfTracer:
             cm = contextlib.nullcontext()
             report_internal_error("opening a Tunix span group")
         with cm:
+            if number is not None and scope is not None:
+                _set_step_attributes(cm, st.attributes.get(scope))
             yield
         if scope == LEARNER_SCOPE and number is not None:
             st.exports.closed = number
@@ -311,13 +336,22 @@ class OTelPerfTracer:
             raise
         _close_span(comp, step_cm, token, waitlist, None)
 
-    def number_steps(self, scope: str, number: Callable[[], int] | None) -> None:
+    def number_steps(
+        self,
+        scope: str,
+        number: Callable[[], int] | None,
+        attributes: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> None:
         """Number the steps this tracer opens in ``scope`` by ``number()`` (a framework's
-        own counter, read as each step opens); ``None``: by a counter again."""
+        own counter, read as each step opens), with ``attributes()`` on them; ``None``: by a
+        counter again, with no attributes."""
         if number is None:
             self._state.numbers.pop(scope, None)
-        else:
-            self._state.numbers[scope] = number
+            self._state.attributes.pop(scope, None)
+            return
+        self._state.numbers[scope] = number
+        if attributes is not None:
+            self._state.attributes[scope] = attributes
 
 
 class _V2Tracer(OTelPerfTracer):

@@ -40,16 +40,23 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import otel_tunix
 from otel_tunix.accounting import categories
 from otel_tunix.instrumentation import _base
+from otel_tunix.instrumentation import _tunix_orchestrator as _orchestrator
 from otel_tunix.instrumentation._base import step_is_open
 from otel_tunix.instrumentation._threads import carry_into_threads, stop_carrying_into_threads
 from otel_tunix.instrumentation._tunix_metrics import CATEGORIES as CATEGORIES
 from otel_tunix.instrumentation._tunix_metrics import MODES as MODES
-from otel_tunix.instrumentation._tunix_metrics import OTelLoggingBackend, TunixMetric, parse_event
+from otel_tunix.instrumentation._tunix_metrics import (
+    OTelLoggingBackend,
+    StepGaugeOnly,
+    TunixMetric,
+    parse_event,
+)
 from otel_tunix.instrumentation._tunix_perf import LEARNER_SCOPE
 from otel_tunix.instrumentation._tunix_steps import _LoopSteps
 from otel_tunix.instrumentation._tunix_tracer import COMPONENT_NAMES as COMPONENT_NAMES
@@ -57,6 +64,7 @@ from otel_tunix.instrumentation._tunix_tracer import DEFAULT_STEP_GROUPS as DEFA
 from otel_tunix.instrumentation._tunix_tracer import TAG_ATTRIBUTES as TAG_ATTRIBUTES
 from otel_tunix.instrumentation._tunix_tracer import OTelPerfTracer, TeeTracer
 from otel_tunix.instrumentation.jax import device_end, ensure_compile_tracking
+from otel_tunix.settings import tally as _tally
 from otel_tunix.support.errors import warn_once
 
 __all__ = [
@@ -71,6 +79,12 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 EXTRA_HINT = "pip install 'otel-tunix[tunix]'"
+
+PROFILER_STEP = "tunix.profiler_step"
+"""Step attribute: the number Tunix's XProf annotations give the same step
+(``StepTraceAnnotation(step_num=...)``: the trainer's ``_iter_steps`` as the iteration
+starts, 0-based; the learner's ``_iter_steps`` as an RL global step starts), beside
+``tunix.step``, the number Tunix's MetricsLogger logs the step's metrics at."""
 
 
 # --- trainer patches (applied by the instrumentor) -----------------------------------------
@@ -104,7 +118,10 @@ def _wrap_train(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: A
         "train_data_load",
         number=lambda: int(instance._iter_steps) + 1,
         stop=lambda: _will_stop(instance),
-        attributes=lambda: {"tunix.train_step": int(instance._train_steps) + 1},
+        attributes=lambda: {
+            "tunix.train_step": int(instance._train_steps) + 1,
+            PROFILER_STEP: int(instance._iter_steps),
+        },
     )
     args = list(args)
     if args:
@@ -158,16 +175,23 @@ def _eval_step_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
     return eval_step
 
 
+def _orbax(manager: Any) -> Any:
+    """The Orbax object a Tunix ``CheckpointManager`` saves with: ``_checkpoint_manager``
+    (google-tunix 0.1.7, Orbax's ``CheckpointManager``) or ``_checkpointer`` (Tunix HEAD,
+    Orbax v1's ``training.Checkpointer``); both answer ``should_save(step)``."""
+    return getattr(manager, "_checkpoint_manager", None) or getattr(manager, "_checkpointer", None)
+
+
 def _wrap_checkpoint_save(
     wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
 ) -> Any:
     if not _active.is_set() or not step_is_open():
         return wrapped(*args, **kwargs)
     try:
-        manager = getattr(instance, "_checkpoint_manager", None)
+        orbax = _orbax(instance)
         step = args[0] if args else kwargs.get("step")
         force = kwargs.get("force", args[4] if len(args) > 4 else False)
-        saves = manager is not None and (force or manager.should_save(step))
+        saves = orbax is not None and (force or orbax.should_save(step))
     except Exception:  # Tunix's private checkpoint API changed: time the call all the same
         saves = True
     if not saves:
@@ -184,9 +208,10 @@ def _wrap_checkpoint_restore(
     if not _active.is_set():
         return wrapped(*args, **kwargs)
     try:
-        manager = getattr(instance, "_checkpoint_manager", None)
         step = args[2] if len(args) > 2 else kwargs.get("step")
-        restores = manager is not None and (step is not None or manager.latest_step() is not None)
+        restores = _orbax(instance) is not None and (
+            step is not None or instance.latest_step() is not None
+        )
     except Exception:  # Tunix's private checkpoint API changed: time the call all the same
         restores = True
     if not restores:
@@ -245,10 +270,15 @@ def _wrap_rl_train(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs
     """Number the ``rl/learner`` steps by Tunix's ``global_steps``: the step Tunix logs the
     global step's rewards and other RL metrics under."""
     tracer = _shared_tracer
-    cluster = getattr(instance, "rl_cluster", None)
+    # ``rl_engine`` in Tunix after 0.1.7 (``rl_cluster`` is its alias there)
+    cluster = getattr(instance, "rl_engine", None) or getattr(instance, "rl_cluster", None)
     if not _active.is_set() or tracer is None or cluster is None:
         return wrapped(*args, **kwargs)
-    tracer.number_steps(LEARNER_SCOPE, lambda: int(cluster.global_steps))
+    tracer.number_steps(
+        LEARNER_SCOPE,
+        lambda: int(cluster.global_steps),
+        attributes=lambda: {PROFILER_STEP: int(instance._iter_steps)},
+    )
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -265,14 +295,13 @@ def _wrap_metrics_logger_init(
         import jax
 
         backends = getattr(instance, "_backends", None)
-        if (
-            jax.process_index() == 0
-            and isinstance(backends, list)
-            and not any(isinstance(b, OTelLoggingBackend) for b in backends)
-        ):
+        if jax.process_index() != 0 or not isinstance(backends, list):
+            return result
+        if not any(isinstance(b, OTelLoggingBackend) for b in backends):
             backend = OTelLoggingBackend()
             backends.append(backend)
             jax.monitoring.register_scalar_listener(backend.log_scalar)
+        _one_writer(instance)
     except Exception:  # Tunix's MetricsLogger internals or jax.monitoring changed
         warn_once(
             ("tunix", "metrics-backend"),
@@ -282,6 +311,15 @@ def _wrap_metrics_logger_init(
             exc_info=True,
         )
     return result
+
+
+def _one_writer(logger: Any) -> None:
+    """With Tunix's own OpenTelemetry path on (``enable_opentelemetry``, Tunix after 0.1.7),
+    Tunix's meter keeps only its step gauge: otel-tunix's backend publishes every scalar
+    already, under one name with its unit (see docs/tunix.md)."""
+    meter = getattr(logger, "_otel_meter", None)
+    if meter is not None and not isinstance(meter, StepGaugeOnly):
+        logger._otel_meter = StepGaugeOnly(meter)
 
 
 # --- the instrumentor ----------------------------------------------------------------------
@@ -306,20 +344,124 @@ def declare_categories() -> None:
 _active = threading.Event()
 _shared_tracer: OTelPerfTracer | None = None
 
-_PATCHES: tuple[tuple[str, str, Callable[..., Any]], ...] = (
-    ("tunix.sft.peft_trainer", "PeftTrainer.__init__", _wrap_peft_init),
-    ("tunix.sft.peft_trainer", "PeftTrainer.train", _wrap_train),
-    ("tunix.sft.peft_trainer", "PeftTrainer._run_eval", _wrap_run_eval),
-    ("tunix.sft.checkpoint_manager", "CheckpointManager.save", _wrap_checkpoint_save),
-    ("tunix.sft.checkpoint_manager", "CheckpointManager.maybe_restore", _wrap_checkpoint_restore),
-    ("tunix.sft.inflight_throttler", "InflightThrottler.wait_for_next", _wrap_wait_for_next),
-    ("tunix.sft.metrics_logger", "MetricsLogger.__init__", _wrap_metrics_logger_init),
-    ("tunix.rl.rl_cluster", "RLCluster._init_cluster", _wrap_init_cluster),
-    ("tunix.rl.rl_learner", "RLLearner.train", _wrap_rl_train),
+
+def _if_active(
+    wrapper: Callable[..., Any],
+    wrapped: Callable[..., Any],
+    instance: Any,
+    args: Any,
+    kwargs: Any,
+) -> Any:
+    """``wrapper`` while the instrumentor is on, else the call as it is."""
+    if not _active.is_set():
+        return wrapped(*args, **kwargs)
+    return wrapper(wrapped, instance, args, kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """One patch: the first of ``targets`` (``Class.method`` in ``module``) that the
+    installed Tunix has is wrapped with ``wrapper``; ``missing`` says what a run lacks when
+    none is there."""
+
+    module: str
+    targets: tuple[str, ...]
+    wrapper: Callable[..., Any]
+    missing: str
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "tunix.sft.peft_trainer",
+        ("PeftTrainer.__init__",),
+        _wrap_peft_init,
+        "otel-tunix's perf tracer in Tunix's trainers (no train step components)",
+    ),
+    Patch(
+        "tunix.sft.peft_trainer",
+        ("PeftTrainer.train",),
+        _wrap_train,
+        "the train steps (one per trainer iteration)",
+    ),
+    Patch("tunix.sft.peft_trainer", ("PeftTrainer._run_eval",), _wrap_run_eval, "the eval steps"),
+    Patch(
+        "tunix.sft.checkpoint_manager",
+        ("CheckpointManager.save",),
+        _wrap_checkpoint_save,
+        "the checkpoint_save components",
+    ),
+    Patch(
+        "tunix.sft.checkpoint_manager",
+        ("CheckpointManager.maybe_restore",),
+        _wrap_checkpoint_restore,
+        "the checkpoint_restore components",
+    ),
+    Patch(
+        "tunix.sft.inflight_throttler",
+        ("InflightThrottler.wait_for_next",),
+        _wrap_wait_for_next,
+        "the train_inflight_wait components",
+    ),
+    Patch(
+        "tunix.sft.metrics_logger",
+        ("MetricsLogger.__init__",),
+        _wrap_metrics_logger_init,
+        "Tunix's scalars as OTel instruments and in metrics.jsonl",
+    ),
+    # Tunix after 0.1.7 renamed RLCluster to RLEngine (RLCluster is an alias) and
+    # _init_cluster to _init_engine.
+    Patch(
+        "tunix.rl.rl_cluster",
+        ("RLEngine._init_engine", "RLCluster._init_cluster"),
+        _wrap_init_cluster,
+        "the RL step breakdown (rollout, reference_inference, weight_sync, ...) and "
+        "Tunix's perf metrics computed from it; Tunix keeps its own tracers",
+    ),
+    # Tunix after 0.1.7: the experimental control plane (absent before: never imported)
+    Patch(
+        "tunix.experimental.orchestrator.rl_program",
+        ("StandardRLProgram.__init__",),
+        lambda *a: _if_active(_orchestrator.wrap_program_init, *a),
+        "the orchestrator's rl/learner steps with their policy version and policy lag",
+    ),
+    Patch(
+        "tunix.experimental.orchestrator.health_monitor",
+        ("HealthMonitor.poll",),
+        lambda *a: _if_active(_orchestrator.wrap_poll, *a),
+        "the time of each worker in each state (worker_<state> components)",
+    ),
+    Patch(
+        "tunix.experimental.orchestrator.health_monitor",
+        ("HealthMonitor.close",),
+        lambda *a: _if_active(_orchestrator.wrap_monitor_close, *a),
+        "the last state of each worker when the health monitor closes",
+    ),
+    Patch(
+        "tunix.rl.rl_learner",
+        ("RLLearner.train",),
+        _wrap_rl_train,
+        "rl/learner steps numbered as Tunix logs their metrics (a counter instead)",
+    ),
 )
+"""Everything the instrumentor patches, chosen by what the installed Tunix has."""
+
 _patched: set[tuple[str, str]] = set()
+_missing: set[tuple[str, tuple[str, ...]]] = set()
 _hooked: set[str] = set()
 _patch_lock = threading.Lock()
+
+MISSING_COUNT = "tunix_patches_missing"
+"""The ``summary.json`` ``safety`` count of patches that found no target in this Tunix."""
+
+
+def _resolve(module: Any, targets: tuple[str, ...]) -> str | None:
+    """The first of ``targets`` that ``module`` has (``Class.method``), else ``None``."""
+    for target in targets:
+        owner_name, _, attr_name = target.rpartition(".")
+        owner = getattr(module, owner_name, None)
+        if owner is not None and callable(getattr(owner, attr_name, None)):
+            return target
+    return None
 
 
 def _apply_on_import(module_name: str) -> _base.OnImport:
@@ -332,38 +474,47 @@ def _apply(module_name: str) -> None:
     module = sys.modules.get(module_name)
     if module is None or not _active.is_set():
         return
-    with _patch_lock:
-        for mod, target, wrapper in _PATCHES:
-            if mod != module_name or (mod, target) in _patched:
-                continue
-            try:
-                import wrapt
+    import wrapt
 
-                wrapt.wrap_function_wrapper(module, target, wrapper)
-                _patched.add((mod, target))
-            except Exception:  # this Tunix version has no such target
+    with _patch_lock:
+        for patch in PATCHES:
+            if patch.module != module_name or any(
+                (patch.module, t) in _patched for t in patch.targets
+            ):
+                continue
+            target = _resolve(module, patch.targets)
+            if target is None:
+                _missing.add((patch.module, patch.targets))
+                _tally.hold(MISSING_COUNT, len(_missing))
                 warn_once(
-                    ("tunix", "patch", mod, target),
-                    "otel-tunix: could not patch %s.%s",
-                    mod,
-                    target,
+                    ("tunix", "patch", patch.module, patch.targets),
+                    "otel-tunix: this Tunix has no %s in %s; missing from the run: %s "
+                    "(counted in summary.json, safety.%s)",
+                    " or ".join(patch.targets),
+                    patch.module,
+                    patch.missing,
+                    MISSING_COUNT,
                     logger=_logger,
-                    exc_info=True,
                 )
+                continue
+            wrapt.wrap_function_wrapper(module, target, patch.wrapper)
+            _patched.add((patch.module, target))
 
 
 class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     """Applies :class:`OTelPerfTracer` and :class:`OTelLoggingBackend` to an unmodified
     Tunix program, with one otel-tunix step per trainer iteration.
 
-    Patches, applied when the Tunix modules are imported (importing otel-tunix never
-    imports Tunix):
+    Patches (:data:`PATCHES`), applied when the Tunix modules are imported (importing
+    otel-tunix never imports Tunix), each target chosen by what the installed Tunix has; one
+    that is not there is one warning naming what the run lacks, counted in ``summary.json``:
 
-    * ``PeftTrainer`` (and the RL ``Trainer``) / ``RLCluster``: the default no-op perf
-      tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix ``PerfTracer`` is
-      left alone); ``train()`` opens a step per iteration (scope ``train``, or ``rl/actor``
-      / ``rl/critic`` by ``metrics_prefix``) with ``train_data_load``; evaluation runs
-      as ``eval`` steps with ``eval_data_load`` and ``eval_step_compute`` (device end).
+    * ``PeftTrainer`` (and the RL ``Trainer``) / ``RLEngine`` (``RLCluster``): the default
+      no-op perf tracers become one shared :class:`OTelPerfTracer` (an explicit Tunix
+      ``PerfTracer`` is teed with it); ``train()`` opens a step per iteration (scope
+      ``train``, or ``rl/actor`` / ``rl/critic`` by ``metrics_prefix``) with
+      ``train_data_load``; evaluation runs as ``eval`` steps with ``eval_data_load`` and
+      ``eval_step_compute`` (device end).
     * ``InflightThrottler.wait_for_next``: ``train_inflight_wait`` (blocked) when it waits.
     * ``CheckpointManager.save``: ``checkpoint_save`` when it saves;
       ``CheckpointManager.maybe_restore``: ``checkpoint_restore`` when there is a checkpoint
@@ -371,7 +522,12 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
     * Goodput categories (:mod:`otel_tunix.accounting.categories`): ``checkpoint_save``,
       ``checkpoint_restore``, ``eval_step_compute`` and ``weight_sync`` are declared
       (:data:`CATEGORY_OF`); the ``eval`` steps are evaluation as a whole.
-    * Tunix's ``MetricsLogger``: gains an :class:`OTelLoggingBackend` (process 0).
+    * Tunix's ``MetricsLogger``: gains an :class:`OTelLoggingBackend` (process 0); with
+      Tunix's own OpenTelemetry path on, Tunix's meter keeps only ``tunix.training.step``
+      (:class:`~otel_tunix.instrumentation._tunix_metrics.StepGaugeOnly`).
+    * Tunix's orchestrator, where it exists: ``StandardRLProgram`` steps with their policy
+      version and lag, ``HealthMonitor`` worker states as components
+      (:mod:`otel_tunix.instrumentation._tunix_orchestrator`).
 
     Options of ``instrument()``: ``tracer`` (an :class:`OTelPerfTracer` to use instead).
     Combine with :class:`otel_tunix.instrumentation.jax.JaxInstrumentor` for compilation
@@ -391,7 +547,7 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         declare_categories()
         carry_into_threads()
         _active.set()
-        for module_name in dict.fromkeys(mod for mod, _, _ in _PATCHES):
+        for module_name in dict.fromkeys(patch.module for patch in PATCHES):
             if module_name not in _hooked:
                 _hooked.add(module_name)
                 _base.when_imported(module_name, _apply_on_import(module_name))
@@ -414,4 +570,6 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
                 if owner is not None:
                     unwrap(owner, attr)
                 _patched.discard((mod, target))
+            _missing.clear()
+            _tally.hold(MISSING_COUNT, 0)
         _shared_tracer = None

@@ -47,6 +47,8 @@ TTFT = "gen_ai.server.time_to_first_token"
 TPOT = "gen_ai.server.time_per_output_token"
 E2E = "gen_ai.server.request.duration"
 TOKEN_USAGE = "gen_ai.client.token.usage"
+PROVIDER_ATTRIBUTE = "gen_ai.provider.name"
+"""Required by the GenAI conventions on every ``gen_ai.*`` metric: the generating engine."""
 REQUESTS = "tunix.generation.requests"
 ACTIVE = "tunix.generation.requests.active"
 PROMPT_TOKENS = "tunix.generation.prompt_tokens"
@@ -143,6 +145,10 @@ class GenerationMetrics:
             ``configure()``).
         model_name: ``gen_ai.request.model`` attribute on every series (optional).
         operation: ``gen_ai.operation.name`` (default ``text_completion``).
+        provider: ``gen_ai.provider.name``, the engine that generates (``vllm``,
+            ``sglang``, ``tunix`` for Tunix's own rollout, ...): an attribute the GenAI
+            conventions require on every series (default ``transformers``, the engine of
+            :meth:`generate` and :meth:`stream`).
     """
 
     def __init__(
@@ -151,9 +157,13 @@ class GenerationMetrics:
         *,
         model_name: str | None = None,
         operation: str = "text_completion",
+        provider: str = "transformers",
     ) -> None:
         self._inst = CatalogInstruments(meter_provider)
-        self._attrs: dict[str, str] = {"gen_ai.operation.name": operation}
+        self._attrs: dict[str, str] = {
+            "gen_ai.operation.name": operation,
+            PROVIDER_ATTRIBUTE: provider,
+        }
         if model_name:
             self._attrs["gen_ai.request.model"] = model_name
         self._lock = threading.Lock()

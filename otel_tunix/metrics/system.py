@@ -6,7 +6,7 @@
   memory used / total, power, energy, temperature, SM clock -> ``hw.gpu.utilization``,
   ``hw.gpu.memory.usage`` / ``.limit`` / ``.utilization``, ``hw.power``, ``hw.energy``,
   ``hw.temperature`` (semantic conventions, ``hw.type=gpu``, ``hw.id`` = the GPU's UUID) and
-  ``hw.gpu.clock.sm``. Without the package, a driver or a GPU this part is off and costs
+  ``tunix.gpu.clock.sm``. Without the package, a driver or a GPU this part is off and costs
   nothing (one debug line says why). A query a GPU does not support is dropped for it.
 * **psutil** (``pip install 'otel-tunix[system]'``): process CPU time and utilization, RSS,
   host memory -> ``process.cpu.time``, ``process.cpu.utilization``,
@@ -514,7 +514,7 @@ class SystemMetricsSampler:
             obs("hw.power", gpu(lambda g: g.power_watts))
             obs("hw.energy", gpu(lambda g: g.energy_joules))
             obs("hw.temperature", gpu(lambda g: g.temperature_celsius))
-            obs("hw.gpu.clock.sm", gpu(lambda g: g.sm_clock_hz))
+            obs("tunix.gpu.clock.sm", gpu(lambda g: g.sm_clock_hz))
         if self._proc is not None:
             obs(
                 "process.cpu.time",

@@ -87,6 +87,8 @@ def _stats(
 
 _TRAIN: Final = MappingProxyType({MODE_ATTRIBUTE: "train"})
 _EVAL: Final = MappingProxyType({MODE_ATTRIBUTE: "eval"})
+_VERSION = "Policy (weights) version the learner trains; one more per weight sync"
+_LAG = "Staleness: the learner's policy version minus the one its rollouts were made with"
 _LOSS = "Loss of the training step (mode train) or of an evaluation (mode eval)"
 
 _ROWS: list[MetricSpec] = [
@@ -242,6 +244,8 @@ _ROWS: list[MetricSpec] = [
         "vf_clipfrac",
     ),
     MetricSpec("tunix.rl.policy.entropy", G, "1", "Mean policy entropy", "rl", "loss/entropy"),
+    MetricSpec("tunix.rl.policy_version", G, "{version}", _VERSION, "rl", "policy_version"),
+    MetricSpec("tunix.rl.policy_lag", G, "{version}", _LAG, "rl", "policy_lag"),
     MetricSpec("tunix.rl.policy.loss", G, "1", "Policy-gradient loss", "rl", "policy_loss"),
     MetricSpec("tunix.rl.critic.loss", G, "1", "Value-function loss", "rl", "value_loss"),
     MetricSpec(
@@ -419,13 +423,7 @@ _ROWS: list[MetricSpec] = [
         semconv=True,
     ),
     MetricSpec("hw.temperature", G, "Cel", "GPU core temperature", "gpu", semconv=True),
-    MetricSpec(
-        "hw.gpu.clock.sm",
-        G,
-        "Hz",
-        "SM clock (no semantic convention yet)",
-        "gpu",
-    ),
+    MetricSpec("tunix.gpu.clock.sm", G, "Hz", "SM clock (no convention in hw.gpu.*)", "gpu"),
     # --- process, host, framework, queues ---------------------------------------------
     MetricSpec(
         "process.cpu.utilization",

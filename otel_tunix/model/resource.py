@@ -1,5 +1,5 @@
-"""The OTel Resource of a run: service, run id, job id and attempt, host, pid, rank and world
-size."""
+"""The OTel Resource of a run: service and its instance, run id, job id and attempt, host,
+pid, rank and world size."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ import os
 import secrets
 import socket
 import sys
+import threading
+import uuid
 from dataclasses import dataclass
 
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import (
+    SERVICE_INSTANCE_ID,
+    SERVICE_NAME,
+    OTELResourceDetector,
+    Resource,
+)
 
 from otel_tunix.model.job import JobInfo
 from otel_tunix.settings import attributes as attr
@@ -70,6 +77,22 @@ def new_run_id() -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
+_instance_lock = threading.Lock()
+_instance: tuple[int, str] | None = None
+
+
+def service_instance_id() -> str:
+    """This process's ``service.instance.id``: a random UUID made once per process (a
+    forked child makes its own), so each rank and each attempt of a job is one instance, and
+    every run and signal of the process names the same one, whatever the OTel SDK adds."""
+    global _instance
+    pid = os.getpid()
+    with _instance_lock:
+        if _instance is None or _instance[0] != pid:
+            _instance = (pid, str(uuid.uuid4()))
+        return _instance[1]
+
+
 def resource_attributes(
     *,
     service_name: str | None,
@@ -91,6 +114,8 @@ def resource_attributes(
         ours[attr.WORLD_SIZE] = rank.world_size
     if rank.local_rank is not None:
         ours[attr.LOCAL_RANK] = rank.local_rank
+    if SERVICE_INSTANCE_ID not in OTELResourceDetector().detect().attributes:
+        ours[SERVICE_INSTANCE_ID] = service_instance_id()  # OTEL_RESOURCE_ATTRIBUTES' wins
     if extra:
         ours.update(extra)
     if service_name:

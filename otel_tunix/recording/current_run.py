@@ -19,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_tunix.model.job import JobInfo
 from otel_tunix.model.resource import RankInfo
+from otel_tunix.settings.table import DEFAULT_SCOPE
 from otel_tunix.settings.version import __version__
 
 if TYPE_CHECKING:
@@ -116,5 +117,5 @@ def meter(name: str | None = None) -> Meter:
     provider = run.meter_provider if run is not None else None
     if provider is None:
         provider = metrics.get_meter_provider()
-    scope = name or (run.scope if run is not None else None) or "tunix"
+    scope = name or (run.scope if run is not None else None) or DEFAULT_SCOPE
     return provider.get_meter(scope, __version__)

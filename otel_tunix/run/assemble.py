@@ -65,6 +65,7 @@ from otel_tunix.run.signal_exports import SignalExportStats, new_signal_stats
 from otel_tunix.run.state import RunState
 from otel_tunix.settings import variables as env
 from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.table import DEFAULT_SCOPE
 from otel_tunix.settings.values import Settings
 from otel_tunix.settings.version import __version__
 from otel_tunix.support import ids as _ids
@@ -405,7 +406,7 @@ def _step_consumers(
     if not prov.owns_meter or prov.readers:
         instruments = instrument_sink(
             prov.meter,
-            cfg.otel_scope or "tunix",
+            cfg.otel_scope or DEFAULT_SCOPE,
             __version__,
             readers=prov.readers if prov.owns_meter else None,
             resource=info.resource,
@@ -491,7 +492,7 @@ def _runtime(
     builder = SpanBuilder(
         consumers,
         prov.span_resource,
-        InstrumentationScope(cfg.otel_scope or "tunix", __version__),
+        InstrumentationScope(cfg.otel_scope or DEFAULT_SCOPE, __version__),
         offset=offset_ns,
     )
     pipeline = Pipeline(

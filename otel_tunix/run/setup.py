@@ -39,6 +39,7 @@ from otel_tunix.settings import tally as _tally
 from otel_tunix.settings import variables as env
 from otel_tunix.settings.config import PerformanceMetricsConfig
 from otel_tunix.settings.parsing import ConfigurationError
+from otel_tunix.settings.table import DEFAULT_SCOPE
 from otel_tunix.settings.values import check_sdk_files, load_settings
 
 _logger = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def configure(
         if settings.sdk_disabled:
             _recording.set_runtime(None)
             _state = assemble.disabled_run(args, settings, rid, rank, resource, job)
-            set_current(CurrentRun(_state.info, _state.logger, cfg.otel_scope or "tunix"))
+            set_current(CurrentRun(_state.info, _state.logger, cfg.otel_scope or DEFAULT_SCOPE))
             return _state.info
         info = RunInfo(
             rid, out_dir, resource, rank, enabled=bool(cfg.enabled), files=files, job=job
@@ -208,7 +209,7 @@ def configure(
             CurrentRun(
                 info,
                 state.logger,
-                cfg.otel_scope or "tunix",
+                cfg.otel_scope or DEFAULT_SCOPE,
                 meter_provider=state.meter_provider,
                 logger_provider=state.logger_provider,
                 datadog=state.datadog,

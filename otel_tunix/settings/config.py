@@ -37,7 +37,7 @@ class PerformanceMetricsConfig:
         components: Names of the components to record, or ``None`` for all
             (``OTEL_TUNIX_COMPONENTS``, comma-separated).
         otel_scope: Instrumentation scope: tracer and meter name (``OTEL_TUNIX_SCOPE``,
-            default ``"tunix"``).
+            default ``"otel_tunix"``).
         export_jsonl_path: Extra spans JSONL file, one line per sampled step and one
             ``session`` line per scope at shutdown; ``.gz`` writes gzip
             (``OTEL_TUNIX_EXPORT_JSONL_PATH``).

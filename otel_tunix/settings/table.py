@@ -48,6 +48,10 @@ _BOOL = "true or false (also 1/0, yes/no, on/off)"
 _EXPORTERS = "a comma-separated list of exporter names, or none"
 _URL = "a URL with its scheme (`http://host:4317`, `https://host:4318`)"
 
+DEFAULT_SCOPE = "otel_tunix"
+"""The default instrumentation scope (tracer and meter name) of otel-tunix's spans and
+metrics: not ``tunix``, the meter name of upstream Tunix's own OpenTelemetry metrics."""
+
 SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         env.OTEL_TUNIX_ENABLED,
@@ -77,7 +81,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         env.OTEL_TUNIX_SCOPE,
         "scope",
         _text,
-        "tunix",
+        DEFAULT_SCOPE,
         "instrumentation scope (tracer and meter name)",
         "a non-empty name",
     ),

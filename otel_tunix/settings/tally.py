@@ -2,7 +2,8 @@
 
 Each is a process-wide count (``names_cleaned``, ``values_cleaned``, ``secrets_redacted``,
 ``metric_names_refused``, ``hook_calls_dropped``); a run reports what was added since its
-``configure()`` began (:func:`start_run`, :func:`this_run`). Incremented on slow paths only (the
+``configure()`` began (:func:`start_run`, :func:`this_run`), and the counts that describe the
+process as it is (:func:`hold`: ``tunix_patches_missing``). Incremented on slow paths only (the
 first sight of a name, a refusal), so a lock costs nothing that matters.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-__all__ = ["add", "since", "snapshot", "start_run", "this_run"]
+__all__ = ["add", "hold", "since", "snapshot", "start_run", "this_run"]
 
 _lock = threading.Lock()
 _counts: Counter[str] = Counter()
 _run_start: dict[str, int] = {}
+_held: dict[str, int] = {}
 
 
 def add(what: str, n: int = 1) -> None:
@@ -43,6 +45,20 @@ def start_run() -> None:
     _run_start = snapshot()
 
 
+def hold(what: str, n: int) -> None:
+    """Set a count that describes the process as it is, not events (``tunix_patches_missing``:
+    integration patches that found nothing to patch): every run reports it while it is above
+    0, whenever it was set."""
+    with _lock:
+        if n > 0:
+            _held[what] = n
+        else:
+            _held.pop(what, None)
+
+
 def this_run() -> dict[str, int]:
-    """What was counted since the current run began."""
-    return since(_run_start)
+    """What was counted since the current run began, and the counts :func:`hold` sets."""
+    counted = since(_run_start)
+    with _lock:
+        counted.update(_held)
+    return dict(sorted(counted.items()))

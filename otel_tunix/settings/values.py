@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from otel_tunix.settings.parsing import ConfigurationError, _pem_file
 from otel_tunix.settings.redact import redact_setting
-from otel_tunix.settings.table import SETTINGS
+from otel_tunix.settings.table import DEFAULT_SCOPE, SETTINGS
 
 __all__ = ["Settings", "check_sdk_files", "load_setting", "load_settings"]
 
@@ -23,7 +23,7 @@ class Settings:
     enabled: bool = True
     sampling_rate: int = 1
     components: tuple[str, ...] | None = None
-    scope: str = "tunix"
+    scope: str = DEFAULT_SCOPE
     output_dir: str | None = None
     export_jsonl_path: str | None = None
     export_fn: str | None = None

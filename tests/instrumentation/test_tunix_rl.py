@@ -7,6 +7,7 @@ Ground truths the tests measure themselves: a clock around ``train()``, Tunix's 
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import xprof_annotations
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -28,7 +30,12 @@ grpo_lib = pytest.importorskip("tunix.rl.grpo.grpo_learner")
 base_rollout = pytest.importorskip("tunix.rl.rollout.base_rollout")
 tc = pytest.importorskip("tunix.tests.test_common")
 
-from otel_tunix.instrumentation.tunix import OTelPerfTracer, TeeTracer, TunixInstrumentor  # noqa: E402
+from otel_tunix.instrumentation.tunix import (  # noqa: E402
+    PROFILER_STEP,
+    OTelPerfTracer,
+    TeeTracer,
+    TunixInstrumentor,
+)
 from otel_tunix.settings import attributes as attr  # noqa: E402
 from otel_tunix.testing import capture  # noqa: E402
 
@@ -94,6 +101,8 @@ class RLRun:
     # How late a thread woke from a 1 ms sleep, sampled through the run: the scheduling
     # delay a waiter thread suffered at that time on this machine.
     wake_lateness: list[float]
+    # (name, step_num) of each XProf step annotation Tunix made during the run
+    annotations: list[tuple[str, Any]]
 
 
 def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
@@ -156,7 +165,8 @@ def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
             prober.start()
             start = time.perf_counter()
             try:
-                learner.train(_prompts())
+                with xprof_annotations() as annotations:
+                    learner.train(_prompts())
             finally:
                 done.set()
                 prober.join()
@@ -167,7 +177,7 @@ def _grpo_run(tmp: Path, tunix_perf: bool) -> RLRun:
         spans = cap.spans()
         summaries = list(cap.summaries)
     main = threading.main_thread().ident or 0
-    return RLRun(summaries, spans, wall, logged, exports, run_dir, main, lateness)
+    return RLRun(summaries, spans, wall, logged, exports, run_dir, main, lateness, annotations)
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +235,15 @@ def test_one_name_per_kind_of_work_and_tunix_tags_as_attributes(grpo: RLRun) -> 
         if span.name == "peft_train_step":
             assert span.attributes["tunix.role"] == "actor"
             assert span.attributes["tunix.micro_batch"] == 0
+
+
+def test_learner_steps_carry_the_step_number_of_tunix_xprof_annotations(grpo: RLRun) -> None:
+    """Tunix's ``trainer`` annotation of a global step numbers it by the learner's iteration
+    count as it starts: that number is on the learner step span, beside Tunix's global step."""
+    learner = [s for s in grpo.spans if s.name == "rl/learner_step"]
+    trainer = [n for name, n in grpo.annotations if name == "trainer"]
+    assert len(trainer) == len(learner) == STEPS
+    assert sorted(s.attributes[PROFILER_STEP] for s in learner) == sorted(trainer)
 
 
 def test_learner_steps_tile_the_training_loop(grpo: RLRun) -> None:
@@ -312,10 +331,14 @@ def test_ppo_learner_actor_and_critic_steps_inside_the_learner_step(tmp_path: Pa
                 tokenizer=vocab,
                 cluster_config=_cluster_config(4, critic=True),
             )
+            # its config argument is ``ppo_config`` in google-tunix 0.1.7, ``algo_config`` on
+            # Tunix HEAD (which takes ``rl_cluster`` for its ``rl_engine`` still)
+            params = inspect.signature(ppo_lib.PPOLearner.__init__).parameters
+            config = "algo_config" if "algo_config" in params else "ppo_config"
             learner = ppo_lib.PPOLearner(
                 rl_cluster=cluster,
-                ppo_config=ppo_lib.PPOConfig(num_iterations=1),
                 reward_fns=_reward,
+                **{config: ppo_lib.PPOConfig(num_iterations=1)},
             )
             start = time.perf_counter()
             learner.train(_prompts())

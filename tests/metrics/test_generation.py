@@ -81,7 +81,11 @@ def test_stream_of_a_python_generator_measures_ttft_tpot_and_e2e(reader_and_metr
     assert s.requests == {"stop": 1} and s.active == 0
     assert (s.prompt_tokens, s.output_tokens) == (7, 5)
     p = _points(reader)
-    base = {"gen_ai.operation.name": "text_completion", "gen_ai.request.model": "tiny"}
+    base = {
+        "gen_ai.operation.name": "text_completion",
+        "gen_ai.provider.name": "transformers",  # required by the GenAI conventions
+        "gen_ai.request.model": "tiny",
+    }
     ttft = p["gen_ai.server.time_to_first_token"][0]
     assert dict(ttft.attributes) == base and ttft.count == 1
     assert ttft.sum == pytest.approx(s.last_ttft_sec)
@@ -205,3 +209,18 @@ def test_generate_keeps_the_callers_stopping_criteria_and_records_errors(reader_
     with pytest.raises(Exception):  # noqa: B017 - whatever generate raises propagates
         gm.generate(model, input_ids=ids, max_new_tokens=2, not_an_option=object())
     assert gm.stats().requests["error"] == 1 and gm.stats().active == 0
+
+
+def test_every_gen_ai_series_carries_the_conventions_required_attributes(clock):
+    reader = InMemoryMetricReader()
+    gm = GenerationMetrics(MeterProvider(metric_readers=[reader]), provider="vllm")
+    list(gm.stream(_tokens(3, clock), prompt_tokens=2))
+    gen_ai = {
+        name: points for name, points in _points(reader).items() if name.startswith("gen_ai.")
+    }
+    assert len(gen_ai) == 4  # TTFT, TPOT, request duration, token usage
+    for name, points in gen_ai.items():
+        for point in points:
+            attributes = dict(point.attributes)
+            assert attributes["gen_ai.provider.name"] == "vllm", name
+            assert attributes["gen_ai.operation.name"] == "text_completion", name
