@@ -124,7 +124,10 @@ def account_intervals(
         step,
         start_ns,
         end_ns,
-        [(name, blocked, i, None, s, None) for i, (name, blocked, s, _) in enumerate(intervals)],
+        [
+            (name, blocked, i, None, s, None, None)
+            for i, (name, blocked, s, _) in enumerate(intervals)
+        ],
         {i: e for i, (_, _, _, e) in enumerate(intervals)},
         device_ends=device_ends,
         spans=spans,
@@ -174,7 +177,7 @@ def account_components(
     # blocked interval, the busy union is that union; from there it is kept apart.
     window_end = end_ns
     if window_end <= start_ns:  # no end of its own: to the end of its last component
-        for _, _, key, _, s, _ in components:
+        for _, _, key, _, s, _, _ in components:
             e = ends.get(key, s)
             if device_ends is not None:
                 e = device_ends.get(key, e)
@@ -191,7 +194,7 @@ def account_components(
     run_start = run_end = start_ns  # the union of every interval: done runs, open run
     busy_total: int | None = None  # the busy union, once a blocked interval split it off
     busy_start = busy_end = start_ns
-    for name, is_blocked, key, _, s, _ in components:
+    for name, is_blocked, key, _, s, _, _ in components:
         e = ends.get(key, s)
         if device_ends is not None and key in device_ends:
             e = device_ends[key]
@@ -249,7 +252,7 @@ def account_components(
         else:
             intervals = [
                 (n, b, s, min(e, window_end))
-                for (n, b, k, _, s, _), e in zip(components, ends_list[first:], strict=True)
+                for (n, b, k, _, s, _, _), e in zip(components, ends_list[first:], strict=True)
                 if background_keys is None or k not in background_keys
             ]
             for name in repeated:
@@ -315,7 +318,7 @@ def _add_background(
                 mine
                 + [
                     (n, b, s, min(e, window_end))
-                    for (n, b, _, _, s, _), e in zip(components, ends, strict=True)
+                    for (n, b, _, _, s, _, _), e in zip(components, ends, strict=True)
                     if n == name
                 ],
                 key=_by_start,

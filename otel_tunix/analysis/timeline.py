@@ -30,6 +30,7 @@ from typing import Any, Final
 import numpy as np
 
 from otel_tunix import categories as cat
+from otel_tunix import record_schema as rs
 from otel_tunix.analysis.readers import AnalysisError, ReadStats, iter_records
 from otel_tunix.attributes import BACKGROUND, KIND_BLOCKED
 
@@ -119,8 +120,8 @@ class Goodput:
         }
 
 
-def _int(v: object) -> int:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+_int = rs.as_int64
+"""A whole number of a line, clamped to int64 (a step number past it never raises)."""
 
 
 class RunTimeline:
@@ -166,24 +167,24 @@ class RunTimeline:
 
     def add(self, obj: Mapping[str, Any]) -> None:
         """Take one record of the spans file."""
-        kind = obj.get("type")
-        if kind == "step":
+        kind = obj.get(rs.TYPE)
+        if kind == rs.TYPE_STEP:
             self._step(obj)
-        elif kind == "span":
+        elif kind == rs.TYPE_SPAN:
             self._loose_span(obj)
-        elif kind == "session":
+        elif kind == rs.TYPE_SESSION:
             first, last = _int(obj.get("first_start_ns")), _int(obj.get("last_end_ns"))
             if first and last:
-                self.sessions[str(obj.get("scope") or "default")] = (first, last)
+                self.sessions[str(obj.get(rs.SCOPE) or "default")] = (first, last)
             self.last_ns = max(self.last_ns, last)
-        elif kind in ("run", "meta"):
+        elif kind in (rs.TYPE_RUN, "meta"):
             self._header(obj)
 
     def _header(self, obj: Mapping[str, Any]) -> None:
         if _int(obj.get("process_start_ns")) > 0:
             self.start_ns, self.start_source = int(obj["process_start_ns"]), "process start"
-        elif _int(obj.get("start_ns")) > 0:
-            self.start_ns, self.start_source = int(obj["start_ns"]), "configure()"
+        elif _int(obj.get(rs.START_NS)) > 0:
+            self.start_ns, self.start_source = int(obj[rs.START_NS]), "configure()"
         elif isinstance(obj.get("time"), int | float):
             self.start_ns, self.start_source = int(obj["time"] * 1e9), "configure()"
         rate = obj.get("sampling_rate")
@@ -213,65 +214,65 @@ class RunTimeline:
             self.attempt = obj["attempt"]
 
     def _step(self, obj: Mapping[str, Any]) -> None:
-        start, end = _int(obj.get("start_ns")), _int(obj.get("end_ns"))
+        start, end = _int(obj.get(rs.START_NS)), _int(obj.get(rs.END_NS))
         if end < start or not start:
             return
-        scope = str(obj.get("scope") or "default")
+        scope = str(obj.get(rs.SCOPE) or "default")
         idx = self._scope_index.get(scope)
         if idx is None:
             idx = self._scope_index[scope] = len(self.scopes)
             self.scopes.append(scope)
         self.w_scope.append(idx)
-        self.w_step.append(_int(obj.get("step")))
+        self.w_step.append(_int(obj.get(rs.STEP)))
         self.w_start.append(start)
         self.w_end.append(end)
         if cat.is_eval_scope(scope):  # an evaluation step is evaluation as a whole
             self._interval(_EVALUATION_CODE, start, end)
         self.host_end_ns = max(self.host_end_ns, end)
-        device_end = _int(obj.get("device_end_ns"))
+        device_end = _int(obj.get(rs.DEVICE_END_NS))
         self.device_end_ns = max(self.device_end_ns, device_end)
         self.last_ns = max(self.last_ns, end, device_end)
-        spans = obj.get("spans")
+        spans = obj.get(rs.SPANS)
         if not isinstance(spans, list):
             return
         compiles = []
         for s in spans:
             if isinstance(s, Mapping):
                 category = self._component(s, outside=False)
-                if category == cat.COMPILATION and COUNTED_COMPILE.search(str(s.get("name"))):
+                if category == cat.COMPILATION and COUNTED_COMPILE.search(str(s.get(rs.NAME))):
                     compiles.append(s)
         if compiles:
-            ids = {s.get("span_id") for s in compiles}
+            ids = {s.get(rs.SPAN_ID) for s in compiles}
             for s in compiles:
                 self._count_compile(s, ids)
 
     def _loose_span(self, obj: Mapping[str, Any]) -> None:
-        outside = obj.get("outside") is True
+        outside = obj.get(rs.OUTSIDE) is True
         self.outside_spans += outside
         category = self._component(obj, outside=outside)
-        if category == cat.COMPILATION and COUNTED_COMPILE.search(str(obj.get("name"))):
+        if category == cat.COMPILATION and COUNTED_COMPILE.search(str(obj.get(rs.NAME))):
             self._count_compile(obj, ())
 
     def _count_compile(self, span: Mapping[str, Any], siblings: Collection[object]) -> None:
-        parent = span.get("parent")
+        parent = span.get(rs.PARENT)
         if parent not in self._compile_ids and parent not in siblings:
             self.compilations += 1
-        if span.get("span_id") is not None:
-            self._compile_ids.add(span.get("span_id"))
+        if span.get(rs.SPAN_ID) is not None:
+            self._compile_ids.add(span.get(rs.SPAN_ID))
 
     def _component(self, s: Mapping[str, Any], *, outside: bool) -> str | None:
         """Keep one component's interval; its category (``None``: not kept)."""
-        s0, s1 = s.get("start_ns"), s.get("end_ns")
+        s0, s1 = s.get(rs.START_NS), s.get(rs.END_NS)
         if type(s0) is not int or type(s1) is not int:  # (what the SDK writes: fast path)
             s0, s1 = _int(s0), _int(s1)
         if s1 < s0 or not s0:
             return None
         if s1 > self.last_ns:
             self.last_ns = s1
-        name, given = s.get("name", ""), s.get("category")
+        name, given = s.get(rs.NAME, ""), s.get(rs.CATEGORY)
         category = cat.classify(
             name if type(name) is str else str(name),
-            s.get("kind") == KIND_BLOCKED,
+            s.get(rs.KIND) == KIND_BLOCKED,
             given if type(given) is str else None,
         )
         if outside and category == cat.PRODUCTIVE:
@@ -280,7 +281,7 @@ class RunTimeline:
             # rest (initialization before the first step, other after it).
             return None
         if s1 > s0:
-            attrs = s.get("attributes")
+            attrs = s.get(rs.ATTRIBUTES)
             background = isinstance(attrs, Mapping) and attrs.get(BACKGROUND) is True
             self.i_code.append(_CODE[category] + (_BACKGROUND if background else 0))
             self.i_start.append(s0)
@@ -495,7 +496,7 @@ def metrics_start_ns(folder: Path, rank: int | None) -> int | None:
             continue
         try:
             for obj in iter_records(p):
-                if obj.get("type") != "meta" or not isinstance(obj.get("time"), int | float):
+                if obj.get(rs.TYPE) != "meta" or not isinstance(obj.get("time"), int | float):
                     return None
                 meta_rank = obj.get("rank")
                 if rank is not None and isinstance(meta_rank, int) and meta_rank != rank:

@@ -25,10 +25,10 @@ from typing import Any, Protocol
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from otel_tunix import record_schema as rs
 from otel_tunix._recording import StepRecord
 from otel_tunix._records import ComponentStart
-from otel_tunix.attributes import BACKGROUND, INCOMPLETE, KIND_BLOCKED, KIND_BUSY
-from otel_tunix.categories import declared
+from otel_tunix.attributes import BACKGROUND, INCOMPLETE
 from otel_tunix.model import BackgroundInterval
 
 __all__ = ["BackgroundLedger", "BackgroundSpan", "Carried", "StepBackground"]
@@ -39,14 +39,15 @@ class Carried:
     step's record, where the hot path stores it)."""
 
     __slots__ = (
-        "blocked", "counted", "home", "name", "parent", "sid", "spanned", "start", "thread",
-        "trace",
+        "blocked", "category", "counted", "home", "name", "parent", "sid", "spanned", "start",
+        "thread", "trace",
     )  # fmt: skip
 
     def __init__(
         self, comp: ComponentStart, home: StepRecord, loose: bool, spanned: bool = False
     ) -> None:
-        self.name, self.blocked, self.sid, self.parent, self.start, self.thread = comp
+        self.name, self.blocked, self.sid, self.parent, self.start, self.thread = comp[:6]
+        self.category = comp[6]
         self.home = home
         """The record that holds its end: the step it started in, or (loose) its own
         outside record."""
@@ -260,29 +261,21 @@ class BackgroundSpan:
         c = self._carried
         b = self._builder
         tid, tname = b.thread(c.thread or c.home.thread)
-        out: dict[str, object] = {
-            "type": "span",
-            "scope": self.scope,
-            "step": self.number,
-            "trace_id": f"{self.trace_id:032x}",
-            "name": c.name,
-            "kind": KIND_BLOCKED if c.blocked else KIND_BUSY,
-            "start_ns": c.start + b.offset,
-            "end_ns": self._end + b.offset,
-            "thread": tname,
-            "thread_id": tid,
-            "span_id": f"{c.sid:016x}",
-            "parent": f"{c.parent:016x}" if c.parent else None,
-        }
         ex = c.home.extras
-        error = ex.errors.get(c.sid) if ex is not None else None
-        if error is not None:
-            out["error"] = f"{type(error).__qualname__}: {error}"
-        out["attributes"] = self._attributes()
-        category = declared(c.name)
-        if category is not None:
-            out["category"] = category
-        return out
+        entry = rs.component_json(
+            c.name,
+            c.blocked,
+            c.start + b.offset,
+            self._end + b.offset,
+            tname,
+            tid,
+            c.sid,
+            c.parent,
+            ex.errors.get(c.sid) if ex is not None else None,
+            self._attributes(),
+            c.category,
+        )
+        return rs.span_line(entry, self.scope, self.number, self.trace_id)
 
 
 def _open_on(home: StepRecord, ident: int, end: int) -> bool:
