@@ -140,13 +140,15 @@ def test_each_component_keeps_the_category_it_was_recorded_with(
     # Perfetto (translated from spans.jsonl at shutdown)
     slices = sorted(run.trace.named("phase"), key=lambda s: s.start)
     assert [s.args[attr.GOODPUT_CATEGORY] for s in slices] == [recorded[n] for n in range(3)]
-    # the offline ledger counts each component's time in its own category: between what
-    # the test measured inside and around the components of that category
+    # the ledgers, offline and live (summary.json), count each component's time in its own
+    # category: between what the test measured inside and around those components
     capsys.readouterr()
     assert cli_main(["goodput", str(run.folder), "--json"]) == 0
-    badput = json.loads(capsys.readouterr().out)["badput_sec"]
+    offline = json.loads(capsys.readouterr().out)["badput_sec"]
+    live = json.loads((run.folder / "summary.json").read_text())["goodput"]["badput_sec"]
     for category in ("evaluation", "checkpoint_save"):
-        assert inner[category] * 1e-9 <= badput[category] <= outer[category] * 1e-9
+        assert inner[category] * 1e-9 <= offline[category] <= outer[category] * 1e-9
+        assert inner[category] * 1e-9 <= live[category] <= outer[category] * 1e-9
 
 
 def test_a_kept_component_without_a_category_takes_the_one_declared_when_recorded(

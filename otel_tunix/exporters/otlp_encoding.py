@@ -358,7 +358,7 @@ class StepEncoder:
     ) -> tuple[bytes, bytes, int]:
         """The repeated parts of a component span: its name and kind (and the start time's
         tag); its attributes after the step number, up to the busy time's value (its
-        declared goodput category among them); and the length of the span without the step
+        recorded goodput category among them); and the length of the span without the step
         number's attribute."""
         name, blocked, thread, scope, category = key
         tid, tname = thread_of(thread)

@@ -39,6 +39,7 @@ categories of each step's window alone, so an RL learner's ``rollout_wait`` and
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections.abc import Sequence
 from itertools import pairwise
@@ -47,6 +48,7 @@ from typing import Any, Final
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from otel_tunix import categories as cat
+from otel_tunix import record_schema as rs
 from otel_tunix._process import process_start_ns
 from otel_tunix._version import __version__
 from otel_tunix.logging_backend import PERF_SOURCE
@@ -87,6 +89,8 @@ FIRST_STEP = -1
 """``LiveLedger(start_ns=FIRST_STEP)``: the wall time starts at the first step."""
 _NS = 1e-9
 _CATEGORY = "category"
+_RECORDED_CATEGORY = operator.itemgetter(rs.I_CATEGORY)
+"""A recorded component's goodput category (``None``: none given or declared then)."""
 
 
 class _Window:
@@ -124,7 +128,7 @@ class _Window:
         components, ends, off, background = source
         classify = cat.classify
         out = [
-            (classify(c[0], c[1]), c[4] + off, e + off)
+            (classify(c[0], c[1], c[rs.I_CATEGORY]), c[4] + off, e + off)
             for c, e in zip(components, ends, strict=True)
         ]
         for name, blocked, b0, b1, _ in background or ():
@@ -178,16 +182,18 @@ def _step_window(step: FinishedStep) -> tuple[str, _Window]:
                 break
             wait = kind
     else:
-        if wait is None:
+        if wait is None and not any(map(_RECORDED_CATEGORY, components)):
             return step.scope, _Window(start, end, productive, source, {productive: seconds})
-        if not beside:  # (the accounting's blocked time would hold background waits)
+        # (the accounting's blocked time would hold background waits; a component recorded
+        # with a category of its own is classified one by one below, not by its name)
+        if wait is not None and not beside and not any(map(_RECORDED_CATEGORY, components)):
             waited = summary.blocked_time_sec
             cats = {wait: waited, productive: seconds - waited}
             return step.scope, _Window(start, end, productive, source, cats)
     bad = [
         (kind, comp[4] + off, c_end + off)
         for comp, c_end in zip(components, ends, strict=True)
-        if (kind := classify(comp[0], comp[1])) != productive
+        if (kind := classify(comp[0], comp[1], comp[rs.I_CATEGORY])) != productive
     ]
     if not bad:  # only productive work, or none
         return step.scope, _Window(start, end, productive, source, {productive: seconds})
@@ -209,7 +215,7 @@ def _overlapping(source: Any, waits: list[tuple[int, int]]) -> list[tuple[str, i
         s0, s1 = c[4] + off, e + off
         for w0, w1 in waits:
             if s0 < w1 and w0 < s1:
-                out.append((cat.classify(c[0], c[1]), s0, s1))
+                out.append((cat.classify(c[0], c[1], c[rs.I_CATEGORY]), s0, s1))
                 break
     return out
 

@@ -119,9 +119,10 @@ class FinishedStep:
 
     Attributes:
         record: The step as recorded on the hot path.
-        components: Its components as recorded, in start order: ``(name, blocked, span_id,
-            parent_id, start, thread)`` tuples (start in ``perf_counter_ns``; ``thread`` is
-            ``None`` for the step's own thread).
+        components: Its components as recorded, in start order:
+            :data:`otel_tunix.record_schema.ComponentStart` tuples ``(name, blocked,
+            span_id, parent_id, start, thread, category)`` (start in ``perf_counter_ns``;
+            ``thread`` is ``None`` for the step's own thread).
         ends: Each component's end, in the same order (``perf_counter_ns``: the device end
             if it has one, else the host end; never before its start).
         summary: What the accounting derived (busy / blocked / idle, per component).
@@ -359,7 +360,7 @@ class SpanBuilder:
                   str | None],
         ] = {}  # fmt: skip
         """Per component name: (blocked, thread, scope, step, the attributes of its spans,
-        the name's times in that step, its declared category) as last made (never changed
+        the name's times in that step, its recorded category) as last made (never changed
         once made: spans and other threads may hold them)."""
         self._report = ReportOnce(_logger)
         self.cleaner = NameCleaner()
