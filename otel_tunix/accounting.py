@@ -74,7 +74,7 @@ def account_step(
         i: s.end_ns for i, s in enumerate(ordered) if s.attributes.get(DEVICE_END) is True
     }
     background = [
-        (s.name, s.kind == KIND_BLOCKED, s.start_ns, s.end_ns, 1)
+        (s.name, s.kind == KIND_BLOCKED, s.start_ns, s.end_ns, 1, s.category)
         for s in ordered
         if s.attributes.get(BACKGROUND) is True
     ]
@@ -301,7 +301,7 @@ def _add_background(
     its own time in ``found`` (the union with the step's own intervals of that name, if
     any), and the union of every background overlap; returns it and the overlap per name."""
     clipped = sorted(
-        ((n, b, max(s, start_ns), min(e, window_end), c) for n, b, s, e, c in background),
+        ((n, b, max(s, start_ns), min(e, window_end), c) for n, b, s, e, c, _ in background),
         key=_by_start,
     )
     intervals: list[Interval] = [(n, b, s, e) for n, b, s, e, _ in clipped]

@@ -32,9 +32,10 @@ Interval = tuple[str, bool, int, int]
 """``(component name, blocked, start_ns, end_ns)``."""
 
 
-BackgroundInterval = tuple[str, bool, int, int, int]
-"""``(component name, blocked, start_ns, end_ns, count)``: background work overlapping a
-step (``count``: 1 in the step the component belongs to, 0 in the others it overlaps)."""
+BackgroundInterval = tuple[str, bool, int, int, int, str | None]
+"""``(component name, blocked, start_ns, end_ns, count, category)``: background work
+overlapping a step (``count``: 1 in the step the component belongs to, 0 in the others it
+overlaps; ``category``: the goodput category it was recorded with)."""
 
 ComponentRecord = tuple[str, bool, Hashable, Any, int, Any, Any]
 """``(component name, blocked, key, -, start_ns, -, -)``: a component as the hot path

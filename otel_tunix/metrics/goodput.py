@@ -131,8 +131,8 @@ class _Window:
             (classify(c[0], c[1], c[rs.I_CATEGORY]), c[4] + off, e + off)
             for c, e in zip(components, ends, strict=True)
         ]
-        for name, blocked, b0, b1, _ in background or ():
-            out.append((classify(name, blocked), b0 + off, b1 + off))
+        for name, blocked, b0, b1, _, category in background or ():
+            out.append((classify(name, blocked, category), b0 + off, b1 + off))
         if self.rest == cat.EVALUATION:
             out.append((cat.EVALUATION, self.start, self.end))
         return out

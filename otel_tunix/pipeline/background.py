@@ -127,14 +127,14 @@ class BackgroundLedger:
                 continue  # ran inside the step: its own work
             if out is None:
                 out = StepBackground()
-            name, blocked = comp[0], comp[1]
+            name, blocked, category = comp[0], comp[1], comp[6]
             if c_end is None:  # still running: carried, its span handed on once it ends
                 out.open_ids.add(sid)
                 self.carried.setdefault(rec.ident, []).append(Carried(comp, rec, False))
-                out.intervals.append((name, blocked, c_start, end, 1))
+                out.intervals.append((name, blocked, c_start, end, 1, category))
             else:
                 out.keys.add(sid)
-                out.intervals.append((name, blocked, c_start, c_end, 1))
+                out.intervals.append((name, blocked, c_start, c_end, 1, category))
                 if c_end > end:  # ran on past the step: its time in the next ones too
                     self.carried.setdefault(rec.ident, []).append(Carried(comp, rec, False, True))
         if carried:
@@ -149,7 +149,7 @@ class BackgroundLedger:
                         out = StepBackground()
                     out.intervals.append(
                         (c.name, c.blocked, c.start, end if c_end is None else c_end,
-                         0 if c.counted else 1)
+                         0 if c.counted else 1, c.category)
                     )  # fmt: skip
                     c.counted = True
                 if c_end is not None and c_end <= end:  # no later step of this thread
