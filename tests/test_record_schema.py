@@ -10,8 +10,8 @@ destination says what the test did:
 * a step number outside int64 costs at most its attribute, never the OTLP request, and
   never arrives wrapped (#36, case 1); ``otel-tunix summary`` reads it back;
 * an exception whose ``__str__`` raises costs nothing but its text (#36, case 2);
-* an error in a step's body with no component open reaches the spans JSONL and the
-  Perfetto trace (#36, case 5).
+* an error in a step's body with no component open reaches the spans JSONL, the Perfetto
+  trace and ``otel-tunix summary`` (#36, case 5).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from exporters.test_perfetto import TraceView, load
 import otel_tunix
 from otel_tunix import attributes as attr
 from otel_tunix import categories
+from otel_tunix.analysis.breakdown import summarize
 from otel_tunix.cli import main as cli_main
 from otel_tunix.record_schema import SpanInfo, read_step_line
 
@@ -249,6 +250,8 @@ def test_an_error_in_a_step_with_no_component_open_reaches_every_output(
     step0, step1 = sorted(run.trace.named("train_step"), key=lambda s: s.start)
     assert "error" not in step0.args
     assert step1.args["error"] == "KeyError: 'batch'"
+    (train,) = summarize(run.folder).scopes
+    assert (train.failed_steps, train.last_error) == (1, "KeyError: 'batch'")
 
 
 # --- the schema itself ----------------------------------------------------------------------

@@ -54,6 +54,9 @@ class _ScopeAcc:
         self.min_start: int | None = None
         self.max_end: int | None = None
         self.session: Mapping[str, Any] | None = None
+        self.errors = 0
+        """Step lines with an ``error``: the step's body raised."""
+        self.last_error: str | None = None
 
     @property
     def n(self) -> int:
@@ -69,6 +72,10 @@ class _ScopeAcc:
         self.blocked.append(blocked)
         self.own.append(step_time - waited_sec(step_time, blocked, obj))
         self.idle.append(_f(obj.get(rs.IDLE_TIME)))
+        error = obj.get(rs.ERROR)
+        if isinstance(error, str):
+            self.errors += 1
+            self.last_error = error
         comps = obj.get(rs.COMPONENTS)
         if isinstance(comps, Mapping):
             for name, ct in comps.items():
