@@ -301,15 +301,10 @@ class StepEncoder:
             ids = ids[:8]  # a root: no parent id
         s = step.summary
         if rec.attributes:  # the application's attributes come first: encoded one by one
-            step_attrs = {**step.attributes, attr.SPAN_TYPE: attr.SPAN_TYPE_STEP,
-                          attr.STEP: number, attr.SCOPE: scope,
-                          attr.STEP_DURATION: s.step_time_sec,
-                          attr.STEP_BUSY_TIME: s.busy_time_sec,
-                          attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
-                          attr.STEP_IDLE_TIME: s.idle_time_sec}  # fmt: skip
+            step_attrs = rs.step_attributes(step.attributes, scope, number, s)
             attrs = self._attributes.encode(step_attrs)
             name_kind = _len_field(0x2A, f"{scope}_step".encode()) + _INTERNAL + b"\x39"
-        else:  # thread id and name, type, step, scope, four times
+        else:  # thread id and name, then rs.step_attributes: type, step, scope, four times
             name_kind, step_head = self._step_head(scope, step_thread, step.thread_info)
             attrs = b"%b%b%b%b" % (step_head[0], step_attr, step_head[1], _pack_step_times(
                 _DURATION_KV, s.step_time_sec, _BUSY_STEP_KV, s.busy_time_sec,
