@@ -135,8 +135,11 @@ class OutsideSpan:
         """As a :class:`~otel_tunix.model.SpanInfo` (what the spans JSONL writes)."""
         return SpanInfo.from_json(self.to_json())
 
-    def _entry(self) -> dict[str, object]:
-        return rs.component_json(
+    def to_json(self) -> dict[str, object]:
+        """Its line of the spans JSONL file: ``type: "span"``, ``outside: true``, no scope
+        or step, then the fields of a step line's ``spans`` entries (its attributes always:
+        ``tunix.outside`` among them)."""
+        entry = rs.component_json(
             self.name,
             self.blocked,
             self.start_ns,
@@ -146,18 +149,9 @@ class OutsideSpan:
             self.span_id,
             self.parent_id,
             self.error,
-            None,
+            self.attributes,
             self.category,
         )
-
-    def to_json(self) -> dict[str, object]:
-        """Its line of the spans JSONL file: ``type: "span"``, ``outside: true``, no scope
-        or step, then the fields of a step line's ``spans`` entries (its attributes always,
-        ``tunix.outside`` among them)."""
-        entry = self._entry()
-        entry[rs.ATTRIBUTES] = self.attributes
-        if self.category is not None:  # (after the attributes, as in a step's entries)
-            entry[rs.CATEGORY] = entry.pop(rs.CATEGORY)
         return rs.span_line(entry, None, None, self.trace_id)
 
 
