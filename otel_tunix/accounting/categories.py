@@ -49,6 +49,7 @@ __all__ = [
     "classify",
     "declare",
     "declared",
+    "declared_now",
     "is_eval_scope",
 ]
 
@@ -167,6 +168,11 @@ def declare(name: str, category: str) -> None:
 def declared(name: str) -> str | None:
     """The category ``name`` was declared with, if any."""
     return _declared.get(name)
+
+
+declared_now: Final = _declared.get
+""":func:`declared` without a Python frame: what ``component()`` calls to capture a
+component's category when it is recorded (the dict is never replaced, only updated)."""
 
 
 @lru_cache(maxsize=4096)

@@ -80,7 +80,7 @@ def account_step(
         i: s.end_ns for i, s in enumerate(ordered) if s.attributes.get(DEVICE_END) is True
     }
     background = [
-        (s.name, s.kind == KIND_BLOCKED, s.start_ns, s.end_ns, 1)
+        (s.name, s.kind == KIND_BLOCKED, s.start_ns, s.end_ns, 1, s.category)
         for s in ordered
         if s.attributes.get(BACKGROUND) is True
     ]
@@ -130,7 +130,10 @@ def account_intervals(
         step,
         start_ns,
         end_ns,
-        [(name, blocked, i, None, s, None) for i, (name, blocked, s, _) in enumerate(intervals)],
+        [
+            (name, blocked, i, None, s, None, None)
+            for i, (name, blocked, s, _) in enumerate(intervals)
+        ],
         {i: e for i, (_, _, _, e) in enumerate(intervals)},
         device_ends=device_ends,
         spans=spans,
@@ -180,7 +183,7 @@ def account_components(
     # blocked interval, the busy union is that union; from there it is kept apart.
     window_end = end_ns
     if window_end <= start_ns:  # no end of its own: to the end of its last component
-        for _, _, key, _, s, _ in components:
+        for _, _, key, _, s, _, _ in components:
             e = ends.get(key, s)
             if device_ends is not None:
                 e = device_ends.get(key, e)
@@ -197,7 +200,7 @@ def account_components(
     run_start = run_end = start_ns  # the union of every interval: done runs, open run
     busy_total: int | None = None  # the busy union, once a blocked interval split it off
     busy_start = busy_end = start_ns
-    for name, is_blocked, key, _, s, _ in components:
+    for name, is_blocked, key, _, s, _, _ in components:
         e = ends.get(key, s)
         if device_ends is not None and key in device_ends:
             e = device_ends[key]
@@ -255,7 +258,7 @@ def account_components(
         else:
             intervals = [
                 (n, b, s, min(e, window_end))
-                for (n, b, k, _, s, _), e in zip(components, ends_list[first:], strict=True)
+                for (n, b, k, _, s, _, _), e in zip(components, ends_list[first:], strict=True)
                 if background_keys is None or k not in background_keys
             ]
             for name in repeated:
@@ -304,7 +307,7 @@ def _add_background(
     its own time in ``found`` (the union with the step's own intervals of that name, if
     any), and the union of every background overlap; returns it and the overlap per name."""
     clipped = sorted(
-        ((n, b, max(s, start_ns), min(e, window_end), c) for n, b, s, e, c in background),
+        ((n, b, max(s, start_ns), min(e, window_end), c) for n, b, s, e, c, _ in background),
         key=_by_start,
     )
     intervals: list[Interval] = [(n, b, s, e) for n, b, s, e, _ in clipped]
@@ -321,7 +324,7 @@ def _add_background(
                 mine
                 + [
                     (n, b, s, min(e, window_end))
-                    for (n, b, _, _, s, _), e in zip(components, ends, strict=True)
+                    for (n, b, _, _, s, _, _), e in zip(components, ends, strict=True)
                     if n == name
                 ],
                 key=_by_start,

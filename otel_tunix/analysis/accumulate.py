@@ -20,6 +20,8 @@ import numpy as np
 
 from otel_tunix.analysis.readers import ReadStats, iter_records
 from otel_tunix.analysis.timeline import RunTimeline, metrics_start_ns
+from otel_tunix.model import record as rs
+from otel_tunix.model.record import as_int64
 
 _NS = 1e-9
 
@@ -31,8 +33,8 @@ def _f(v: object) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
-def _i(v: object) -> int:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+_i = as_int64
+"""A whole number of a line, clamped to int64 (a step number past it never raises)."""
 
 
 class _ScopeAcc:
@@ -52,27 +54,34 @@ class _ScopeAcc:
         self.min_start: int | None = None
         self.max_end: int | None = None
         self.session: Mapping[str, Any] | None = None
+        self.errors = 0
+        """Step lines with an ``error``: the step's body raised."""
+        self.last_error: str | None = None
 
     @property
     def n(self) -> int:
         return len(self.t)
 
     def add(self, obj: Mapping[str, Any]) -> None:
-        start, end = _i(obj.get("start_ns")), _i(obj.get("end_ns"))
+        start, end = _i(obj.get(rs.START_NS)), _i(obj.get(rs.END_NS))
         idx = self.n
-        self.step_no.append(_i(obj.get("step")))
-        step_time, blocked = _f(obj.get("step_time_sec")), _f(obj.get("blocked_time_sec"))
+        self.step_no.append(_i(obj.get(rs.STEP)))
+        step_time, blocked = _f(obj.get(rs.STEP_TIME)), _f(obj.get(rs.BLOCKED_TIME))
         self.t.append(step_time)
-        self.busy.append(_f(obj.get("busy_time_sec")))
+        self.busy.append(_f(obj.get(rs.BUSY_TIME)))
         self.blocked.append(blocked)
         self.own.append(step_time - waited_sec(step_time, blocked, obj))
-        self.idle.append(_f(obj.get("idle_time_sec")))
-        comps = obj.get("components")
+        self.idle.append(_f(obj.get(rs.IDLE_TIME)))
+        error = obj.get(rs.ERROR)
+        if isinstance(error, str):
+            self.errors += 1
+            self.last_error = error
+        comps = obj.get(rs.COMPONENTS)
         if isinstance(comps, Mapping):
             for name, ct in comps.items():
                 if not isinstance(ct, Mapping):
                     continue
-                busy, blocked = _f(ct.get("busy_time_sec")), _f(ct.get("blocked_time_sec"))
+                busy, blocked = _f(ct.get(rs.BUSY_TIME)), _f(ct.get(rs.BLOCKED_TIME))
                 if busy or not blocked:
                     self._comp(name, "busy", idx).append(busy)
                 if blocked:
@@ -152,15 +161,15 @@ class _FileAcc:
         timeline = self.timeline
         for obj in iter_records(self.path, self.stats):
             timeline.add(obj)
-            kind = obj.get("type")
-            if kind == "step":
-                scope = str(obj.get("scope") or "default")
+            kind = obj.get(rs.TYPE)
+            if kind == rs.TYPE_STEP:
+                scope = str(obj.get(rs.SCOPE) or "default")
                 acc = self.scopes.get(scope)
                 if acc is None:
                     acc = self.scopes[scope] = _ScopeAcc(scope)
                 acc.add(obj)
-            elif kind == "session":
-                scope = str(obj.get("scope") or "default")
+            elif kind == rs.TYPE_SESSION:
+                scope = str(obj.get(rs.SCOPE) or "default")
                 acc = self.scopes.get(scope)
                 if acc is None:
                     acc = self.scopes[scope] = _ScopeAcc(scope)

@@ -107,6 +107,10 @@ class ScopeStats:
     blocked: Dist
     idle: Dist
     components: list[ComponentStats]
+    failed_steps: int = 0
+    """Sampled steps whose body raised (their line's ``error``)."""
+    last_error: str | None = None
+    """The latest of those errors (``"Type: message"``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +268,8 @@ def _scope_stats(accs: Sequence[_ScopeAcc]) -> ScopeStats:
         blocked=_dist(cat(lambda a: a.blocked), mean_step),
         idle=_dist(cat(lambda a: a.idle), mean_step),
         components=comps,
+        failed_steps=sum(a.errors for a in accs),
+        last_error=next((a.last_error for a in reversed(accs) if a.last_error), None),
     )
 
 

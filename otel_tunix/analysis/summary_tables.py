@@ -57,6 +57,7 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
     """Print the summary as ``rich`` tables (the ``cli`` extra); fits 80 columns."""
     try:
         from rich.console import Console
+        from rich.markup import escape
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AnalysisError("the summary tables need rich: pip install 'otel-tunix[cli]'") from exc
     con = console or Console()
@@ -125,6 +126,9 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             style="bold",
         )
         con.print(t)
+        if s.failed_steps:
+            latest = escape(s.last_error or "")
+            con.print(f"  [red]{s.failed_steps} sampled steps raised[/] (the latest: {latest})\n")
 
     g = summary.goodput
     run_on = f" ({g.device_run_on_sec:.2f} s of it device run-on)" if g.device_run_on_sec else ""

@@ -18,7 +18,6 @@ each rule.
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import numpy as np
 from otel_tunix.accounting import categories as cat
 from otel_tunix.accounting.ledger import Compilations, Ledger
 from otel_tunix.analysis.readers import AnalysisError, ReadStats, iter_records
+from otel_tunix.model import record as rs
 from otel_tunix.settings.attributes import BACKGROUND, KIND_BLOCKED
 
 __all__ = [
@@ -98,10 +98,9 @@ class Goodput:
         }
 
 
-def _int(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return 0
-    return int(v) if math.isfinite(v) else 0  # NaN or infinity: no time
+_int = rs.as_int64
+"""A whole number of a line, clamped to int64 (a step number past it never raises; NaN or
+infinity: 0, no time)."""
 
 
 class RunTimeline:
@@ -162,28 +161,28 @@ class RunTimeline:
 
     def add(self, obj: Mapping[str, Any]) -> None:
         """Take one record of the spans file."""
-        kind = obj.get("type")
-        if kind == "step":
+        kind = obj.get(rs.TYPE)
+        if kind == rs.TYPE_STEP:
             self._step(obj)
-        elif kind == "span":
+        elif kind == rs.TYPE_SPAN:
             self._loose_span(obj)
-        elif kind == "session":
+        elif kind == rs.TYPE_SESSION:
             first, last = _int(obj.get("first_start_ns")), _int(obj.get("last_end_ns"))
-            scope = str(obj.get("scope") or "default")
+            scope = str(obj.get(rs.SCOPE) or "default")
             if first and last:
                 self.sessions[scope] = (first, last)
-            unsampled = _seconds(obj.get("unsampled_sec"))
+            unsampled = _seconds(obj.get(rs.UNSAMPLED))
             if unsampled:
                 self.session_unsampled[scope] = unsampled
             self.last_ns = max(self.last_ns, last)
-        elif kind in ("run", "meta"):
+        elif kind in (rs.TYPE_RUN, "meta"):
             self._header(obj)
 
     def _header(self, obj: Mapping[str, Any]) -> None:
         if _int(obj.get("process_start_ns")) > 0:
             self.start_ns, self.start_source = int(obj["process_start_ns"]), "process start"
-        elif _int(obj.get("start_ns")) > 0:
-            self.start_ns, self.start_source = int(obj["start_ns"]), "configure()"
+        elif _int(obj.get(rs.START_NS)) > 0:
+            self.start_ns, self.start_source = int(obj[rs.START_NS]), "configure()"
         elif isinstance(obj.get("time"), int | float):
             self.start_ns, self.start_source = int(obj["time"] * 1e9), "configure()"
         rate = obj.get("sampling_rate")
@@ -213,27 +212,27 @@ class RunTimeline:
             self.attempt = obj["attempt"]
 
     def _step(self, obj: Mapping[str, Any]) -> None:
-        start, end = _int(obj.get("start_ns")), _int(obj.get("end_ns"))
+        start, end = _int(obj.get(rs.START_NS)), _int(obj.get(rs.END_NS))
         if end < start or not start:
             return
-        scope = str(obj.get("scope") or "default")
+        scope = str(obj.get(rs.SCOPE) or "default")
         idx = self._scope_index.get(scope)
         if idx is None:
             idx = self._scope_index[scope] = len(self.scopes)
             self.scopes.append(scope)
         window = len(self.w_step)
         self.w_scope.append(idx)
-        self.w_step.append(_int(obj.get("step")))
+        self.w_step.append(_int(obj.get(rs.STEP)))
         self.w_start.append(start)
         self.w_end.append(end)
-        unsampled = _seconds(obj.get("unsampled_sec"))
+        unsampled = _seconds(obj.get(rs.UNSAMPLED))
         if unsampled:
             self._unsampled[window] = unsampled
         self.host_end_ns = max(self.host_end_ns, end)
-        device_end = _int(obj.get("device_end_ns"))
+        device_end = _int(obj.get(rs.DEVICE_END_NS))
         self.device_end_ns = max(self.device_end_ns, device_end)
         self.last_ns = max(self.last_ns, end, device_end)
-        spans = obj.get("spans")
+        spans = obj.get(rs.SPANS)
         if not isinstance(spans, list):
             return
         found = []
@@ -243,46 +242,46 @@ class RunTimeline:
                 if category is not None:
                     found.append(
                         (
-                            str(s.get("name")),
+                            str(s.get(rs.NAME)),
                             category,
-                            s.get("span_id"),
-                            s.get("parent"),
-                            s.get("attributes"),
+                            s.get(rs.SPAN_ID),
+                            s.get(rs.PARENT),
+                            s.get(rs.ATTRIBUTES),
                         )
                     )
         self._compiles.add(found, siblings=True)
 
     def _loose_span(self, obj: Mapping[str, Any]) -> None:
-        self.outside_spans += obj.get("outside") is True
+        self.outside_spans += obj.get(rs.OUTSIDE) is True
         category = self._component(obj, _BESIDE)
         if category is not None:
             found = (
-                str(obj.get("name")),
+                str(obj.get(rs.NAME)),
                 category,
-                obj.get("span_id"),
-                obj.get("parent"),
-                obj.get("attributes"),
+                obj.get(rs.SPAN_ID),
+                obj.get(rs.PARENT),
+                obj.get(rs.ATTRIBUTES),
             )
             self._compiles.add((found,), siblings=False)
 
     def _component(self, s: Mapping[str, Any], owner: int) -> str | None:
         """Keep one component's interval (a step's own, or beside the steps); its category
         (``None``: not a component)."""
-        s0, s1 = s.get("start_ns"), s.get("end_ns")
+        s0, s1 = s.get(rs.START_NS), s.get(rs.END_NS)
         if type(s0) is not int or type(s1) is not int:  # (what the SDK writes: fast path)
             s0, s1 = _int(s0), _int(s1)
         if s1 < s0 or not s0:
             return None
         if s1 > self.last_ns:
             self.last_ns = s1
-        name, given = s.get("name", ""), s.get("category")
+        name, given = s.get(rs.NAME, ""), s.get(rs.CATEGORY)
         category = cat.classify(
             name if type(name) is str else str(name),
-            s.get("kind") == KIND_BLOCKED,
+            s.get(rs.KIND) == KIND_BLOCKED,
             given if type(given) is str else None,
         )
         if s1 > s0:
-            attrs = s.get("attributes")
+            attrs = s.get(rs.ATTRIBUTES)
             if isinstance(attrs, Mapping) and attrs.get(BACKGROUND) is True:
                 owner = _BESIDE  # background work: beside the steps
             self.i_code.append(_CODE[category])
@@ -417,7 +416,7 @@ def metrics_start_ns(folder: Path, rank: int | None) -> int | None:
             continue
         try:
             for obj in iter_records(p):
-                if obj.get("type") != "meta" or not isinstance(obj.get("time"), int | float):
+                if obj.get(rs.TYPE) != "meta" or not isinstance(obj.get("time"), int | float):
                     return None
                 meta_rank = obj.get("rank")
                 if rank is not None and isinstance(meta_rank, int) and meta_rank != rank:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +36,7 @@ from otel_tunix.accounting import categories as cat
 from otel_tunix.accounting.ledger import Interval, Ledger, as_figures_json
 from otel_tunix.logger.backend import PERF_SOURCE
 from otel_tunix.logger.instruments import METER_SCOPE, create_observable, observable
+from otel_tunix.model import record as rs
 from otel_tunix.model.catalog import by_otel_name
 from otel_tunix.pipeline.background import BackgroundSpan
 from otel_tunix.pipeline.outside import OutsideSpan
@@ -73,6 +75,8 @@ FIRST_STEP = -1
 """``LiveLedger(start_ns=FIRST_STEP)``: the wall time starts at the first step."""
 _NS = 1e-9
 _CATEGORY = "category"
+_RECORDED_CATEGORY = operator.itemgetter(rs.I_CATEGORY)
+"""A recorded component's goodput category (``None``: none given or declared then)."""
 _WAITS = frozenset(cat.PRECEDENCE[cat.PRECEDENCE.index(cat.PRODUCTIVE) + 1 :])
 """Categories that productive work overlapping them takes over."""
 
@@ -84,7 +88,7 @@ def _own(
     that counts beside the steps), Unix ns."""
     classify = cat.classify
     return [
-        (classify(c[0], c[1]), c[4] + off, e + off)
+        (classify(c[0], c[1], c[rs.I_CATEGORY]), c[4] + off, e + off)
         for c, e in zip(components, ends, strict=True)
         if bg is None or c[2] not in bg
     ]
@@ -99,6 +103,8 @@ def _shortcut(step: FinishedStep) -> dict[str, float] | None:
     summary = step.summary
     if step.background_ids is not None or summary.device_end_ns > step.end_ns:
         return None  # (background work, or work that ran on past the window: weighed)
+    if any(map(_RECORDED_CATEGORY, step.components)):
+        return None  # (a category recorded with a component, not its name's: weighed)
     classify, productive = cat.classify, cat.PRODUCTIVE
     wait: str | None = None
     for name, (busy, blocked, _) in summary.component_times.items():
@@ -189,7 +195,8 @@ class LiveLedger(StepSink):
                     if bg is not None:
                         for c, e in zip(step.components, step.ends, strict=True):
                             if c[2] in bg:
-                                engine.add_beside(cat.classify(c[0], c[1]), c[4] + off, e + off)
+                                kind = cat.classify(c[0], c[1], c[rs.I_CATEGORY])
+                                engine.add_beside(kind, c[4] + off, e + off)
                 unsampled = step.summary.unsampled_sec
                 if unsampled:
                     engine.add_unsampled(step.scope, unsampled)
@@ -209,7 +216,10 @@ class LiveLedger(StepSink):
         ex = step.record.extras
         attrs = ex.attributes if ex is not None else {}
         self._engine.compiles.add(
-            ((c[0], classify(c[0], c[1]), c[2], c[3], attrs.get(c[2])) for c in step.components),
+            (
+                (c[0], classify(c[0], c[1], c[rs.I_CATEGORY]), c[2], c[3], attrs.get(c[2]))
+                for c in step.components
+            ),
             siblings=True,
         )
 
@@ -220,8 +230,8 @@ class LiveLedger(StepSink):
             return
         with self._lock:
             for s in spans:
-                name, blocked, start, end = s.interval()
-                self._engine.add_beside(cat.classify(name, blocked), start, end)
+                name, blocked, start, end, category = s.interval()
+                self._engine.add_beside(cat.classify(name, blocked, category), start, end)
 
     def on_outside_spans(self, spans: Sequence[OutsideSpan]) -> None:
         """Components recorded outside any step (a restore before the loop, an evaluation

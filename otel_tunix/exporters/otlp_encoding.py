@@ -30,9 +30,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext
 
-from otel_tunix.accounting.categories import declared
+from otel_tunix.model import record as rs
 from otel_tunix.pipeline.span_builder import FinishedStep
 from otel_tunix.settings import attributes as attr
+from otel_tunix.settings import tally as _tally
 
 __all__ = ["StepEncoder", "encode_any", "encode_key_value"]
 
@@ -47,6 +48,8 @@ _STATUS_AND_FLAGS = b"\x7a\x00" + b"\x85\x01" + struct.pack("<I", 0x100)
 
 
 def _varint(n: int) -> bytes:
+    """A varint of an unsigned number below 2**64, or of an int64 (``n < 0``: two's
+    complement, ten bytes); callers check the range (:func:`_int64_ok`)."""
     if n < 0:
         n += 1 << 64  # int64: two's complement, ten bytes
     out = bytearray()
@@ -76,6 +79,8 @@ def encode_any(value: Any) -> bytes:
     if isinstance(value, str):
         return _len_field(0x0A, value.encode())
     if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:  # as the SDK: protobuf refuses it
+            raise ValueError(f"integer attribute value out of int64 range: {value}")
         return b"\x18" + _varint(value)
     if isinstance(value, float):
         return b"\x21" + _pack_double(value)
@@ -95,8 +100,15 @@ def encode_key_value(key: str, value: Any) -> bytes:
 
 
 def _attribute(key: str, value: Any) -> bytes:
-    """A span's attribute: field 9 of ``Span``, tag and length included."""
-    return _len_field(0x4A, encode_key_value(key, value))
+    """A span's attribute: field 9 of ``Span``, tag and length included. One the SDK's
+    encoder could not encode either (an int outside int64) is left out, as the SDK leaves
+    it out (it logs; here it is counted: ``summary.json``'s ``values_refused``), so that
+    one bad value costs only itself, never the request."""
+    try:
+        return _len_field(0x4A, encode_key_value(key, value))
+    except (ValueError, TypeError):
+        _tally.add("values_refused")
+        return b""
 
 
 class _Attributes:
@@ -126,13 +138,11 @@ class _Attributes:
 
 
 def _plain(step: FinishedStep) -> bool:
-    """Whether this module encodes the step itself: no error, no events, no link, no
-    component with its own attributes, an error or a device end, and no job step span."""
+    """Whether this module encodes the step itself: no component with its own attributes,
+    an error or a device end, a step span the plain maker makes
+    (:func:`otel_tunix.model.record.needs_full_step_span`), no job step span."""
     rec = step.record
-    if rec.extras is not None or rec.error is not None or rec.events or rec.link is not None:
-        return False
-    rt = rec.runtime
-    return not (rt.job_root and rec.parent_id and rt.job_ids is not None)
+    return rec.extras is None and not rs.needs_full_step_span(rec) and not rs.has_job_step(rec)
 
 
 _TYPE_COMPONENT = _attribute(attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT)
@@ -229,14 +239,14 @@ class StepEncoder:
         held = self._frame_of
         if held is None or held[0] is not res or held[1] is not scope:
             request = encode_spans([_frame_span(res, scope)])
-            rs = request.resource_spans[0]
-            ss = rs.scope_spans[0]
+            res_spans = request.resource_spans[0]
+            ss = res_spans.scope_spans[0]
             self._frame_of = (res, scope)
             self._frame_bytes = (
-                _len_field(0x0A, rs.resource.SerializeToString()),
+                _len_field(0x0A, res_spans.resource.SerializeToString()),
                 _len_field(0x0A, ss.scope.SerializeToString()),
                 _len_field(0x1A, ss.schema_url.encode()) if ss.schema_url else b"",
-                _len_field(0x1A, rs.schema_url.encode()) if rs.schema_url else b"",
+                _len_field(0x1A, res_spans.schema_url.encode()) if res_spans.schema_url else b"",
             )
         return self._frame_bytes
 
@@ -261,10 +271,10 @@ class StepEncoder:
         cache = self._components
         lp = _SPAN_PREFIX
         add = out.extend
-        for (name, blocked, sid, parent_id, start, thread), end in zip(
+        for (name, blocked, sid, parent_id, start, thread, category), end in zip(
             step.components, step.ends, strict=True
         ):
-            ck = (name, blocked, thread or step_thread, scope, declared(name))
+            ck = (name, blocked, thread or step_thread, scope, category)
             head = cache.get(ck)
             if head is None:
                 head = self._component(ck, step.thread_info)
@@ -294,19 +304,10 @@ class StepEncoder:
             ids = ids[:8]  # a root: no parent id
         s = step.summary
         if rec.attributes:  # the application's attributes come first: encoded one by one
-            step_attrs = {
-                **step.attributes,
-                attr.SPAN_TYPE: attr.SPAN_TYPE_STEP,
-                attr.STEP: number,
-                attr.SCOPE: scope,
-                attr.STEP_DURATION: s.step_time_sec,
-                attr.STEP_BUSY_TIME: s.busy_time_sec,
-                attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
-                attr.STEP_IDLE_TIME: s.idle_time_sec,
-            }
+            step_attrs = rs.step_attributes(step.attributes, scope, number, s)
             attrs = self._attributes.encode(step_attrs)
             name_kind = _len_field(0x2A, f"{scope}_step".encode()) + _INTERNAL + b"\x39"
-        else:  # thread id and name, type, step, scope, four times
+        else:  # thread id and name, then rs.step_attributes: type, step, scope, four times
             name_kind, step_head = self._step_head(scope, step_thread, step.thread_info)
             attrs = b"%b%b%b%b" % (
                 step_head[0],
@@ -376,20 +377,13 @@ class StepEncoder:
     ) -> tuple[bytes, bytes, int]:
         """The repeated parts of a component span: its name and kind (and the start time's
         tag); its attributes after the step number, up to the busy time's value (its
-        declared goodput category among them); and the length of the span without the step
+        recorded goodput category among them); and the length of the span without the step
         number's attribute."""
         name, blocked, thread, scope, category = key
         tid, tname = thread_of(thread)
-        tail = b"".join(
-            _attribute(k, v)
-            for k, v in (
-                (attr.SCOPE, scope),
-                (attr.COMPONENT, name),
-                (attr.TIME_KIND, attr.KIND_BLOCKED if blocked else attr.KIND_BUSY),
-                (attr.THREAD_ID, tid),
-                (attr.THREAD_NAME, tname),
-                *(((attr.GOODPUT_CATEGORY, category),) if category is not None else ()),
-            )
+        standard = rs.component_attributes(name, blocked, tid, tname, category, scope, 0)
+        tail = b"".join(  # after type and step number, which come first (in the order)
+            _attribute(k, v) for k, v in standard.items() if k not in _TYPE_AND_STEP
         )
         name_kind = _len_field(0x2A, name.encode()) + _INTERNAL + b"\x39"
         tail += _BUSY_KV
@@ -456,5 +450,8 @@ def _frame_span(res: Resource, scope: InstrumentationScope) -> ReadableSpan:
 
 
 _LOW64 = (1 << 64) - 1
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_TYPE_AND_STEP = frozenset((attr.SPAN_TYPE, attr.STEP))
 _STEPS_PER_HOLD = 16
 _MAX_CACHED = 4096

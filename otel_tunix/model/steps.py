@@ -13,6 +13,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from otel_tunix.model import record as rs
+from otel_tunix.model.record import SpanInfo
+
 __all__ = [
     "BackgroundInterval",
     "ComponentRecord",
@@ -29,61 +32,15 @@ Interval = tuple[str, bool, int, int]
 """``(component name, blocked, start_ns, end_ns)``."""
 
 
-BackgroundInterval = tuple[str, bool, int, int, int]
-"""``(component name, blocked, start_ns, end_ns, count)``: background work overlapping a
-step (``count``: 1 in the step the component belongs to, 0 in the others it overlaps)."""
+BackgroundInterval = tuple[str, bool, int, int, int, str | None]
+"""``(component name, blocked, start_ns, end_ns, count, category)``: background work
+overlapping a step (``count``: 1 in the step the component belongs to, 0 in the others it
+overlaps; ``category``: the goodput category it was recorded with)."""
 
-ComponentRecord = tuple[str, bool, Hashable, Any, int, Any]
-"""``(component name, blocked, key, -, start_ns, -)``: a component as the hot path records
-it (:data:`otel_tunix.recording.records.ComponentStart`, whose key is the span id); its end is
-looked up by key. The fields marked ``-`` are not read here."""
-
-
-@dataclass(slots=True)
-class SpanInfo:
-    """One component span of a step, in the form the local files and user functions see.
-
-    Times are Unix epoch nanoseconds. ``span_id`` and ``parent`` are 16-hex-digit span ids;
-    ``parent`` is the step span's id for top-level components. ``category`` is the goodput
-    category declared for its name (``component(name, category=...)``), if any.
-    """
-
-    name: str
-    kind: str
-    start_ns: int
-    end_ns: int
-    thread: str = ""
-    thread_id: int = 0
-    span_id: str = ""
-    parent: str | None = None
-    error: str | None = None
-    attributes: Mapping[str, object] = field(default_factory=dict)
-    category: str | None = None
-
-    @property
-    def duration_sec(self) -> float:
-        """Length of the span in seconds."""
-        return (self.end_ns - self.start_ns) * _NS
-
-    def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict (the ``spans`` entries of the spans JSONL file)."""
-        out: dict[str, object] = {
-            "name": self.name,
-            "kind": self.kind,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "thread": self.thread,
-            "thread_id": self.thread_id,
-            "span_id": self.span_id,
-            "parent": self.parent,
-        }
-        if self.error is not None:
-            out["error"] = self.error
-        if self.attributes:
-            out["attributes"] = dict(self.attributes)
-        if self.category is not None:
-            out["category"] = self.category
-        return out
+ComponentRecord = tuple[str, bool, Hashable, Any, int, Any, Any]
+"""``(component name, blocked, key, -, start_ns, -, -)``: a component as the hot path
+records it (:data:`otel_tunix.model.record.ComponentStart`, whose key is the span id); its
+end is looked up by key. The fields marked ``-`` are not read here."""
 
 
 @dataclass(slots=True)
@@ -100,7 +57,7 @@ class ComponentTime:
 
 def _times_json(busy: float, blocked: float, count: int) -> dict[str, float | int]:
     """A component's times as the JSON lines write them."""
-    return {"busy_time_sec": busy, "blocked_time_sec": blocked, "count": count}
+    return {rs.BUSY_TIME: busy, rs.BLOCKED_TIME: blocked, rs.COUNT: count}
 
 
 class StepSummary:
@@ -139,6 +96,7 @@ class StepSummary:
         background_times: Per component that ran in the step as background work, its
             overlap with the window in seconds (also in its ``components`` time; ``None``:
             none did).
+        error: The error that escaped the step's body (``"Type: message"``), else ``None``.
     """
 
     __slots__ = (
@@ -156,6 +114,7 @@ class StepSummary:
         "device_end_ns",
         "device_times",
         "end_ns",
+        "error",
         "idle_time_sec",
         "scope",
         "span_id",
@@ -206,6 +165,7 @@ class StepSummary:
         self.unsampled_sec: dict[str, float] | None = None
         """Per goodput category, the time the components of the scope's steps that were
         not recorded since its previous recorded step spent in it (``None``: none)."""
+        self.error: str | None = None
         if callable(spans):
             self._spans: tuple[SpanInfo, ...] | None = None
             self._span_source: Callable[[], Sequence[SpanInfo]] | None = spans
@@ -274,35 +234,38 @@ class StepSummary:
         )
 
     def to_json(self) -> dict[str, object]:
-        """The JSON object written as one line of the spans JSONL file."""
+        """The JSON object written as one line of the spans JSONL file (its keys:
+        :mod:`otel_tunix.model.record`)."""
         out: dict[str, object] = {
-            "type": "step",
-            "scope": self.scope,
-            "step": self.step,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "trace_id": self.trace_id,
-            "span_id": f"{self.span_id:016x}",
-            "step_time_sec": self.step_time_sec,
-            "busy_time_sec": self.busy_time_sec,
-            "blocked_time_sec": self.blocked_time_sec,
-            "idle_time_sec": self.idle_time_sec,
-            "components": {name: _times_json(*t) for name, t in self.component_times.items()},
-            "spans": self._spans_json(),
+            rs.TYPE: rs.TYPE_STEP,
+            rs.SCOPE: self.scope,
+            rs.STEP: self.step,
+            rs.START_NS: self.start_ns,
+            rs.END_NS: self.end_ns,
+            rs.TRACE_ID: self.trace_id,
+            rs.SPAN_ID: f"{self.span_id:016x}",
+            rs.STEP_TIME: self.step_time_sec,
+            rs.BUSY_TIME: self.busy_time_sec,
+            rs.BLOCKED_TIME: self.blocked_time_sec,
+            rs.IDLE_TIME: self.idle_time_sec,
+            rs.COMPONENTS: {name: _times_json(*t) for name, t in self.component_times.items()},
+            rs.SPANS: self._spans_json(),
         }
         if self.device_end_ns:
-            out["device_end_ns"] = self.device_end_ns
-            out["device_lag_sec"] = self.device_lag_sec
-            out["device_times"] = dict(self.device_times or {})
+            out[rs.DEVICE_END_NS] = self.device_end_ns
+            out[rs.DEVICE_LAG] = self.device_lag_sec
+            out[rs.DEVICE_TIMES] = dict(self.device_times or {})
         if self.device_blocked_time_sec:
-            out["device_blocked_time_sec"] = self.device_blocked_time_sec
+            out[rs.DEVICE_BLOCKED_TIME] = self.device_blocked_time_sec
         if self.unsampled_sec:
-            out["unsampled_sec"] = dict(self.unsampled_sec)
+            out[rs.UNSAMPLED] = dict(self.unsampled_sec)
         if self.background_times:
-            out["background_time_sec"] = self.background_time_sec
-            out["background_times"] = dict(self.background_times)
+            out[rs.BACKGROUND_TIME] = self.background_time_sec
+            out[rs.BACKGROUND_TIMES] = dict(self.background_times)
+        if self.error is not None:
+            out[rs.ERROR] = self.error
         if self.attributes:
-            out["attributes"] = dict(self.attributes)
+            out[rs.ATTRIBUTES] = dict(self.attributes)
         return out
 
 
@@ -413,8 +376,8 @@ class ScopeSession:
         """The JSON object of the ``type: "session"`` line (one per scope)."""
         n = self.sampled_steps
         return {
-            "type": "session",
-            "scope": self.scope,
+            rs.TYPE: rs.TYPE_SESSION,
+            rs.SCOPE: self.scope,
             "steps": self.steps,
             "sampled_steps": n,
             "first_start_ns": self.first_start_ns,
@@ -422,12 +385,13 @@ class ScopeSession:
             "wall_time_sec": self.wall_time_sec,
             "active_time_sec": self.active_time_sec,
             "steps_per_sec": self.steps_per_sec,
-            "step_time_sec": self.step_time_sec,
-            "busy_time_sec": self.busy_time_sec,
-            "blocked_time_sec": self.blocked_time_sec,
-            "idle_time_sec": self.idle_time_sec,
-            "background_time_sec": self.background_time_sec,
+            rs.STEP_TIME: self.step_time_sec,
+            rs.BUSY_TIME: self.busy_time_sec,
+            rs.BLOCKED_TIME: self.blocked_time_sec,
+            rs.IDLE_TIME: self.idle_time_sec,
+            rs.BACKGROUND_TIME: self.background_time_sec,
             "mean_step_time_sec": self.mean(self.step_time_sec),
             "components": {k: v.to_json() for k, v in self.components.items()},
-            **({"unsampled_sec": dict(self.unsampled_sec)} if self.unsampled_sec else {}),
+            **({rs.UNSAMPLED: dict(self.unsampled_sec)} if self.unsampled_sec else {}),
+            rs.COMPONENTS: {k: v.to_json() for k, v in self.components.items()},
         }

@@ -25,11 +25,11 @@ from typing import Any, Protocol
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_tunix.accounting.categories import declared
+from otel_tunix.model import record as rs
 from otel_tunix.model.steps import BackgroundInterval
 from otel_tunix.recording.hot_path import StepRecord
 from otel_tunix.recording.records import ComponentStart
-from otel_tunix.settings.attributes import BACKGROUND, INCOMPLETE, KIND_BLOCKED, KIND_BUSY
+from otel_tunix.settings.attributes import BACKGROUND, INCOMPLETE
 
 __all__ = ["BackgroundLedger", "BackgroundSpan", "Carried", "StepBackground"]
 
@@ -40,6 +40,7 @@ class Carried:
 
     __slots__ = (
         "blocked",
+        "category",
         "counted",
         "home",
         "name",
@@ -54,7 +55,8 @@ class Carried:
     def __init__(
         self, comp: ComponentStart, home: StepRecord, loose: bool, spanned: bool = False
     ) -> None:
-        self.name, self.blocked, self.sid, self.parent, self.start, self.thread = comp
+        self.name, self.blocked, self.sid, self.parent, self.start, self.thread = comp[:6]
+        self.category = comp[6]
         self.home = home
         """The record that holds its end: the step it started in, or (loose) its own
         outside record."""
@@ -134,14 +136,14 @@ class BackgroundLedger:
                 continue  # ran inside the step: its own work
             if out is None:
                 out = StepBackground()
-            name, blocked = comp[0], comp[1]
+            name, blocked, category = comp[0], comp[1], comp[6]
             if c_end is None:  # still running: carried, its span handed on once it ends
                 out.open_ids.add(sid)
                 self.carried.setdefault(rec.ident, []).append(Carried(comp, rec, False))
-                out.intervals.append((name, blocked, c_start, end, 1))
+                out.intervals.append((name, blocked, c_start, end, 1, category))
             else:
                 out.keys.add(sid)
-                out.intervals.append((name, blocked, c_start, c_end, 1))
+                out.intervals.append((name, blocked, c_start, c_end, 1, category))
                 if c_end > end:  # ran on past the step: its time in the next ones too
                     self.carried.setdefault(rec.ident, []).append(Carried(comp, rec, False, True))
         if carried:
@@ -161,6 +163,7 @@ class BackgroundLedger:
                             c.start,
                             end if c_end is None else c_end,
                             0 if c.counted else 1,
+                            c.category,
                         )
                     )
                     c.counted = True
@@ -275,10 +278,11 @@ class BackgroundSpan:
             )
         return span
 
-    def interval(self) -> tuple[str, bool, int, int]:
-        """``(name, blocked, start, end)``, Unix epoch ns."""
+    def interval(self) -> tuple[str, bool, int, int, str | None]:
+        """``(name, blocked, start, end, category)``, Unix epoch ns; the category the
+        component was recorded with (``None``: none)."""
         c, off = self._carried, self._builder.offset
-        return c.name, c.blocked, c.start + off, self._end + off
+        return c.name, c.blocked, c.start + off, self._end + off, c.category
 
     def to_json(self) -> dict[str, object]:
         """Its line of the spans JSONL file: ``type: "span"``, its step's scope, number and
@@ -286,29 +290,21 @@ class BackgroundSpan:
         c = self._carried
         b = self._builder
         tid, tname = b.thread(c.thread or c.home.thread)
-        out: dict[str, object] = {
-            "type": "span",
-            "scope": self.scope,
-            "step": self.number,
-            "trace_id": f"{self.trace_id:032x}",
-            "name": c.name,
-            "kind": KIND_BLOCKED if c.blocked else KIND_BUSY,
-            "start_ns": c.start + b.offset,
-            "end_ns": self._end + b.offset,
-            "thread": tname,
-            "thread_id": tid,
-            "span_id": f"{c.sid:016x}",
-            "parent": f"{c.parent:016x}" if c.parent else None,
-        }
         ex = c.home.extras
-        error = ex.errors.get(c.sid) if ex is not None else None
-        if error is not None:
-            out["error"] = f"{type(error).__qualname__}: {error}"
-        out["attributes"] = self._attributes()
-        category = declared(c.name)
-        if category is not None:
-            out["category"] = category
-        return out
+        entry = rs.component_json(
+            c.name,
+            c.blocked,
+            c.start + b.offset,
+            self._end + b.offset,
+            tname,
+            tid,
+            c.sid,
+            c.parent,
+            ex.errors.get(c.sid) if ex is not None else None,
+            self._attributes(),
+            c.category,
+        )
+        return rs.span_line(entry, self.scope, self.number, self.trace_id)
 
 
 def _open_on(home: StepRecord, ident: int, end: int) -> bool:

@@ -26,25 +26,11 @@ from typing import Any, Protocol
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, Status
 
-from otel_tunix.accounting.categories import declared
+from otel_tunix.model import record as rs
 from otel_tunix.model.steps import SpanInfo
-from otel_tunix.pipeline.span_errors import error_text, span_error
+from otel_tunix.pipeline.span_errors import span_error
 from otel_tunix.recording.hot_path import StepRecord, now_ns
-from otel_tunix.settings.attributes import (
-    COMPONENT,
-    DEVICE_END,
-    GOODPUT_CATEGORY,
-    HOST_DURATION,
-    INCOMPLETE,
-    KIND_BLOCKED,
-    KIND_BUSY,
-    OUTSIDE,
-    SPAN_TYPE,
-    SPAN_TYPE_COMPONENT,
-    THREAD_ID,
-    THREAD_NAME,
-    TIME_KIND,
-)
+from otel_tunix.settings.attributes import DEVICE_END, HOST_DURATION, INCOMPLETE, OUTSIDE
 from otel_tunix.support.shortcuts import new_span_context
 
 __all__ = ["OutsideSpan", "outside_spans"]
@@ -84,7 +70,7 @@ class OutsideSpan:
         span_id: Its span id.
         parent_id: Its parent's span id (0: none).
         root: True for the root of its record (the outside component itself).
-        category: The goodput category declared for its name, else ``None``
+        category: The goodput category it was recorded with, else ``None``
             (``otel_tunix.accounting.categories.classify(name, blocked, category)`` gives the one
             the ledger counts).
         thread_id: The native id of the thread that ran it.
@@ -126,7 +112,7 @@ class OutsideSpan:
         end: int,
         attributes: dict[str, object],
     ) -> None:
-        name, blocked, sid, parent, start, thread = comp
+        name, blocked, sid, parent, start, thread, category = comp
         off = builder.offset
         self._builder = builder
         self._span: ReadableSpan | None = None
@@ -138,7 +124,7 @@ class OutsideSpan:
         self.span_id: int = sid
         self.parent_id: int = parent
         self.root = sid == rec.span_id
-        self.category = declared(name)
+        self.category: str | None = category
         self.thread_id, self.thread_name = builder.thread(thread or rec.thread)
         self.attributes = attributes
         ex = rec.extras
@@ -147,7 +133,7 @@ class OutsideSpan:
     @property
     def kind(self) -> str:
         """``busy`` or ``blocked``."""
-        return KIND_BLOCKED if self.blocked else KIND_BUSY
+        return rs.kind_of(self.blocked)
 
     def span(self) -> ReadableSpan:
         """The SDK span (built on first use and kept)."""
@@ -155,14 +141,10 @@ class OutsideSpan:
         if span is None:
             attributes = {
                 **self.attributes,
-                SPAN_TYPE: SPAN_TYPE_COMPONENT,
-                COMPONENT: self.name,
-                TIME_KIND: self.kind,
-                THREAD_ID: self.thread_id,
-                THREAD_NAME: self.thread_name,
+                **rs.component_attributes(
+                    self.name, self.blocked, self.thread_id, self.thread_name, self.category
+                ),
             }
-            if self.category is not None:
-                attributes[GOODPUT_CATEGORY] = self.category
             trace, parent = self.trace_id, self.parent_id
             status, events = span_error(self.error, self.end_ns)
             span = self._span = self._builder.full_span(
@@ -179,45 +161,26 @@ class OutsideSpan:
 
     def info(self) -> SpanInfo:
         """As a :class:`~otel_tunix.model.steps.SpanInfo` (what the spans JSONL writes)."""
-        d = self.to_json()
-        return SpanInfo(
-            name=self.name,
-            kind=self.kind,
-            start_ns=self.start_ns,
-            end_ns=self.end_ns,
-            thread=self.thread_name,
-            thread_id=self.thread_id,
-            span_id=str(d["span_id"]),
-            parent=d["parent"],  # type: ignore[arg-type]
-            error=d.get("error"),  # type: ignore[arg-type]
-            attributes=self.attributes,
-            category=self.category,
-        )
+        return SpanInfo.from_json(self.to_json())
 
     def to_json(self) -> dict[str, object]:
         """Its line of the spans JSONL file: ``type: "span"``, ``outside: true``, no scope
-        or step, then the fields of a step line's ``spans`` entries."""
-        out: dict[str, object] = {
-            "type": "span",
-            "outside": True,
-            "scope": None,
-            "step": None,
-            "trace_id": f"{self.trace_id:032x}",
-            "name": self.name,
-            "kind": self.kind,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "thread": self.thread_name,
-            "thread_id": self.thread_id,
-            "span_id": f"{self.span_id:016x}",
-            "parent": f"{self.parent_id:016x}" if self.parent_id else None,
-        }
-        if self.error is not None:
-            out["error"] = error_text(self.error)
-        out["attributes"] = self.attributes
-        if self.category is not None:
-            out["category"] = self.category
-        return out
+        or step, then the fields of a step line's ``spans`` entries (its attributes always:
+        ``tunix.outside`` among them)."""
+        entry = rs.component_json(
+            self.name,
+            self.blocked,
+            self.start_ns,
+            self.end_ns,
+            self.thread_name,
+            self.thread_id,
+            self.span_id,
+            self.parent_id,
+            self.error,
+            self.attributes,
+            self.category,
+        )
+        return rs.span_line(entry, None, None, self.trace_id)
 
 
 def outside_spans(builder: _Builder, rec: StepRecord) -> list[OutsideSpan]:

@@ -22,13 +22,12 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
-from otel_tunix.accounting.categories import declared
 from otel_tunix.accounting.step_time import account_components
+from otel_tunix.model import record as rs
 from otel_tunix.model.steps import Interval, SpanInfo
 from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
 from otel_tunix.pipeline.outside import outside_spans
-from otel_tunix.pipeline.span_errors import error_text
 from otel_tunix.pipeline.span_errors import span_error as _error
 from otel_tunix.pipeline.step_sinks import Consumers
 from otel_tunix.pipeline.step_sinks import StepSpanProcessor as StepSpanProcessor  # its old home
@@ -69,9 +68,10 @@ class FinishedStep:
 
     Attributes:
         record: The step as recorded on the hot path.
-        components: Its components as recorded, in start order: ``(name, blocked, span_id,
-            parent_id, start, thread)`` tuples (start in ``perf_counter_ns``; ``thread`` is
-            ``None`` for the step's own thread).
+        components: Its components as recorded, in start order:
+            :data:`otel_tunix.model.record.ComponentStart` tuples ``(name, blocked,
+            span_id, parent_id, start, thread, category)`` (start in ``perf_counter_ns``;
+            ``thread`` is ``None`` for the step's own thread).
         ends: Each component's end, in the same order (``perf_counter_ns``: the device end
             if it has one, else the host end; never before its start).
         summary: What the accounting derived (busy / blocked / idle, per component).
@@ -162,6 +162,8 @@ class FinishedStep:
         if ex is not None and ex.device_ends and ex.attributes:
             self.summary.device_blocked_time_sec = _device_blocked_sec(comps, ex)
         self.summary.unsampled_sec = rec.unsampled
+        if rec.error is not None:  # the step line says so too (summary, Perfetto, goodput)
+            self.summary.error = rs.exception_text(rec.error)
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
         self.span_count = len(comps) + 1
@@ -172,7 +174,9 @@ class FinishedStep:
         off = self._builder.offset
         return [
             (name, blocked, start + off, end + off)
-            for (name, blocked, _, _, start, _), end in zip(self.components, self.ends, strict=True)
+            for (name, blocked, _, _, start, _, _), end in zip(
+                self.components, self.ends, strict=True
+            )
         ]
 
     @property
@@ -298,7 +302,7 @@ class SpanBuilder:
             tuple[bool, Any, str, int, dict[str, Any], tuple[float, float, int] | None, str | None],
         ] = {}
         """Per component name: (blocked, thread, scope, step, the attributes of its spans,
-        the name's times in that step, its declared category) as last made (never changed
+        the name's times in that step, its recorded category) as last made (never changed
         once made: spans and other threads may hold them)."""
         self.cleaner = NameCleaner()
         self.background = BackgroundLedger()
@@ -358,12 +362,10 @@ class SpanBuilder:
         home = c.home
         off = self.offset
         parent = new_span_context(c.trace, c.parent) if c.parent else None
-        attributes = {
-            **attrs,
-            **self._component_attributes(
-                c.name, c.blocked, c.thread or home.thread, home.scope, home.number, None
-            ),
-        }
+        standard = self._component_attributes(
+            c.name, c.blocked, c.thread or home.thread, home.scope, home.number, c.category, None
+        )
+        attributes = {**attrs, **standard}
         ex = home.extras
         error = ex.errors.get(c.sid) if ex is not None else None
         status, events = _error(error, end + off)
@@ -395,29 +397,27 @@ class SpanBuilder:
         ex = rec.extras
         off = self.offset
         comps = zip(step.components, step.ends, strict=True)
-        for (name, blocked, sid, parent_id, start_pc, thread), end_pc in comps:
+        for (name, blocked, sid, parent_id, start_pc, thread, category), end_pc in comps:
             tid, tname = self.thread(thread or rec.thread)
-            d: dict[str, object] = {
-                "name": name,
-                "kind": _BLOCKED if blocked else _BUSY,
-                "start_ns": start_pc + off,
-                "end_ns": end_pc + off,
-                "thread": tname,
-                "thread_id": tid,
-                "span_id": f"{sid:016x}",
-                "parent": f"{parent_id:016x}",
-            }
+            error = extra = None
             if ex is not None:
                 error = ex.errors.get(sid)
-                if error is not None:
-                    d["error"] = error_text(error)
                 extra = _extra_attributes(ex, rec, sid, start_pc, own=False)
-                if extra:
-                    d["attributes"] = extra
-            category = declared(name)
-            if category is not None:
-                d["category"] = category
-            out.append(d)
+            out.append(
+                rs.component_json(
+                    name,
+                    blocked,
+                    start_pc + off,
+                    end_pc + off,
+                    tname,
+                    tid,
+                    sid,
+                    parent_id,
+                    error,
+                    extra,
+                    category,
+                )
+            )
         return out
 
     def build_spans(self, step: FinishedStep) -> list[ReadableSpan]:
@@ -437,7 +437,7 @@ class SpanBuilder:
         ex = rec.extras
         comps = zip(step.components, step.ends, strict=True)
         times = step.summary.component_times
-        for (name, blocked, sid, parent_id, start_pc, thread), end in comps:
+        for (name, blocked, sid, parent_id, start_pc, thread, category), end in comps:
             ctx = new_ctx(trace_id, sid)
             if parent_id == step_sid:
                 parent_ctx = step_ctx
@@ -451,7 +451,7 @@ class SpanBuilder:
                 thread = step_thread
             extra = _extra_attributes(ex, rec, sid, start_pc) if ex is not None else None
             attrs = self._component_attributes(
-                name, blocked, thread, scope, number, extra, times.get(name)
+                name, blocked, thread, scope, number, category, extra, times.get(name)
             )
             if ex is not None and sid in ex.errors:
                 status, events = _error(ex.errors[sid], rec.ends.get(sid, start_pc) + off)
@@ -463,21 +463,9 @@ class SpanBuilder:
                 continue
             out.append(make(name, ctx, parent_ctx, attrs, start_pc + off, end + off))
         parent = new_ctx(trace_id, rec.parent_id) if rec.parent_id else None
-        s = step.summary
-        step_attrs = {
-            **step.attributes,
-            _SPAN_TYPE: attr.SPAN_TYPE_STEP,
-            _STEP: number,
-            _SCOPE: scope,
-            attr.STEP_DURATION: s.step_time_sec,
-            attr.STEP_BUSY_TIME: s.busy_time_sec,
-            attr.STEP_BLOCKED_TIME: s.blocked_time_sec,
-            attr.STEP_IDLE_TIME: s.idle_time_sec,
-        }
-        if s.background_times:
-            step_attrs[attr.STEP_BACKGROUND_TIME] = s.background_time_sec
+        step_attrs = rs.step_attributes(step.attributes, scope, number, step.summary)
         name = f"{scope}_step"
-        if rec.error is not None or rec.events or rec.link is not None:
+        if rs.needs_full_step_span(rec):
             status, events = _error(rec.error, rec.end_ns + off)
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
@@ -496,16 +484,16 @@ class SpanBuilder:
         else:
             step_span = make(name, step_ctx, parent, step_attrs, step.start_ns, step.end_ns)
         out.append(step_span)
-        rt = rec.runtime
-        if rt.job_root and parent is not None and rt.job_ids is not None:
-            root_id = rt.job_ids.ids(scope, number)[1]
+        job_ids = rec.runtime.job_ids
+        if parent is not None and job_ids is not None and rs.has_job_step(rec):
+            root_id = job_ids.ids(scope, number)[1]
             if rec.parent_id == root_id:  # the job's step, not an application's span
                 out.append(
                     make(
                         f"{scope}_job_step",
                         parent,
                         None,
-                        {_STEP: number, _SCOPE: scope},
+                        {_STEP: number, attr.SCOPE: scope},
                         step.start_ns,
                         step.end_ns,
                     )
@@ -519,15 +507,16 @@ class SpanBuilder:
         thread: Any,
         scope: str,
         number: int,
+        category: str | None,
         extra: dict[str, object] | None,
         times: tuple[float, float, int] | None = None,
     ) -> dict[str, Any]:
-        """A component span's attributes. Components with the same name, kind, thread and
-        scope share one dict (spans hand out read-only views of it), copied with the step
-        number and the name's times in a later step: the run's steps repeat the same
-        components, and a copy of a dict costs a third of building one (about 0.3 us a span
-        in bench_overhead). ``times``: the name's ``(busy, blocked, count)`` in the step."""
-        category = declared(name)
+        """A component span's attributes (:func:`otel_tunix.model.record.component_attributes`).
+        Components with the same name, kind, thread, scope and category share one dict
+        (spans hand out read-only views of it), copied with the step number and the name's
+        times in a later step: the run's steps repeat the same components, and a copy of a
+        dict costs a third of building one (about 0.3 us a span in bench_overhead).
+        ``times``: the name's ``(busy, blocked, count)`` in the step."""
         if extra is None:
             found = self._attributes.get(name)
             if (
@@ -541,7 +530,7 @@ class SpanBuilder:
                 if found[3] != number or found[5] != times:  # made in another step
                     attrs = attrs.copy()
                     attrs[_STEP] = number
-                    _set_times(attrs, times)
+                    rs.set_component_times(attrs, times)
                     self._attributes[name] = (
                         blocked,
                         thread,
@@ -553,18 +542,8 @@ class SpanBuilder:
                     )
                 return attrs
         tid, tname = self.thread(thread)
-        attrs = {
-            _SPAN_TYPE: _COMPONENT,
-            _STEP: number,
-            _SCOPE: scope,
-            _COMPONENT_NAME: name,
-            _TIME_KIND: _BLOCKED if blocked else _BUSY,
-            _THREAD_ID: tid,
-            _THREAD_NAME: tname,
-        }
-        if category is not None:
-            attrs[attr.GOODPUT_CATEGORY] = category
-        _set_times(attrs, times)
+        attrs = rs.component_attributes(name, blocked, tid, tname, category, scope, number)
+        rs.set_component_times(attrs, times)
         if extra is not None:
             return {**extra, **attrs}
         if len(self._attributes) >= _MAX_CACHED:  # names made up per step
@@ -601,22 +580,10 @@ class SpanBuilder:
         )
 
 
-def _set_times(attrs: dict[str, Any], times: tuple[float, float, int] | None) -> None:
-    """A component's accounted busy / blocked seconds (and count, if several) in its step."""
-    attrs.pop(attr.COMPONENT_COUNT, None)
-    if times is None:
-        return
-    busy, blocked, count = times
-    attrs[attr.COMPONENT_BUSY_TIME] = busy
-    attrs[attr.COMPONENT_BLOCKED_TIME] = blocked
-    if count > 1:
-        attrs[attr.COMPONENT_COUNT] = count
-
-
 def _device_blocked_sec(comps: list[ComponentStart], ex: ComponentExtras) -> float:
     """The device time (``tunix.device_duration_s``) of the blocked components."""
     total = 0.0
-    for _, blocked, sid, _, _, _ in comps:
+    for _, blocked, sid, _, _, _, _ in comps:
         if blocked:
             seconds = ex.attributes.get(sid, {}).get(attr.DEVICE_DURATION)
             if isinstance(seconds, float | int):
@@ -652,7 +619,5 @@ _start_ns = operator.itemgetter(4)
 _exports_lock = threading.Lock()
 _MAX_CACHED = 4096
 _INTERNAL = SpanKind.INTERNAL
-_SPAN_TYPE, _COMPONENT = attr.SPAN_TYPE, attr.SPAN_TYPE_COMPONENT
-_STEP, _SCOPE, _COMPONENT_NAME, _TIME_KIND = attr.STEP, attr.SCOPE, attr.COMPONENT, attr.TIME_KIND
-_BLOCKED, _BUSY = attr.KIND_BLOCKED, attr.KIND_BUSY
+_STEP = attr.STEP
 _THREAD_ID, _THREAD_NAME = attr.THREAD_ID, attr.THREAD_NAME

@@ -1,5 +1,6 @@
-"""A span's error: the status and ``exception`` event of a span whose block raised, and the
-``error`` text of its spans JSONL entry (steps, background and outside components alike)."""
+"""A span's error: the status and ``exception`` event of a span whose block raised (steps,
+background and outside components alike; the text is
+:func:`otel_tunix.model.record.exception_text`, as the spans JSONL's ``error``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import traceback
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import Status, StatusCode
 
+from otel_tunix.model.record import exception_message, exception_text
 from otel_tunix.support.text import clean_value
 
-__all__ = ["error_text", "span_error"]
+__all__ = ["span_error"]
 
 _UNSET = Status(StatusCode.UNSET)
 _MAX_STACKTRACE = 32768
@@ -25,7 +27,7 @@ def span_error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Ev
         "exception",
         {
             "exception.type": type(exc).__qualname__,
-            "exception.message": clean_value(str(exc)),
+            "exception.message": clean_value(exception_message(exc)),
             "exception.stacktrace": clean_value(
                 "".join(traceback.format_exception(exc)), _MAX_STACKTRACE
             ),
@@ -33,10 +35,4 @@ def span_error(exc: BaseException | None, end_ns: int) -> tuple[Status, tuple[Ev
         },
         timestamp=end_ns,
     )
-    return Status(StatusCode.ERROR, error_text(exc)), (event,)
-
-
-def error_text(exc: BaseException) -> str:
-    """``"Type: message"``: the error status description of a span, and the ``error`` of
-    its spans JSONL entry (cleaned as a text value: an exception's message is any text)."""
-    return clean_value(f"{type(exc).__qualname__}: {exc}")
+    return Status(StatusCode.ERROR, exception_text(exc)), (event,)

@@ -216,7 +216,7 @@ def _host_done(rec: StepRecord) -> bool:
     ends = rec.ends
     if len(ends) >= len(rec.spans):  # the usual case: every component has ended
         return True
-    return all(thread is not None or sid in ends for _, _, sid, _, _, thread in list(rec.spans))
+    return all(thread is not None or sid in ends for _, _, sid, _, _, thread, _ in list(rec.spans))
 
 
 def _close_open_spans(rec: StepRecord) -> None:
@@ -226,7 +226,7 @@ def _close_open_spans(rec: StepRecord) -> None:
     now = now_ns()
     ends = rec.ends
     ex = step_extras(rec)
-    for _, _, sid, _, _, thread in list(rec.spans):
+    for _, _, sid, _, _, thread, _ in list(rec.spans):
         if sid in ex.device or (sid not in ends and thread is None):
             ends.setdefault(sid, now)
             ex.device.pop(sid, None)

@@ -46,6 +46,7 @@ and a call (a bound method made each time, ~30 ns a component), not as a method 
 # module): set_runtime() and set_clock() of otel_tunix.recording.hot_path write them.
 _runtime: Runtime | None = None
 _clock = time.perf_counter_ns
+_declared_now = categories.declared_now
 _current_thread = threading.current_thread
 _get_ident = threading.get_ident
 
@@ -89,12 +90,13 @@ def component(
             :meth:`Component.end_on_device` once the outputs exist.
         start_ns: When the component started (``time.perf_counter_ns()``), for integrations
             that learn of it after the fact; default: now.
-        category: The goodput category of every component of this name (one of
+        category: The goodput category of this component (one of
             :data:`otel_tunix.accounting.categories.COMPONENT_CATEGORIES`, e.g. ``"evaluation"``,
-            ``"checkpoint_restore"``), declared now
-            (:func:`otel_tunix.accounting.categories.declare`; in a step that is not sampled, only
-            when the name's shared stand-in is made, which keeps such a component's cost); default:
-            the one its name gives.
+            ``"checkpoint_restore"``), recorded with it, and declared for its name
+            (:func:`otel_tunix.accounting.categories.declare`: the default of later components of
+            that name given none; in a step that is not sampled, only when the name's
+            shared stand-in is made, which keeps such a component's cost); default: the
+            one declared for its name now, else the one its name gives.
 
     Raises:
         ValueError: ``category`` is not a goodput category (the message names it and the
@@ -109,6 +111,8 @@ def component(
         return u
     if category is not None:  # declared when given only: no cost per component otherwise
         categories.declare(name, category)
+    else:  # captured now, and it travels with the record (no writer looks it up later)
+        category = _declared_now(name)
     # What a constructor would do, without its Python frame: a class with no __init__ of
     # its own is made in C (the hot path; this function is the only place one is made).
     c = Component()
@@ -118,6 +122,7 @@ def component(
     # the device puts the given one back for the next use).
     c._device_end = c._resolver = device_end
     c._start_ns = start_ns
+    c._category = category
     c._sid = 0  # the span id while recorded, else 0
     # _step, _span_id (the span id, kept after exit: a task or thread that copied the
     # context may still parent spans to it), _token, _ctoken and _ctx are set by __enter__
@@ -157,6 +162,7 @@ class Component:
 
     __slots__ = (
         "_blocked",
+        "_category",
         "_ctoken",
         "_ctx",
         "_device_end",
@@ -172,6 +178,7 @@ class Component:
 
     _name: str
     _blocked: bool
+    _category: str | None
     _device_end: Any
     _resolver: Any
     _start_ns: int | None
@@ -288,7 +295,8 @@ class Component:
             else:
                 self._ctoken = _current.set(self)
             self._sid = self._span_id = sid
-            st.spans.append((name, self._blocked, sid, parent, self._start_ns or _clock(), thread))
+            start = self._start_ns or _clock()
+            st.spans.append((name, self._blocked, sid, parent, start, thread, self._category))
         except Exception:
             self._sid = 0
             report_internal_error("component() (the component is not recorded)")
@@ -316,7 +324,7 @@ class Component:
         rec.otel_token = attach_span(rec)
         self._ctoken = _current.set(self)
         self._sid = self._span_id = sid
-        comp = (name, self._blocked, sid, rec.parent_id, start, None)
+        comp = (name, self._blocked, sid, rec.parent_id, start, None, self._category)
         rec.spans.append(comp)
         last = rt.last_step
         if last is not None and last.ident != rec.ident:  # beside the loop's steps

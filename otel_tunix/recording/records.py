@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from otel_tunix.model.record import ComponentStart
 from otel_tunix.settings import attributes as attr
 
 __all__ = [
@@ -62,16 +63,6 @@ class ScopeStepCounts:
         """The start of the scope's latest step that is not sampled."""
         self.last_end_ns = 0
         self.active_ns = 0
-
-
-ComponentStart = tuple[str, bool, int, int, int, "threading.Thread | None"]
-"""A component as recorded when it starts: ``(name, blocked, span_id, parent_id, start_ns,
-thread)`` (perf_counter ns; ``thread`` is ``None`` for the step's own thread).
-
-A plain tuple, not an object: a tuple of atoms is dropped from the garbage collector's
-lists at its first collection, and a loop that records spans fast keeps thousands of them
-queued. Per-component objects were walked by every collection until processed, about a
-third of the cost of a span in such a loop."""
 
 
 class ComponentExtras:

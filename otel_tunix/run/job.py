@@ -43,6 +43,7 @@ from typing import Any
 from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_tunix.model import job as _job
+from otel_tunix.model import record as rs
 from otel_tunix.model.job import JobInfo, PreviousAttempt
 from otel_tunix.model.resource import RankInfo, new_run_id
 from otel_tunix.run import folders
@@ -288,7 +289,7 @@ def read_header(path: Path) -> dict[str, Any] | None:
         return None
     except (OSError, ValueError, RecursionError):
         return None
-    return header if isinstance(header, dict) and header.get("type") == "run" else None
+    return header if isinstance(header, dict) and header.get(rs.TYPE) == rs.TYPE_RUN else None
 
 
 def last_step(path: Path) -> dict[str, Any] | None:
@@ -319,14 +320,17 @@ def last_step(path: Path) -> dict[str, Any] | None:
     return None
 
 
+_STEP_TYPE = f'"{rs.TYPE_STEP}"'.encode()
+
+
 def _step_line(line: bytes) -> dict[str, Any] | None:
-    if b'"step"' not in line[:32]:  # "type" is each line's first key
+    if _STEP_TYPE not in line[:32]:  # "type" is each line's first key
         return None
     try:
         obj = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    return obj if isinstance(obj, dict) and obj.get("type") == "step" else None
+    return obj if isinstance(obj, dict) and obj.get(rs.TYPE) == rs.TYPE_STEP else None
 
 
 def _previous(
@@ -342,7 +346,8 @@ def _previous(
         step = last_step(path)
         if step is not None:
             try:
-                trace_id, span_id = int(str(step["trace_id"]), 16), int(str(step["span_id"]), 16)
+                trace_id = int(str(step[rs.TRACE_ID]), 16)
+                span_id = int(str(step[rs.SPAN_ID]), 16)
                 if not (trace_id and span_id):
                     raise ValueError
                 return PreviousAttempt(
@@ -351,8 +356,8 @@ def _previous(
                     span_id,
                     _job.FROM_RUN_FOLDER,
                     run_id=run_id,
-                    scope=_text(step.get("scope")),
-                    step=step.get("step") if isinstance(step.get("step"), int) else None,
+                    scope=_text(step.get(rs.SCOPE)),
+                    step=n if isinstance(n := step.get(rs.STEP), int) else None,
                 )
             except (KeyError, ValueError):
                 pass  # a line of a version that did not write the step's span id

@@ -56,7 +56,7 @@ OUTSIDE: Final = "tunix.outside"
 evaluation between steps, a writer after the last step): the root of a trace of its own,
 its nested components its children; it has no ``tunix.step`` or ``tunix.scope``."""
 GOODPUT_CATEGORY: Final = "tunix.goodput.category"
-"""On a component whose name has a declared goodput category (``component(name,
+"""On a component recorded with a goodput category (``component(name,
 category=...)``, :func:`otel_tunix.accounting.categories.declare`): that category."""
 
 SPAN_TYPE_STEP: Final = "step"

@@ -15,8 +15,10 @@ Layout of the trace:
   without nesting, so that the slices of every track nest strictly;
 * step slices carry their attributes and their busy / blocked / idle times as arguments, and
   three counter tracks per scope (``perf/<scope>/busy_time_sec``, ``.../blocked_time_sec``,
-  ``.../idle_time_sec``) get one value per step, computed by
-  :func:`otel_tunix.accounting.step_time.account_step`;
+  ``.../idle_time_sec``) get one value per step: the step's own accounting, as its span
+  (``tunix.step.busy_time``, ...) or its spans JSONL line carries it (a step span made by
+  other code, with none, is accounted from its components by
+  :func:`otel_tunix.accounting.step_time.account_step`);
 * span events (exceptions, alerts) are instants on their span's track.
 
 The translation works on plain :class:`TraceSpan` records, so the same code converts a

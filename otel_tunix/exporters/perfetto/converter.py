@@ -11,16 +11,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int, _as_str
+from otel_tunix.exporters.perfetto.model import ProcessInfo, TraceSpan, _as_int
 from otel_tunix.exporters.perfetto.writer import PerfettoTraceWriter
+from otel_tunix.model import record as rs
+from otel_tunix.model.record import SpanInfo
 from otel_tunix.settings.attributes import (
     GOODPUT_CATEGORY,
-    KIND_BLOCKED,
-    KIND_BUSY,
     RANK,
     RUN_ID,
     SPAN_TYPE_COMPONENT,
     SPAN_TYPE_STEP,
+    STEP_BLOCKED_TIME,
+    STEP_BUSY_TIME,
+    STEP_DURATION,
+    STEP_IDLE_TIME,
 )
 from otel_tunix.support.linefile import MAX_LINE_BYTES, capped_lines
 
@@ -83,9 +87,9 @@ def convert_jsonl_to_perfetto(
                 resource = obj.get("resource")
                 if isinstance(resource, dict):
                     process = _process_from_json(resource, stem)
-                if obj.get("type") == "step":
+                if obj.get(rs.TYPE) == rs.TYPE_STEP:
                     writer.write_group(_records_from_step_line(obj, process))
-                elif obj.get("type") == "span":  # background work that ended after its step
+                elif obj.get(rs.TYPE) == rs.TYPE_SPAN:  # background work that ended after its step
                     writer.add(_record_from_span_line(obj, process))
             except (ValueError, TypeError, OverflowError, RecursionError):
                 # not JSON (cut short, not UTF-8, binary), nested too deep, a value no
@@ -118,86 +122,74 @@ def _open_source(path: Path) -> IO[bytes]:
 def _record_from_span_line(obj: Mapping[str, object], process: ProcessInfo) -> TraceSpan:
     """A ``type: "span"`` line: one component span handed on apart from its step's line (or
     recorded outside any step: ``outside: true``)."""
-    kind = _as_str(obj.get("kind"))
-    outside = obj.get("outside") is True
-    return TraceSpan(
-        name=str(obj.get("name") or "span"),
-        start_ns=_as_int(obj.get("start_ns"), 0) or 0,
-        end_ns=_as_int(obj.get("end_ns"), 0) or 0,
-        trace_id=str(obj.get("trace_id") or ""),
-        span_id=str(obj.get("span_id") or ""),
-        parent_id=_as_str(obj.get("parent")),
-        span_type=SPAN_TYPE_COMPONENT,
-        scope=None if outside else str(obj.get("scope") or "default"),
-        step=None if outside else _as_int(obj.get("step"), 0),
-        time_kind=kind if kind in (KIND_BUSY, KIND_BLOCKED) else KIND_BUSY,
-        thread_id=_as_int(obj.get("thread_id")) or None,
-        thread_name=_as_str(obj.get("thread")) or None,
-        attributes=_attributes(obj),
-        process=process,
-        error=_as_str(obj.get("error")),
+    outside = obj.get(rs.OUTSIDE) is True
+    return _component_record(
+        SpanInfo.from_json(obj),
+        str(obj.get(rs.TRACE_ID) or ""),
+        None if outside else str(obj.get(rs.SCOPE) or "default"),
+        None if outside else rs.as_int64(obj.get(rs.STEP)),
+        process,
     )
 
 
 def _records_from_step_line(obj: Mapping[str, object], process: ProcessInfo) -> list[TraceSpan]:
-    scope = str(obj.get("scope") or "default")
-    step = _as_int(obj.get("step"), 0)
-    trace_id = str(obj.get("trace_id") or "")
-    step_id = str(obj.get("span_id") or "")
-    attrs = obj.get("attributes")
+    """A step line: its step span, with the accounting the line stores (what the step
+    span's attributes carry: the writer's counters read it, never recompute it), then its
+    components."""
+    line = rs.read_step_line(obj)
+    accounting = {
+        STEP_DURATION: line.step_time_sec,
+        STEP_BUSY_TIME: line.busy_time_sec,
+        STEP_BLOCKED_TIME: line.blocked_time_sec,
+        STEP_IDLE_TIME: line.idle_time_sec,
+    }
     records = [
         TraceSpan(
-            name=str(obj.get("name") or f"{scope}_step"),
-            start_ns=_as_int(obj.get("start_ns"), 0) or 0,
-            end_ns=_as_int(obj.get("end_ns"), 0) or 0,
-            trace_id=trace_id,
-            span_id=step_id,
+            name=f"{line.scope}_step",
+            start_ns=line.start_ns,
+            end_ns=line.end_ns,
+            trace_id=line.trace_id,
+            span_id=line.span_id,
             span_type=SPAN_TYPE_STEP,
-            scope=scope,
-            step=step,
-            thread_id=_as_int(obj.get("thread_id")) or None,
-            thread_name=_as_str(obj.get("thread")) or None,
-            attributes=dict(attrs) if isinstance(attrs, dict) else {},
+            scope=line.scope,
+            step=line.step,
+            attributes={**line.attributes, **accounting},
             process=process,
+            error=line.error,
         )
     ]
-    spans = obj.get("spans")
-    for item in spans if isinstance(spans, list) else ():
-        if not isinstance(item, dict):
-            continue
-        kind = _as_str(item.get("kind"))
-        component = kind in (KIND_BUSY, KIND_BLOCKED)
-        records.append(
-            TraceSpan(
-                name=str(item.get("name") or "span"),
-                start_ns=_as_int(item.get("start_ns"), 0) or 0,
-                end_ns=_as_int(item.get("end_ns"), 0) or 0,
-                trace_id=trace_id,
-                span_id=str(item.get("span_id") or ""),
-                parent_id=_as_str(item.get("parent")) or step_id or None,
-                span_type=SPAN_TYPE_COMPONENT if component else None,
-                scope=scope,
-                step=step,
-                time_kind=kind if component else None,
-                thread_id=_as_int(item.get("thread_id")) or None,
-                thread_name=_as_str(item.get("thread")) or None,
-                attributes=_attributes(item),
-                process=process,
-                error=_as_str(item.get("error")),
-            )
-        )
+    for info in line.spans:
+        if not info.parent:
+            info.parent = line.span_id or None
+        records.append(_component_record(info, line.trace_id, line.scope, line.step, process))
     return records
 
 
-def _attributes(entry: Mapping[str, object]) -> dict[str, object]:
-    """A span entry's attributes, with its declared goodput category among them (the key
-    its span has)."""
-    attrs = entry.get("attributes")
-    out = dict(attrs) if isinstance(attrs, dict) else {}
-    category = entry.get("category")
-    if isinstance(category, str):
-        out[GOODPUT_CATEGORY] = category
-    return out
+def _component_record(
+    info: SpanInfo, trace_id: str, scope: str | None, step: int | None, process: ProcessInfo
+) -> TraceSpan:
+    """A component read back (:meth:`SpanInfo.from_json`) as a trace record: its attributes
+    with the goodput category it was recorded with among them (the key its span has)."""
+    attrs = dict(info.attributes)
+    if info.category is not None:
+        attrs[GOODPUT_CATEGORY] = info.category
+    return TraceSpan(
+        name=info.name or "span",
+        start_ns=info.start_ns,
+        end_ns=info.end_ns,
+        trace_id=trace_id,
+        span_id=info.span_id,
+        parent_id=info.parent,
+        span_type=SPAN_TYPE_COMPONENT,
+        scope=scope,
+        step=step,
+        time_kind=info.kind,
+        thread_id=info.thread_id or None,
+        thread_name=info.thread or None,
+        attributes=attrs,
+        process=process,
+        error=info.error,
+    )
 
 
 def _process_from_json(resource: Mapping[str, object], default_name: str) -> ProcessInfo:

@@ -29,6 +29,10 @@ from otel_tunix.settings.attributes import (
     SPAN_TYPE_COMPONENT,
     SPAN_TYPE_STEP,
     STEP,
+    STEP_BLOCKED_TIME,
+    STEP_BUSY_TIME,
+    STEP_DURATION,
+    STEP_IDLE_TIME,
     THREAD_ID,
     THREAD_NAME,
 )
@@ -64,6 +68,8 @@ _STATE_CLEARED: Final = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _COUNTER_FIELDS: Final = ("busy_time_sec", "blocked_time_sec", "idle_time_sec")
+_ACCOUNTING_FIELDS: Final = ("step_time_sec", *_COUNTER_FIELDS)
+_ACCOUNTING_KEYS: Final = (STEP_DURATION, STEP_BUSY_TIME, STEP_BLOCKED_TIME, STEP_IDLE_TIME)
 _BACKGROUND: Final = {BACKGROUND: True}
 
 
@@ -543,33 +549,20 @@ class PerfettoTraceWriter:
         spans: Sequence[TraceSpan],
         out: list[_Event],
     ) -> dict[str, object]:
-        """Busy / blocked / idle of the step: counter events, and the step's extra args."""
-        infos = [
-            SpanInfo(
-                name=s.name,
-                kind=KIND_BLOCKED if s.time_kind == KIND_BLOCKED else KIND_BUSY,
-                start_ns=s.start_ns,
-                end_ns=s.end_ns,
-                thread=s.thread_name or "",
-                thread_id=s.thread_id or 0,
-                span_id=s.span_id,
-                parent=s.parent_id,
-                # another thread's work past the step's edge: beside the breakdown
-                attributes=_BACKGROUND if s.attributes.get(BACKGROUND) is True else {},
-            )
-            for s in spans
-            if s.span_type == SPAN_TYPE_COMPONENT
-        ]
-        scope = step.scope or "default"
+        """Busy / blocked / idle of the step: counter events, and the step's extra args.
+        Read from the step's own accounting (an otel-tunix step span, or a spans JSONL step
+        line, carries it in ``tunix.step.*``); only a step span made by other code, with
+        none, gets it from its components here."""
         start, end = _times(step)
-        summary = account_step(scope, step.step or 0, start, end, infos)
-        values = {f: float(getattr(summary, f)) for f in _COUNTER_FIELDS}
-        for field_name, value in values.items():
-            uuid = self._counter_uuid(step.process, scope, field_name)
+        values = _stored_accounting(step.attributes)
+        if values is None:
+            values = _accounted(step, spans, start, end)
+        for field_name in _COUNTER_FIELDS:
+            uuid = self._counter_uuid(step.process, step.scope or "default", field_name)
             packet = self._event_packet(start, uuid, _COUNTER)
-            packet.track_event.double_counter_value = value
+            packet.track_event.double_counter_value = values[field_name]
             out.append(((start, 4, 0, next(self._serial), 0), packet, None, None))
-        return {"step_time_sec": summary.step_time_sec, **values}
+        return dict(values)
 
     def _log_dropped(self, span: TraceSpan) -> None:
         if not self._dropped_logged:
@@ -587,6 +580,41 @@ class PerfettoTraceWriter:
 def _times(span: TraceSpan) -> tuple[int, int]:
     start = max(0, min(span.start_ns, _INT64_MAX))
     return start, max(start, min(span.end_ns, _INT64_MAX))
+
+
+def _stored_accounting(attrs: Mapping[str, object]) -> dict[str, float] | None:
+    """A step span's own accounting (``tunix.step.*``) by the counters' fields; ``None``
+    when it carries none."""
+    out: dict[str, float] = {}
+    for field_name, key in zip(_ACCOUNTING_FIELDS, _ACCOUNTING_KEYS, strict=True):
+        value = attrs.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return None
+        out[field_name] = float(value)
+    return out
+
+
+def _accounted(
+    step: TraceSpan, spans: Sequence[TraceSpan], start: int, end: int
+) -> dict[str, float]:
+    """The accounting of a step span that carries none (made by other code), from its
+    component spans."""
+    infos = [
+        SpanInfo(
+            name=s.name,
+            kind=KIND_BLOCKED if s.time_kind == KIND_BLOCKED else KIND_BUSY,
+            start_ns=s.start_ns,
+            end_ns=s.end_ns,
+            span_id=s.span_id,
+            parent=s.parent_id,
+            # another thread's work past the step's edge: beside the breakdown
+            attributes=_BACKGROUND if s.attributes.get(BACKGROUND) is True else {},
+        )
+        for s in spans
+        if s.span_type == SPAN_TYPE_COMPONENT
+    ]
+    summary = account_step(step.scope or "default", step.step or 0, start, end, infos)
+    return {f: float(getattr(summary, f)) for f in _ACCOUNTING_FIELDS}
 
 
 def _depth(i: int, parents: list[int | None]) -> int:
