@@ -126,10 +126,12 @@ class _Attributes:
 
 
 def _plain(step: FinishedStep) -> bool:
-    """Whether this module encodes the step itself: no error, no events, no link, no
+    """Whether this module encodes the step itself: no error, no events, no links, no
     component with its own attributes, an error or a device end, and no job step span."""
     rec = step.record
     if rec.extras is not None or rec.error is not None or rec.events or rec.link is not None:
+        return False
+    if rec.links:
         return False
     rt = rec.runtime
     return not (rt.job_root and rec.parent_id and rt.job_ids is not None)

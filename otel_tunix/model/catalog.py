@@ -31,6 +31,7 @@ from otel_tunix.model.metric_spec import (
     E2E_LATENCY_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
     MODE_ATTRIBUTE,
+    POLICY_LAG_BUCKETS,
     SECONDS_BUCKETS,
     TIME_TO_FIRST_TOKEN_BUCKETS,
     TOKEN_COUNT_BUCKETS,
@@ -300,6 +301,23 @@ _ROWS: list[MetricSpec] = [
         "rl",
         "actor_dequeue_time",
         buckets=SECONDS_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.policy_lag",
+        H,
+        "{step}",
+        "Policy versions between the rollout a learner step trained on and the learner "
+        "(one value per rollout consumed; otel_tunix.rl.consume)",
+        "rl",
+        buckets=POLICY_LAG_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.policy_lag.max",
+        G,
+        "{step}",
+        "Largest policy lag among the rollouts one learner step consumed",
+        "rl",
+        "rl/policy_lag_max",
     ),
     # --- generation ---------------------------------------------------------------------
     MetricSpec(

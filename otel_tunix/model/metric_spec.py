@@ -13,6 +13,7 @@ __all__ = [
     "E2E_LATENCY_BUCKETS",
     "INTER_TOKEN_LATENCY_BUCKETS",
     "MODE_ATTRIBUTE",
+    "POLICY_LAG_BUCKETS",
     "SECONDS_BUCKETS",
     "TIME_TO_FIRST_TOKEN_BUCKETS",
     "TOKEN_COUNT_BUCKETS",
@@ -146,6 +147,11 @@ TOKEN_COUNT_BUCKETS: Final[tuple[float, ...]] = (
     67108864,
 )
 """The GenAI semantic conventions' advice for ``gen_ai.client.token.usage``."""
+
+
+POLICY_LAG_BUCKETS: Final[tuple[float, ...]] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+"""Boundaries of the policy lag (learner steps): one bucket per version up to 4, the
+asynchronous RL trainers' usual bounds, then coarser."""
 
 
 @dataclass(frozen=True, slots=True)

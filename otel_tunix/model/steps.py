@@ -21,6 +21,7 @@ __all__ = [
     "ScopeSession",
     "SpanInfo",
     "StepSummary",
+    "link_json",
 ]
 
 _NS = 1e-9
@@ -84,6 +85,17 @@ class SpanInfo:
         if self.category is not None:
             out["category"] = self.category
         return out
+
+
+def link_json(link: Any) -> dict[str, object]:
+    """An OTel ``Link`` as the spans JSONL writes it: ``trace_id`` (32 hex digits),
+    ``span_id`` (16) and its ``attributes``."""
+    ctx = link.context
+    return {
+        "trace_id": f"{ctx.trace_id:032x}",
+        "span_id": f"{ctx.span_id:016x}",
+        "attributes": dict(link.attributes or {}),
+    }
 
 
 @dataclass(slots=True)
@@ -157,6 +169,7 @@ class StepSummary:
         "device_times",
         "end_ns",
         "idle_time_sec",
+        "links",
         "scope",
         "span_id",
         "start_ns",
@@ -203,6 +216,9 @@ class StepSummary:
         self.device_blocked_time_sec = 0.0
         self.background_time_sec = background_time_sec
         self.background_times = background_times
+        self.links: list[dict[str, object]] | None = None
+        """The links the step's code added to its span (:func:`link_json` each: a learner
+        step's rollouts, :func:`otel_tunix.rl.consume`); ``None``: none."""
         self.unsampled_sec: dict[str, float] | None = None
         """Per goodput category, the time the components of the scope's steps that were
         not recorded since its previous recorded step spent in it (``None``: none)."""
@@ -303,6 +319,8 @@ class StepSummary:
             out["background_times"] = dict(self.background_times)
         if self.attributes:
             out["attributes"] = dict(self.attributes)
+        if self.links:
+            out["links"] = list(self.links)
         return out
 
 

@@ -24,7 +24,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
 from otel_tunix.accounting.categories import declared
 from otel_tunix.accounting.step_time import account_components
-from otel_tunix.model.steps import Interval, SpanInfo
+from otel_tunix.model.steps import Interval, SpanInfo, link_json
 from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
 from otel_tunix.pipeline.outside import outside_spans
@@ -162,6 +162,8 @@ class FinishedStep:
         if ex is not None and ex.device_ends and ex.attributes:
             self.summary.device_blocked_time_sec = _device_blocked_sec(comps, ex)
         self.summary.unsampled_sec = rec.unsampled
+        if rec.links:
+            self.summary.links = [link_json(link) for link in rec.links]
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
         self.span_count = len(comps) + 1
@@ -477,11 +479,13 @@ class SpanBuilder:
         if s.background_times:
             step_attrs[attr.STEP_BACKGROUND_TIME] = s.background_time_sec
         name = f"{scope}_step"
-        if rec.error is not None or rec.events or rec.link is not None:
+        if rec.error is not None or rec.events or rec.link is not None or rec.links:
             status, events = _error(rec.error, rec.end_ns + off)
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
             links = (rec.link,) if rec.link is not None else ()
+            if rec.links:
+                links += tuple(rec.links)
             step_span = self.full_span(
                 name,
                 step_ctx,

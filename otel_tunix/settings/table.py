@@ -264,6 +264,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "a whole number >= 1",
     ),
     Setting(
+        env.OTEL_TUNIX_MAX_POLICY_LAG,
+        "max_policy_lag",
+        _non_negative_int,
+        None,
+        "RL: the `policy_lag` alert fires when a learner step trains on a rollout more than "
+        "this many policy versions old (`otel_tunix.rl.consume`); unset: no such rule",
+        "a whole number >= 0",
+    ),
+    Setting(
         env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL,
         "system_metrics_interval",
         _seconds_or_off,
