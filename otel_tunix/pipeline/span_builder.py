@@ -483,7 +483,7 @@ class SpanBuilder:
             status, events = _error(rec.error, rec.end_ns + off)
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
-            links = (rec.link,) if rec.link is not None else ()
+            links: tuple[Link, ...] = (rec.link,) if rec.link is not None else ()
             if rec.links:
                 links += tuple(rec.links)
             step_span = self.full_span(
