@@ -9,6 +9,9 @@ Learner side, inside the learner step::
 
     batch, ctx = in_queue.get()
     otel_tunix.rl.consume(ctx, policy_version=learner_version)
+    ...
+    with otel_tunix.rl.weight_sync(nbytes=state_bytes):
+        publish(weights)
 
 See :mod:`otel_tunix.metrics.lineage` and ``docs/rl.md``.
 """
@@ -23,7 +26,8 @@ from otel_tunix.metrics.lineage import (
     consume,
     rollout_context,
 )
-from otel_tunix.model.alert_rules import POLICY_LAG_METRIC, policy_lag_rule
+from otel_tunix.metrics.weight_sync import weight_sync
+from otel_tunix.model.alert_rules import POLICY_LAG_METRIC, WEIGHT_SYNCS_METRIC, policy_lag_rule
 
 __all__ = [
     "MAX_ROLLOUT_LINKS",
@@ -31,7 +35,9 @@ __all__ = [
     "POLICY_LAG_METRIC",
     "TRACEPARENT",
     "VERSION",
+    "WEIGHT_SYNCS_METRIC",
     "consume",
     "policy_lag_rule",
     "rollout_context",
+    "weight_sync",
 ]

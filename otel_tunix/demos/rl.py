@@ -401,8 +401,10 @@ class Learner:
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
-        with otel_tunix.component("weight_sync"):
-            self.shared.publish(self.policy.state_dict())
+        state = self.policy.state_dict()
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        with otel_tunix.rl.weight_sync(nbytes=nbytes):  # a weight_sync component, counted
+            self.shared.publish(state)
         out = rl_metrics(
             rewards=batch.rewards,
             advantages=batch.advantages,

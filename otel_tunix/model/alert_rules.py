@@ -19,6 +19,7 @@ from typing import Literal
 
 __all__ = [
     "POLICY_LAG_METRIC",
+    "WEIGHT_SYNCS_METRIC",
     "DropRule",
     "NonFiniteRule",
     "Rule",
@@ -393,6 +394,7 @@ def default_rules(*, max_policy_lag: int | None = None) -> list[Rule]:
     ``step_time_spike``          ``step_time_sec``,                    warning > median +
                                  ``perf/*/step_time_sec``              3·MAD of 50 (3 in a
                                                                        row, after 50 steps)
+    ``weight_sync_repeated``     ``rl/weight_syncs_per_step``          warning > 1
     ``policy_lag`` (with a       ``rl/policy_lag_max``                 warning > the bound
     bound)
     ============================ ===================================== =====================
@@ -448,8 +450,19 @@ def default_rules(*, max_policy_lag: int | None = None) -> list[Rule]:
             hysteresis=0.5,
             description="steps much slower than the recent ones",
         ),
+        ThresholdRule(
+            "weight_sync_repeated",
+            (WEIGHT_SYNCS_METRIC,),
+            warning=above(1),
+            description="a learner step synced its weights more than once: one sync per "
+            "step was meant (a second publish path, or a retry)",
+        ),
         *extra,
     ]
+
+
+WEIGHT_SYNCS_METRIC = "rl/weight_syncs_per_step"
+"""The MetricsLogger name of a learner step's weight syncs so far (``otel_tunix.rl``)."""
 
 
 POLICY_LAG_METRIC = "rl/policy_lag_max"

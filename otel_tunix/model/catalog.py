@@ -35,6 +35,7 @@ from otel_tunix.model.metric_spec import (
     SECONDS_BUCKETS,
     TIME_TO_FIRST_TOKEN_BUCKETS,
     TOKEN_COUNT_BUCKETS,
+    WEIGHT_BYTES_BUCKETS,
     Instrument,
     MetricSpec,
 )
@@ -318,6 +319,37 @@ _ROWS: list[MetricSpec] = [
         "Largest policy lag among the rollouts one learner step consumed",
         "rl",
         "rl/policy_lag_max",
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.count",
+        C,
+        "{sync}",
+        "Weight syncs: the learner publishing its weights to the actors (rl.weight_sync)",
+        "rl",
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.duration",
+        H,
+        "s",
+        "Time of one weight sync",
+        "rl",
+        buckets=SECONDS_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.bytes",
+        H,
+        "By",
+        "Bytes one weight sync moved (as the caller gave them)",
+        "rl",
+        buckets=WEIGHT_BYTES_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.per_step",
+        G,
+        "{sync}",
+        "Weight syncs in one learner step so far (more than one: the weight_sync_repeated alert)",
+        "rl",
+        "rl/weight_syncs_per_step",
     ),
     # --- generation ---------------------------------------------------------------------
     MetricSpec(
