@@ -302,3 +302,48 @@ def test_no_rule_without_a_bound_and_consume_outside_a_run() -> None:
     ctx = rl.rollout_context(1)
     assert ctx == {"policy_version": 1}
     assert rl.consume([ctx, {"no": "version"}], policy_version=3) == [2]
+
+
+def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
+    import io
+
+    pytest.importorskip("rich")
+    from rich.console import Console
+
+    from otel_tunix.analysis.breakdown import RLStats, summarize
+    from otel_tunix.analysis.summary_tables import render_summary
+
+    run = local_run()
+    lags = [0, 2, 1, 3, 1]  # each learner step's largest
+    syncs = [[10**6], [10**6], [10**6, 3 * 10**6], [10**6], []]
+    for m, (lag, sizes) in enumerate(zip(lags, syncs, strict=True)):
+        with otel_tunix.step(m, scope=LEARNER):
+            rl.consume([{"policy_version": m}, {"policy_version": m - lag}], policy_version=m)
+            for nbytes in sizes:
+                with rl.weight_sync(nbytes=nbytes):
+                    pass
+    with otel_tunix.step(0, scope=ACTOR):
+        pass  # a scope with neither: no row
+    otel_tunix.shutdown()
+    summary = summarize(run.path)
+    synced = [len(s) for s in syncs if s]
+    assert summary.rl == [
+        RLStats(
+            scope=LEARNER,
+            lag_steps=len(lags),
+            mean_max_lag=sum(lags) / len(lags),
+            p95_max_lag=pytest.approx(2.8),  # numpy's linear percentile of [0, 1, 1, 2, 3]
+            max_lag=max(lags),
+            sync_steps=len(synced),
+            mean_syncs=sum(synced) / len(synced),
+            repeated_sync_steps=1,
+            mean_sync_bytes=sum(map(sum, syncs)) / len(synced),
+        )
+    ]
+    assert summary.to_json()["rl"][0]["repeated_sync_steps"] == 1
+    out = io.StringIO()
+    render_summary(summary, Console(file=out, width=80))
+    lines = out.getvalue().splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("RL: "))
+    row = next(line for line in lines[title:] if line.strip().startswith(LEARNER))
+    assert row.split()[1:] == ["5", "1.40", "2.8", "3", "1.25", "1", "1.75"]
