@@ -96,7 +96,7 @@ class _ScopeAcc:
 
     def _rl(self, attrs: Mapping[str, Any]) -> None:
         """A learner step's policy lag and weight syncs (its span's ``tunix.rl.*``)."""
-        lag = attrs.get(attr.RL_MAX_POLICY_LAG)
+        lag = attrs.get(attr.RL_POLICY_LAG)
         if isinstance(lag, int | float):
             self.max_lag.append(float(lag))
         syncs = attrs.get(attr.RL_WEIGHT_SYNCS)

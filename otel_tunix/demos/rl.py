@@ -39,7 +39,7 @@ actor puts the rollout's context (:func:`otel_tunix.rl.rollout_context`, taken i
 ``rollout`` component) on the queue with the batch, and the learner step that trains on it
 calls :func:`otel_tunix.rl.consume`: its span links the ``rollout`` span, with the policy
 version and lag, the ``tunix.rl.policy_lag`` histogram counts the lag and
-``rl/policy_lag_max`` is logged per learner step.
+``policy_lag`` is logged per learner step.
 
 Rollouts of step n use the weights of version n - ``--max-staleness`` (waiting for them if
 the learner is behind), so they are always that many updates old, whatever the threads'

@@ -13,8 +13,8 @@ threads, a ``multiprocessing`` queue, a Ray object, an HTTP body):
   from the step span to the rollout span (at most :data:`MAX_ROLLOUT_LINKS` per step, the
   rest counted in ``tunix.rl.links_dropped``), each with the rollout's version and lag; the
   ``tunix.rl.policy_lag`` histogram (every rollout, every step, sampled or not); the step's
-  largest lag on its span (``tunix.rl.max_policy_lag``) and as the MetricsLogger scalar
-  ``rl/policy_lag_max``, which the ``policy_lag`` alert rule watches
+  largest lag on its span (``tunix.rl.policy_lag``) and as the MetricsLogger scalar
+  ``policy_lag``, which the ``policy_lag`` alert rule watches
   (``OTEL_TUNIX_MAX_POLICY_LAG``).
 
 Neither call raises into the training loop. ``docs/rl.md`` has the trace picture.
@@ -101,8 +101,8 @@ def consume(
     when the step is sampled, its span gets a link to the rollout's span (attributes
     ``tunix.link.type=rollout``, ``tunix.rl.policy_version``, ``tunix.rl.policy_lag``; at
     most :data:`MAX_ROLLOUT_LINKS`) and the attributes ``tunix.rl.policy_version``,
-    ``tunix.rl.max_policy_lag``, ``tunix.rl.rollouts`` and, past the bound,
-    ``tunix.rl.links_dropped``. The step's largest lag is logged as ``rl/policy_lag_max``
+    ``tunix.rl.policy_lag``, ``tunix.rl.rollouts`` and, past the bound,
+    ``tunix.rl.links_dropped``. The step's largest lag is logged as ``policy_lag``
     (called again in the same step: the largest so far).
 
     Args:
@@ -190,20 +190,20 @@ def _mark_step(st: StepRecord, version: int, consumed: int, dropped: int, lags: 
     a[attr.RL_POLICY_VERSION] = version
     a[attr.RL_ROLLOUTS] = int(a.get(attr.RL_ROLLOUTS, 0)) + consumed
     if lags:
-        prev = a.get(attr.RL_MAX_POLICY_LAG)
-        a[attr.RL_MAX_POLICY_LAG] = max(lags) if prev is None else max(int(prev), *lags)
+        prev = a.get(attr.RL_POLICY_LAG)
+        a[attr.RL_POLICY_LAG] = max(lags) if prev is None else max(int(prev), *lags)
     if dropped:
         a[attr.RL_LINKS_DROPPED] = int(a.get(attr.RL_LINKS_DROPPED, 0)) + dropped
 
 
 def _log_max(st: StepRecord | None, lags: list[int], step: int | None) -> None:
-    """``rl/policy_lag_max`` to the run's MetricsLogger (the alert rule reads it there)."""
+    """``policy_lag`` to the run's MetricsLogger (the alert rule reads it there)."""
     run = get_current()
     if run is None:
         return
     worst = max(lags)
     if st is not None:
-        worst = max(worst, int(st.attributes.get(attr.RL_MAX_POLICY_LAG, worst)))
+        worst = max(worst, int(st.attributes.get(attr.RL_POLICY_LAG, worst)))
         if step is None:
             step = st.number
     run.logger.log_dict({POLICY_LAG_METRIC: float(worst)}, step=step)

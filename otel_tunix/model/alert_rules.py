@@ -395,7 +395,7 @@ def default_rules(*, max_policy_lag: int | None = None) -> list[Rule]:
                                  ``perf/*/step_time_sec``              3·MAD of 50 (3 in a
                                                                        row, after 50 steps)
     ``weight_sync_repeated``     ``rl/weight_syncs_per_step``          warning > 1
-    ``policy_lag`` (with a       ``rl/policy_lag_max``                 warning > the bound
+    ``policy_lag`` (with a       ``policy_lag``                        warning > the bound
     bound)
     ============================ ===================================== =====================
     """
@@ -465,13 +465,13 @@ WEIGHT_SYNCS_METRIC = "rl/weight_syncs_per_step"
 """The MetricsLogger name of a learner step's weight syncs so far (``otel_tunix.rl``)."""
 
 
-POLICY_LAG_METRIC = "rl/policy_lag_max"
+POLICY_LAG_METRIC = "policy_lag"
 """The MetricsLogger name of a learner step's largest policy lag (``otel_tunix.rl``)."""
 
 
 def policy_lag_rule(bound: int) -> ThresholdRule:
     """``policy_lag``: warning when a learner step trained on a rollout more than ``bound``
-    policy versions old (``rl/policy_lag_max`` above ``bound``); clears at ``bound`` or less.
+    policy versions old (``policy_lag`` above ``bound``); clears at ``bound`` or less.
     """
     return ThresholdRule(
         "policy_lag",

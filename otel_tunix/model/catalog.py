@@ -318,7 +318,7 @@ _ROWS: list[MetricSpec] = [
         "{step}",
         "Largest policy lag among the rollouts one learner step consumed",
         "rl",
-        "rl/policy_lag_max",
+        "policy_lag",
     ),
     MetricSpec(
         "tunix.rl.weight_sync.count",

@@ -94,9 +94,9 @@ RL_POLICY_VERSION: Final = "tunix.rl.policy_version"
 span: the learner's policy version when it consumed its rollouts."""
 RL_POLICY_LAG: Final = "tunix.rl.policy_lag"
 """On a rollout link: the learner's version at consumption minus the rollout's (in learner
-steps; the ``tunix.rl.policy_lag`` histogram counts the same values)."""
-RL_MAX_POLICY_LAG: Final = "tunix.rl.max_policy_lag"
-"""On a learner step span: the largest policy lag among the rollouts it consumed."""
+steps; the ``tunix.rl.policy_lag`` histogram counts the same values). On a learner step
+span: the largest among the rollouts it consumed (the learner's version minus the oldest
+rollout's), as the Tunix orchestrator integration sets it too."""
 RL_ROLLOUTS: Final = "tunix.rl.rollouts"
 """On a learner step span: how many rollout contexts it consumed (linked or not)."""
 RL_WEIGHT_SYNCS: Final = "tunix.rl.weight_sync.count"

@@ -119,7 +119,7 @@ OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
 
 OTEL_TUNIX_MAX_POLICY_LAG: Final = "OTEL_TUNIX_MAX_POLICY_LAG"
 """The bound of the ``policy_lag`` alert rule: it fires when a learner step trained on a
-rollout more than this many policy versions old (``rl/policy_lag_max``, from
+rollout more than this many policy versions old (the MetricsLogger's ``policy_lag``, from
 :func:`otel_tunix.rl.consume`). Default: unset (no rule)."""
 
 OTEL_TUNIX_SYSTEM_METRICS_INTERVAL: Final = "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL"

@@ -71,7 +71,7 @@ def _learner_loop(source: Any, steps: int) -> dict[int, dict[int, int]]:
 def _check_files(run: RunFolder, truth: dict[int, dict[int, int]], actor: RunFolder) -> None:
     """spans.jsonl: each learner step line links the ``generate`` span of each actor step
     it consumed, with the version and lag; its attributes carry the max; metrics.jsonl has
-    ``rl/policy_lag_max`` per learner step."""
+    ``policy_lag`` per learner step."""
     actor_steps = {r["step"]: r for r in actor.steps() if r["scope"] == ACTOR}
     learner = {r["step"]: r for r in run.steps() if r["scope"] == LEARNER}
     assert sorted(learner) == sorted(truth)
@@ -93,14 +93,14 @@ def _check_files(run: RunFolder, truth: dict[int, dict[int, int]], actor: RunFol
             )
         assert line["links"] == want
         a = line["attributes"]
-        assert a["tunix.rl.max_policy_lag"] == max(lags.values())
+        assert a["tunix.rl.policy_lag"] == max(lags.values())
         assert a["tunix.rl.policy_version"] == _learner_version(m)
         assert a["tunix.rl.rollouts"] == len(lags)
         assert "tunix.rl.links_dropped" not in a
     logged = {
-        r["step"]: r["metrics"]["rl/policy_lag_max"]
+        r["step"]: r["metrics"]["policy_lag"]
         for r in run.metrics()
-        if "rl/policy_lag_max" in r.get("metrics", {})
+        if "policy_lag" in r.get("metrics", {})
     }
     assert logged == {m: float(max(lags.values())) for m, lags in truth.items()}
 
@@ -128,7 +128,7 @@ def _check_collector(out: DebugOutput, truth: dict[int, dict[int, int]]) -> None
             )
             for n, lag in lags.items()
         ]
-        assert span.attributes["tunix.rl.max_policy_lag"] == max(lags.values())
+        assert span.attributes["tunix.rl.policy_lag"] == max(lags.values())
     all_lags = [lag for lags in truth.values() for lag in lags.values()]
     (point,) = out.metric("tunix.rl.policy_lag").points
     assert point.count == len(all_lags) and point.sum == sum(all_lags)
@@ -243,7 +243,7 @@ def test_links_are_bounded_and_the_rest_counted(local_run: Any) -> None:
     a = learner["attributes"]
     assert a["tunix.rl.links_dropped"] == extra
     assert a["tunix.rl.rollouts"] == n_ctx
-    assert a["tunix.rl.max_policy_lag"] == 4
+    assert a["tunix.rl.policy_lag"] == 4
 
 
 def test_unsampled_steps_count_their_lag_without_links() -> None:
@@ -269,7 +269,7 @@ def test_unsampled_steps_count_their_lag_without_links() -> None:
     by_step = {s.attributes["tunix.step"]: s for s in spans}
     assert sorted(by_step) == [0, 2]
     assert [len(by_step[m].links) for m in (0, 2)] == [1, 1]  # sampled actor steps 0 and 2
-    assert all(by_step[m].attributes["tunix.rl.max_policy_lag"] == 2 for m in (0, 2))
+    assert all(by_step[m].attributes["tunix.rl.policy_lag"] == 2 for m in (0, 2))
 
 
 def test_the_policy_lag_alert_fires_past_the_bound(
@@ -289,7 +289,7 @@ def test_the_policy_lag_alert_fires_past_the_bound(
     assert events == [("warning", 3), ("ok", 5)]
     by_step: dict[int, Any] = defaultdict(list)
     for r in run.steps():
-        by_step[r["step"]] = r["attributes"]["tunix.rl.max_policy_lag"]
+        by_step[r["step"]] = r["attributes"]["tunix.rl.policy_lag"]
     assert by_step == dict(enumerate(lags))
 
 
