@@ -121,8 +121,15 @@ def consume(
         record = _histogram()
         dropped = 0
         for item in items:
-            raw = item.get(VERSION)
+            raw = item.get(VERSION) if isinstance(item, Mapping) else None
             if raw is None:
+                warn_once(
+                    "rl-no-version",
+                    "otel-tunix: otel_tunix.rl.consume() got a %s without a %r: give it what "
+                    "rollout_context() returned (skipped)",
+                    type(item).__name__,
+                    VERSION,
+                )
                 continue
             lag = version - int(raw)
             lags.append(lag)
@@ -139,7 +146,7 @@ def consume(
             if st is not None and not _link(st, item, int(raw), lag):
                 dropped += 1
         if st is not None:
-            _mark_step(st, version, len(items), dropped, lags)
+            _mark_step(st, version, len(lags), dropped, lags)
         if lags:
             _log_max(st, lags, step)
     except Exception:

@@ -301,7 +301,23 @@ def test_no_rule_without_a_bound_and_consume_outside_a_run() -> None:
     # before configure(): nothing recorded, nothing raised, the lag still answered
     ctx = rl.rollout_context(1)
     assert ctx == {"policy_version": 1}
-    assert rl.consume([ctx, {"no": "version"}], policy_version=3) == [2]
+    assert rl.consume([ctx, {"no": "version"}, "not a context"], policy_version=3) == [2]
+
+
+def test_a_context_sent_as_json_links_the_same(local_run: Any) -> None:
+    import json
+
+    run = local_run()
+    with otel_tunix.step(0, scope=ACTOR):
+        body = json.dumps(rl.rollout_context(5))  # an HTTP body, a Ray object, a file
+    with otel_tunix.step(0, scope=LEARNER):
+        assert rl.consume(json.loads(body), policy_version=7) == [2]
+    otel_tunix.shutdown()
+    (actor,) = [r for r in run.steps() if r["scope"] == ACTOR]
+    (learner,) = [r for r in run.steps() if r["scope"] == LEARNER]
+    (link,) = learner["links"]
+    assert (link["trace_id"], link["span_id"]) == (actor["trace_id"], actor["span_id"])
+    assert link["attributes"]["tunix.rl.policy_lag"] == 2
 
 
 def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
