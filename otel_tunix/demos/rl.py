@@ -451,8 +451,8 @@ def run(cfg: RLDemoConfig, *, progress: Any = None, lags: list[int] | None = Non
                     batch = q.get()
                 if batch is None:
                     raise RuntimeError("the actor thread failed")
-                # the weights this step trains (published before the batch was made: the
-                # rollout's version lags it by min(n, max_staleness))
+                # the step trains version n (shared.version) on a batch made with version
+                # n - max_staleness (0 at first): lag min(n, max_staleness)
                 lag = otel_tunix.rl.consume(batch.lineage, policy_version=shared.version)
                 if lags is not None:
                     lags.extend(lag)
