@@ -268,8 +268,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "max_policy_lag",
         _non_negative_int,
         None,
-        "RL: the `policy_lag` alert fires when a learner step trains on a rollout more than "
-        "this many policy versions old (`otel_tunix.rl.consume`); unset: no such rule",
+        "RL: the `policy_lag` alert's bound, in policy versions (`otel_tunix.rl`); unset: none",
         "a whole number >= 0",
     ),
     Setting(
