@@ -16,6 +16,7 @@ Quick start::
 
 from __future__ import annotations
 
+from otel_tunix import rl
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions
 from otel_tunix.model.steps import ComponentTime, ScopeSession, SpanInfo, StepSummary
 from otel_tunix.pipeline.span_builder import FinishedStep
@@ -69,6 +70,7 @@ __all__ = [
     "last_step_summary",
     "log",
     "record_component",
+    "rl",
     "set_config",
     "shutdown",
     "step",

@@ -68,7 +68,7 @@ def test_async_rl_demo_traces_actor_and_learner(
     metrics = read_jsonl(out / "metrics.jsonl")
     logged = {k for m in metrics for k in m.get("metrics", {})}
     assert {
-        "rewards/mean", "rewards/std", "kl", "loss", "pg_clipfrac", "staleness",
+        "rewards/mean", "rewards/std", "kl", "loss", "pg_clipfrac", "policy_lag",
         "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
         "generation/time_to_first_token_sec", "generation/time_per_output_token_sec",
     } <= logged  # fmt: skip
@@ -81,9 +81,22 @@ def test_async_rl_demo_traces_actor_and_learner(
     # the policy starts as the reference: no divergence at the first step
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert {"perf/rl/learner/rollout_queue_wait/blocked_time_sec"} <= logged
-    assert all(
-        0 <= m["metrics"]["staleness"] <= 1 for m in metrics if "staleness" in m.get("metrics", {})
-    )
+    # the library's lag (otel_tunix.rl): learner step n trains version n on the batch of
+    # actor step n, made with version n - max_staleness (1), or 0 for the first
+    logged_lag = [m for m in metrics if "policy_lag" in m.get("metrics", {})]
+    lag = {m["step"]: m["metrics"]["policy_lag"] for m in logged_lag}
+    assert lag == {n: float(min(n, 1)) for n in range(12)}
+    # each learner step links the rollout span of the actor step whose batch it trained on
+    actor_by_step = {r["step"]: r for r in actor}
+    for r in learner:
+        (link,) = r["links"]
+        n = r["step"]
+        made = actor_by_step[n]
+        (rollout,) = [s for s in made["spans"] if s["name"] == "rollout"]
+        assert (link["trace_id"], link["span_id"]) == (made["trace_id"], rollout["span_id"])
+        assert link["attributes"]["tunix.rl.policy_version"] == max(0, n - 1)
+        assert link["attributes"]["tunix.rl.policy_lag"] == min(n, 1)
+        assert r["attributes"]["tunix.rl.policy_lag"] == min(n, 1)
 
     # the goodput ledger: the learner's own waits for rollouts and its weight syncs, as the
     # spans measured them (its steps on their own), and the run's weight sync

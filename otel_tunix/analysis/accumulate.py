@@ -22,6 +22,7 @@ from otel_tunix.analysis.readers import ReadStats, iter_records
 from otel_tunix.analysis.timeline import RunTimeline, metrics_start_ns
 from otel_tunix.model import record as rs
 from otel_tunix.model.record import as_int64
+from otel_tunix.settings import attributes as attr
 
 _NS = 1e-9
 
@@ -57,6 +58,11 @@ class _ScopeAcc:
         self.errors = 0
         """Step lines with an ``error``: the step's body raised."""
         self.last_error: str | None = None
+        self.max_lag: array[float] = array("d")
+        """Per learner step that consumed rollouts (``otel_tunix.rl``): its largest lag."""
+        self.syncs: array[float] = array("d")
+        """Per step that synced weights: its syncs, and (``sync_bytes``) their bytes."""
+        self.sync_bytes: array[float] = array("d")
 
     @property
     def n(self) -> int:
@@ -76,6 +82,9 @@ class _ScopeAcc:
         if isinstance(error, str):
             self.errors += 1
             self.last_error = error
+        attrs = obj.get(rs.ATTRIBUTES)
+        if isinstance(attrs, Mapping):
+            self._rl(attrs)
         comps = obj.get(rs.COMPONENTS)
         if isinstance(comps, Mapping):
             for name, ct in comps.items():
@@ -93,6 +102,16 @@ class _ScopeAcc:
             self.first = (start, idx)
         self.min_start = start if self.min_start is None else min(self.min_start, start)
         self.max_end = end if self.max_end is None else max(self.max_end, end)
+
+    def _rl(self, attrs: Mapping[str, Any]) -> None:
+        """A learner step's policy lag and weight syncs (its span's ``tunix.rl.*``)."""
+        lag = attrs.get(attr.RL_POLICY_LAG)
+        if isinstance(lag, int | float):
+            self.max_lag.append(float(lag))
+        syncs = attrs.get(attr.RL_WEIGHT_SYNCS)
+        if isinstance(syncs, int | float):
+            self.syncs.append(float(syncs))
+            self.sync_bytes.append(_f(attrs.get(attr.RL_WEIGHT_SYNC_BYTES)))
 
     def _comp(self, name: str, kind: str, idx: int) -> array[float]:
         col = self.comp.get((name, kind))

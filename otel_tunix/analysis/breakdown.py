@@ -44,6 +44,7 @@ __all__ = [
     "ComponentStats",
     "Dist",
     "Goodput",
+    "RLStats",
     "RankStats",
     "RunSummary",
     "ScopeStats",
@@ -151,6 +152,47 @@ class RankStats:
     """Mean own time above the ranks' median + 3·MAD and 5% above the median (3+ ranks)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RLStats:
+    """An RL scope's policy lag and weight syncs, from its step spans' ``tunix.rl.*``
+    attributes (``otel_tunix.rl``; ``docs/rl.md``)."""
+
+    scope: str
+    lag_steps: int
+    """Sampled steps that consumed rollouts (the rest of the fields on lag are over them)."""
+    mean_max_lag: float
+    """Mean over those steps of each one's largest policy lag (learner steps)."""
+    p95_max_lag: float
+    max_lag: float
+    sync_steps: int
+    """Sampled steps that synced weights."""
+    mean_syncs: float
+    """Weight syncs per such step, on average."""
+    repeated_sync_steps: int
+    """Steps that synced more than once (the ``weight_sync_repeated`` alert)."""
+    mean_sync_bytes: float
+    """Bytes synced per such step, on average (as given to ``weight_sync``; 0: not given)."""
+
+
+def _rl_stats(accs: Sequence[_ScopeAcc]) -> RLStats | None:
+    lags = _concat([np.frombuffer(a.max_lag, dtype=np.float64) for a in accs])
+    syncs = _concat([np.frombuffer(a.syncs, dtype=np.float64) for a in accs])
+    if not lags.size and not syncs.size:
+        return None
+    nbytes = _concat([np.frombuffer(a.sync_bytes, dtype=np.float64) for a in accs])
+    return RLStats(
+        scope=accs[0].scope,
+        lag_steps=int(lags.size),
+        mean_max_lag=float(lags.mean()) if lags.size else 0.0,
+        p95_max_lag=_pct(lags, 95) if lags.size else 0.0,
+        max_lag=float(lags.max()) if lags.size else 0.0,
+        sync_steps=int(syncs.size),
+        mean_syncs=float(syncs.mean()) if syncs.size else 0.0,
+        repeated_sync_steps=int((syncs > 1).sum()),
+        mean_sync_bytes=float(nbytes.mean()) if nbytes.size else 0.0,
+    )
+
+
 @dataclass
 class RunSummary:
     """Everything ``otel-tunix summary`` shows; :meth:`to_json` is ``--json``."""
@@ -170,6 +212,8 @@ class RunSummary:
     runs: list[str] = field(default_factory=list)
     """Every run folder under ``source``, oldest first, when it is a folder holding more than
     one run (the one read is the folder of ``files``); else empty."""
+    rl: list[RLStats] = field(default_factory=list)
+    """The RL scopes' policy lag and weight syncs (scopes whose steps had them)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -192,6 +236,7 @@ class RunSummary:
             "slowest_ranks": self.slowest_ranks,
             "notes": self.notes,
             "bad_lines": self.bad_lines,
+            "rl": [asdict(r) for r in self.rl],
         }
 
 
@@ -409,6 +454,7 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
             if a.n:
                 by_scope.setdefault(a.scope, []).append(a)
     scopes = [_scope_stats(accs) for accs in by_scope.values()]
+    rl = [r for r in map(_rl_stats, by_scope.values()) if r is not None]
     goodputs = run_goodput([f.timeline for f in files])
     pooled = Goodput()
     for g in goodputs:
@@ -435,4 +481,5 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         bad_lines=bad,
         run_ids=sorted({f.run_id for f in files if f.run_id}),
         runs=[str(r) for r in runs] if len(runs) > 1 else [],
+        rl=rl,
     )

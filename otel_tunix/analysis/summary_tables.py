@@ -130,6 +130,32 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             latest = escape(s.last_error or "")
             con.print(f"  [red]{s.failed_steps} sampled steps raised[/] (the latest: {latest})\n")
 
+    if summary.rl:
+        lt = table(
+            "RL: each learner step's largest policy lag (in learner steps), weight syncs",
+            "scope",
+            "steps",
+            "lag mean",
+            "p95",
+            "max",
+            "syncs/step",
+            ">1 sync",
+            "MB/step",
+        )
+        for x in summary.rl:
+            lt.add_row(
+                x.scope,
+                str(max(x.lag_steps, x.sync_steps)),
+                f"{x.mean_max_lag:.2f}",
+                f"{x.p95_max_lag:.1f}",
+                f"{x.max_lag:g}",
+                f"{x.mean_syncs:.2f}",
+                str(x.repeated_sync_steps),
+                f"{x.mean_sync_bytes / 1e6:.2f}",
+                style="yellow" if x.repeated_sync_steps else None,
+            )
+        con.print(lt)
+
     g = summary.goodput
     run_on = f" ({g.device_run_on_sec:.2f} s of it device run-on)" if g.device_run_on_sec else ""
     con.print(

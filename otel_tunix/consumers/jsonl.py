@@ -9,11 +9,12 @@ started, Unix ns) and, in a later attempt, ``link`` (``trace_id``, ``span_id``,
 :meth:`otel_tunix.model.steps.StepSummary.to_json`: scope, step, start/end (Unix ns), trace id and
 step span id, the busy / blocked / idle counters, per-component times and every component
 span (name, kind, start/end, thread, span id, parent; ``category`` when it was recorded with
-a goodput category; the fields: :mod:`otel_tunix.model.record`). A ``type: "span"`` line
-is a component handed on apart from its step's line (background work that ended after it),
-or, with ``outside: true`` and no ``scope`` or ``step``, one recorded outside any step. At
-shutdown one ``type: "session"`` line per scope carries the totals. A ``.gz`` path writes
-gzip. The file
+a goodput category; the fields: :mod:`otel_tunix.model.record`); ``links`` when the step's
+code linked spans (a learner step's rollouts, :func:`otel_tunix.rl.consume`: ``trace_id``,
+``span_id``, ``attributes`` each). A ``type: "span"`` line is a component handed on apart
+from its step's line (background work that ended after it), or, with ``outside: true`` and
+no ``scope`` or ``step``, one recorded outside any step. At shutdown one ``type: "session"``
+line per scope carries the totals. A ``.gz`` path writes gzip. The file
 is flushed after every batch of steps the worker processes (at most
 ``OTEL_TUNIX_PROCESS_INTERVAL_MS``, 250 ms, apart; each step on its own when steps take
 longer), so a hard kill loses only the most recent steps; an exception or a normal exit

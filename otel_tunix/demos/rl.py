@@ -32,7 +32,14 @@ Two loops run:
 Logged per learner step: ``rewards/{mean,std,max,min}``, ``kl``, ``pg_clipfrac``,
 ``completions/{mean,max,min}_length`` and ``completions/clipped_ratio``,
 ``generation/time_to_first_token_sec`` and ``generation/time_per_output_token_sec`` (means
-over the step's groups), ``advantages/mean``, ``loss``, ``learning_rate`` and ``staleness``.
+over the step's groups), ``advantages/mean``, ``loss``, ``learning_rate``.
+
+Lineage and policy lag come from the library (:mod:`otel_tunix.rl`, ``docs/rl.md``): the
+actor puts the rollout's context (:func:`otel_tunix.rl.rollout_context`, taken inside its
+``rollout`` component) on the queue with the batch, and the learner step that trains on it
+calls :func:`otel_tunix.rl.consume`: its span links the ``rollout`` span, with the policy
+version and lag, the ``tunix.rl.policy_lag`` histogram counts the lag and
+``policy_lag`` is logged per learner step.
 
 Rollouts of step n use the weights of version n - ``--max-staleness`` (waiting for them if
 the learner is behind), so they are always that many updates old, whatever the threads'
@@ -55,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import otel_tunix
+import otel_tunix.rl
 from otel_tunix.analysis.report import breakdown_table, print_run_files, progress_bar
 from otel_tunix.instrumentation import torch as ott
 from otel_tunix.metrics.generation import GenerationMetrics
@@ -143,6 +151,7 @@ class Batch:
     advantages: Any  # (B,)
     ttft_sec: float  # mean over the step's groups
     tpot_sec: float
+    lineage: dict[str, Any]  # otel_tunix.rl.rollout_context(): the rollout span and version
 
 
 def _policy(cfg: RLDemoConfig) -> Any:
@@ -307,6 +316,7 @@ class Actor:
                 for i, p in enumerate(prompts)
             ]
             groups = [f.result() for f in futures]
+            lineage = otel_tunix.rl.rollout_context(version)  # links the rollout span
         tokens = torch.cat([grp[0] for grp in groups])
         mask = completion_mask(tokens)
         old_logps = torch.cat([grp[1] for grp in groups])
@@ -320,7 +330,17 @@ class Actor:
         ttft = sum(grp[2] for grp in groups) / len(groups)
         tpot = sum(grp[3] for grp in groups) / len(groups)
         return Batch(
-            n, version, tokens, mask, old_logps, ref_logps, rewards, adv.flatten(), ttft, tpot
+            n,
+            version,
+            tokens,
+            mask,
+            old_logps,
+            ref_logps,
+            rewards,
+            adv.flatten(),
+            ttft,
+            tpot,
+            lineage,
         )
 
     def run(self, out: queue.Queue[Batch | None], steps: int) -> None:
@@ -381,8 +401,10 @@ class Learner:
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
-        with otel_tunix.component("weight_sync"):
-            self.shared.publish(self.policy.state_dict())
+        state = self.policy.state_dict()
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        with otel_tunix.rl.weight_sync(nbytes=nbytes):  # a weight_sync component, counted
+            self.shared.publish(state)
         out = rl_metrics(
             rewards=batch.rewards,
             advantages=batch.advantages,
@@ -395,12 +417,12 @@ class Learner:
         out["learning_rate"] = lr
         out["generation/time_to_first_token_sec"] = batch.ttft_sec
         out["generation/time_per_output_token_sec"] = batch.tpot_sec
-        out["staleness"] = float(self.shared.version - 1 - batch.version)  # updates behind
         return out
 
 
-def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:
-    """Run the RL demo loop (instrumented when otel-tunix is configured); mean rewards."""
+def run(cfg: RLDemoConfig, *, progress: Any = None, lags: list[int] | None = None) -> list[float]:
+    """Run the RL demo loop (instrumented when otel-tunix is configured); mean rewards.
+    ``lags``: each learner step's policy lag is appended to it."""
     import torch
 
     torch.manual_seed(cfg.seed)
@@ -429,6 +451,11 @@ def run(cfg: RLDemoConfig, *, progress: Any = None) -> list[float]:
                     batch = q.get()
                 if batch is None:
                     raise RuntimeError("the actor thread failed")
+                # the step trains version n (shared.version) on a batch made with version
+                # n - max_staleness (0 at first): lag min(n, max_staleness)
+                lag = otel_tunix.rl.consume(batch.lineage, policy_version=shared.version)
+                if lags is not None:
+                    lags.extend(lag)
                 metrics = learner.train(batch, n)
             logger.log_dict(metrics, step=n)
             rewards.append(metrics["rewards/mean"])
@@ -523,8 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         f"warm-up steps, then {cfg.steps} learner steps, {cfg.rollout_workers} rollout workers, "
         f"{mode}" + (f", fault: {fault.kind} at step {fault.step}" if fault else "")
     )
+    lags: list[int] = []
     with progress_bar(console, "GRPO", cfg.steps, "reward", enabled=not args.no_progress) as up:
-        rewards = run(cfg, progress=up)
+        rewards = run(cfg, progress=up, lags=lags)
     sessions = otel_tunix.shutdown()
 
     console.print(breakdown_table(sessions, title="RL step-time breakdown"))
@@ -538,6 +566,11 @@ def main(argv: list[str] | None = None) -> int:
             console.print(
                 f"{label:<16} {waits[key] * 1e3:8.3f} ms/step  ({share * 100:.1f}% of the step)"
             )
+    if lags:
+        console.print(
+            f"{'policy lag':<16} {sum(lags) / len(lags):8.3f} steps mean, max {max(lags)} "
+            "(learner spans link their rollouts)"
+        )
     k = max(1, len(rewards) // 10)
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     console.print(f"mean reward {first:.3f} → {last:.3f} (first / last {k} steps)")

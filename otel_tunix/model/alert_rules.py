@@ -18,6 +18,8 @@ from enum import IntEnum
 from typing import Literal
 
 __all__ = [
+    "POLICY_LAG_METRIC",
+    "WEIGHT_SYNCS_METRIC",
     "DropRule",
     "NonFiniteRule",
     "Rule",
@@ -29,6 +31,7 @@ __all__ = [
     "below",
     "default_rules",
     "outside",
+    "policy_lag_rule",
 ]
 
 
@@ -367,8 +370,13 @@ def _median(values: Iterable[float]) -> float:
 
 
 # --- the default rules ---------------------------------------------------------------------
-def default_rules() -> list[Rule]:
+def default_rules(*, max_policy_lag: int | None = None) -> list[Rule]:
     """The default rules (Signal's guide, plus divergence and slow-step detection).
+
+    Args:
+        max_policy_lag: With a bound (``OTEL_TUNIX_MAX_POLICY_LAG``), also
+            :func:`policy_lag_rule`: a learner step that trained on a rollout more than this
+            many policy versions old.
 
     ============================ ===================================== =====================
     rule                         metrics                               levels
@@ -386,8 +394,12 @@ def default_rules() -> list[Rule]:
     ``step_time_spike``          ``step_time_sec``,                    warning > median +
                                  ``perf/*/step_time_sec``              3·MAD of 50 (3 in a
                                                                        row, after 50 steps)
+    ``weight_sync_repeated``     ``rl/weight_syncs_per_step``          warning > 1
+    ``policy_lag`` (with a       ``policy_lag``                        warning > the bound
+    bound)
     ============================ ===================================== =====================
     """
+    extra = [policy_lag_rule(max_policy_lag)] if max_policy_lag is not None else []
     return [
         ThresholdRule(
             "kl_divergence",
@@ -438,4 +450,33 @@ def default_rules() -> list[Rule]:
             hysteresis=0.5,
             description="steps much slower than the recent ones",
         ),
+        ThresholdRule(
+            "weight_sync_repeated",
+            (WEIGHT_SYNCS_METRIC,),
+            warning=above(1),
+            description="a learner step synced its weights more than once: one sync per "
+            "step was meant (a second publish path, or a retry)",
+        ),
+        *extra,
     ]
+
+
+WEIGHT_SYNCS_METRIC = "rl/weight_syncs_per_step"
+"""The MetricsLogger name of a learner step's weight syncs so far (``otel_tunix.rl``)."""
+
+
+POLICY_LAG_METRIC = "policy_lag"
+"""The MetricsLogger name of a learner step's largest policy lag (``otel_tunix.rl``)."""
+
+
+def policy_lag_rule(bound: int) -> ThresholdRule:
+    """``policy_lag``: warning when a learner step trained on a rollout more than ``bound``
+    policy versions old (``policy_lag`` above ``bound``); clears at ``bound`` or less.
+    """
+    return ThresholdRule(
+        "policy_lag",
+        (POLICY_LAG_METRIC,),
+        warning=above(bound),
+        description="the learner trains on rollouts of an older policy than allowed: the "
+        "actor runs too far ahead (bound the rollout queue) or weight syncs are late",
+    )

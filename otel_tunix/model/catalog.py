@@ -31,9 +31,11 @@ from otel_tunix.model.metric_spec import (
     E2E_LATENCY_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
     MODE_ATTRIBUTE,
+    POLICY_LAG_BUCKETS,
     SECONDS_BUCKETS,
     TIME_TO_FIRST_TOKEN_BUCKETS,
     TOKEN_COUNT_BUCKETS,
+    WEIGHT_BYTES_BUCKETS,
     Instrument,
     MetricSpec,
 )
@@ -88,7 +90,6 @@ def _stats(
 _TRAIN: Final = MappingProxyType({MODE_ATTRIBUTE: "train"})
 _EVAL: Final = MappingProxyType({MODE_ATTRIBUTE: "eval"})
 _VERSION = "Policy (weights) version the learner trains; one more per weight sync"
-_LAG = "Staleness: the learner's policy version minus the one its rollouts were made with"
 _LOSS = "Loss of the training step (mode train) or of an evaluation (mode eval)"
 
 _ROWS: list[MetricSpec] = [
@@ -245,7 +246,6 @@ _ROWS: list[MetricSpec] = [
     ),
     MetricSpec("tunix.rl.policy.entropy", G, "1", "Mean policy entropy", "rl", "loss/entropy"),
     MetricSpec("tunix.rl.policy_version", G, "{version}", _VERSION, "rl", "policy_version"),
-    MetricSpec("tunix.rl.policy_lag", G, "{version}", _LAG, "rl", "policy_lag"),
     MetricSpec("tunix.rl.policy.loss", G, "1", "Policy-gradient loss", "rl", "policy_loss"),
     MetricSpec("tunix.rl.critic.loss", G, "1", "Value-function loss", "rl", "value_loss"),
     MetricSpec(
@@ -304,6 +304,54 @@ _ROWS: list[MetricSpec] = [
         "rl",
         "actor_dequeue_time",
         buckets=SECONDS_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.policy_lag",
+        H,
+        "{step}",
+        "Policy versions between the rollout a learner step trained on and the learner "
+        "(one value per rollout consumed; otel_tunix.rl.consume)",
+        "rl",
+        buckets=POLICY_LAG_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.policy_lag.max",
+        G,
+        "{step}",
+        "Largest policy lag among the rollouts one learner step consumed",
+        "rl",
+        "policy_lag",
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.count",
+        C,
+        "{sync}",
+        "Weight syncs: the learner publishing its weights to the actors (rl.weight_sync)",
+        "rl",
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.duration",
+        H,
+        "s",
+        "Time of one weight sync",
+        "rl",
+        buckets=SECONDS_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.bytes",
+        H,
+        "By",
+        "Bytes one weight sync moved (as the caller gave them)",
+        "rl",
+        buckets=WEIGHT_BYTES_BUCKETS,
+    ),
+    MetricSpec(
+        "tunix.rl.weight_sync.per_step",
+        G,
+        "{sync}",
+        "Weight syncs in one learner step so far (more than one: the weight_sync_repeated alert)",
+        "rl",
+        "rl/weight_syncs_per_step",
     ),
     # --- generation ---------------------------------------------------------------------
     MetricSpec(

@@ -13,9 +13,11 @@ __all__ = [
     "E2E_LATENCY_BUCKETS",
     "INTER_TOKEN_LATENCY_BUCKETS",
     "MODE_ATTRIBUTE",
+    "POLICY_LAG_BUCKETS",
     "SECONDS_BUCKETS",
     "TIME_TO_FIRST_TOKEN_BUCKETS",
     "TOKEN_COUNT_BUCKETS",
+    "WEIGHT_BYTES_BUCKETS",
     "Instrument",
     "MetricSpec",
 ]
@@ -146,6 +148,15 @@ TOKEN_COUNT_BUCKETS: Final[tuple[float, ...]] = (
     67108864,
 )
 """The GenAI semantic conventions' advice for ``gen_ai.client.token.usage``."""
+
+
+POLICY_LAG_BUCKETS: Final[tuple[float, ...]] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+"""Boundaries of the policy lag (learner steps): one bucket per version up to 4, the
+asynchronous RL trainers' usual bounds, then coarser."""
+
+
+WEIGHT_BYTES_BUCKETS: Final[tuple[float, ...]] = tuple(float(2**20 * 4**k) for k in range(11))
+"""Boundaries of a weight sync's size in bytes: 1 MiB to 1 TiB, a factor of 4 apart."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,6 +107,8 @@ DEVICE_END_NS: Final = "device_end_ns"
 DEVICE_LAG: Final = "device_lag_sec"
 DEVICE_TIMES: Final = "device_times"
 DEVICE_BLOCKED_TIME: Final = "device_blocked_time_sec"
+LINKS: Final = "links"
+"""Step lines: the links the step's code added (``trace_id``, ``span_id``, ``attributes``)."""
 UNSAMPLED: Final = "unsampled_sec"
 """Per goodput category, the seconds a scope's steps that were not sampled spent in
 badput components since its previous sampled step (step and session lines)."""
@@ -213,6 +215,7 @@ class _Record(Protocol):
     error: BaseException | None
     events: list[Any] | None
     link: Any
+    links: list[Any] | None
     parent_id: int
 
     @property
@@ -221,9 +224,9 @@ class _Record(Protocol):
 
 def needs_full_step_span(rec: _Record) -> bool:
     """Whether a step's span needs more than the plain span maker (an error, events, a
-    link): the SDK span builder then makes it in full, and the OTLP fast path hands the
-    whole step to the SDK encoder."""
-    return rec.error is not None or bool(rec.events) or rec.link is not None
+    link, links the step's code added): the SDK span builder then makes it in full, and the
+    OTLP fast path hands the whole step to the SDK encoder."""
+    return rec.error is not None or bool(rec.events) or rec.link is not None or bool(rec.links)
 
 
 def has_job_step(rec: _Record) -> bool:

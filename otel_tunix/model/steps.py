@@ -24,6 +24,7 @@ __all__ = [
     "ScopeSession",
     "SpanInfo",
     "StepSummary",
+    "link_json",
 ]
 
 _NS = 1e-9
@@ -41,6 +42,17 @@ ComponentRecord = tuple[str, bool, Hashable, Any, int, Any, Any]
 """``(component name, blocked, key, -, start_ns, -, -)``: a component as the hot path
 records it (:data:`otel_tunix.model.record.ComponentStart`, whose key is the span id); its
 end is looked up by key. The fields marked ``-`` are not read here."""
+
+
+def link_json(link: Any) -> dict[str, object]:
+    """An OTel ``Link`` as the spans JSONL writes it: ``trace_id`` (32 hex digits),
+    ``span_id`` (16) and its ``attributes``."""
+    ctx = link.context
+    return {
+        rs.TRACE_ID: f"{ctx.trace_id:032x}",
+        rs.SPAN_ID: f"{ctx.span_id:016x}",
+        rs.ATTRIBUTES: dict(link.attributes or {}),
+    }
 
 
 @dataclass(slots=True)
@@ -116,6 +128,7 @@ class StepSummary:
         "end_ns",
         "error",
         "idle_time_sec",
+        "links",
         "scope",
         "span_id",
         "start_ns",
@@ -162,6 +175,9 @@ class StepSummary:
         self.device_blocked_time_sec = 0.0
         self.background_time_sec = background_time_sec
         self.background_times = background_times
+        self.links: list[dict[str, object]] | None = None
+        """The links the step's code added to its span (:func:`link_json` each: a learner
+        step's rollouts, :func:`otel_tunix.rl.consume`); ``None``: none."""
         self.unsampled_sec: dict[str, float] | None = None
         """Per goodput category, the time the components of the scope's steps that were
         not recorded since its previous recorded step spent in it (``None``: none)."""
@@ -266,6 +282,8 @@ class StepSummary:
             out[rs.ERROR] = self.error
         if self.attributes:
             out[rs.ATTRIBUTES] = dict(self.attributes)
+        if self.links:
+            out[rs.LINKS] = list(self.links)
         return out
 
 

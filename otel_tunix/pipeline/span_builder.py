@@ -24,7 +24,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status
 
 from otel_tunix.accounting.step_time import account_components
 from otel_tunix.model import record as rs
-from otel_tunix.model.steps import Interval, SpanInfo
+from otel_tunix.model.steps import Interval, SpanInfo, link_json
 from otel_tunix.pipeline.background import BackgroundLedger, BackgroundSpan, Carried
 from otel_tunix.pipeline.cleaning import NameCleaner
 from otel_tunix.pipeline.outside import outside_spans
@@ -164,6 +164,8 @@ class FinishedStep:
         self.summary.unsampled_sec = rec.unsampled
         if rec.error is not None:  # the step line says so too (summary, Perfetto, goodput)
             self.summary.error = rs.exception_text(rec.error)
+        if rec.links:
+            self.summary.links = [link_json(link) for link in rec.links]
         self.start_ns = rec.start_ns + off
         self.end_ns = self.summary.end_ns
         self.span_count = len(comps) + 1
@@ -469,7 +471,9 @@ class SpanBuilder:
             status, events = _error(rec.error, rec.end_ns + off)
             if rec.events:
                 events += _step_events(rec, step.end_ns - off, off)
-            links = (rec.link,) if rec.link is not None else ()
+            links: tuple[Link, ...] = (rec.link,) if rec.link is not None else ()
+            if rec.links:
+                links += tuple(rec.links)
             step_span = self.full_span(
                 name,
                 step_ctx,

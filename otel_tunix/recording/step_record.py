@@ -81,6 +81,7 @@ class StepRecord(NonRecordingSpan):
         "foreign",
         "ident",
         "link",
+        "links",
         "nest_ident",
         "number",
         "parent_id",
@@ -136,6 +137,9 @@ class StepRecord(NonRecordingSpan):
         copy of the context its thread holds (a thread started inside that step, or a step
         left open here and closed since); or, on a later attempt's first step, the previous
         attempt (set by the span builder)."""
+        self.links: list[Link] | None = None
+        """Links the step's code added (:func:`otel_tunix.rl.consume`: the rollouts a
+        learner step trained on), bounded by whoever adds them."""
         if type(current) is StepRecord and current.end_ns:  # not a parent: a trace of its own
             self.link = Link(current.span_context())
             current = None
@@ -228,6 +232,7 @@ class OutsideRecord(StepRecord):
         self.view = None
         self.top = None
         self.link = None
+        self.links = None
         self.otel_token: object = None
         """The token of the record made the current OTel span (detached with the root)."""
         current: Any = otel_context().get(SPAN_KEY)

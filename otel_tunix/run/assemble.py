@@ -31,6 +31,7 @@ from otel_tunix.logger.live_line import LiveLine
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
 from otel_tunix.metrics.alerts import AlertEngine
 from otel_tunix.metrics.system import SystemMetricsSampler
+from otel_tunix.model.alert_rules import default_rules
 from otel_tunix.model.job import JobInfo
 from otel_tunix.model.resource import RankInfo
 from otel_tunix.pipeline.export_processor import BatchExportProcessor, ExportStats
@@ -283,6 +284,8 @@ def assemble(
     )
     alerts_path = out_dir / f"alerts{rank.file_suffix}.jsonl" if out_dir else None
     alerts = settings.alerts if args.alerts is None else args.alerts
+    if alerts is True:  # the defaults, with the settings' bounds
+        alerts = default_rules(max_policy_lag=settings.max_policy_lag)
     engine = _alert_engine(alerts, logger, prov.logger, mp, prov.datadog, alerts_path)
     if args.line_interval is not None and rank.rank == 0 and args.owns_logger:
         logger.backends.append(LiveLine(args.line_interval))

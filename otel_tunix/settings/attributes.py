@@ -84,6 +84,29 @@ LINK_SOURCE: Final = "tunix.link.source"
 read from its spans JSONL) or ``derived`` (ids derived from the job id and attempt: no record
 of that attempt was found, so the link names no recorded span)."""
 
+LINK_TYPE_ROLLOUT: Final = "rollout"
+"""``tunix.link.type`` of a link from a learner step span to a rollout span it trained on
+(:func:`otel_tunix.rl.consume`)."""
+
+# --- RL lineage (otel_tunix.rl) --------------------------------------------------------
+RL_POLICY_VERSION: Final = "tunix.rl.policy_version"
+"""On a rollout link: the policy version the rollout was generated with. On a learner step
+span: the learner's policy version when it consumed its rollouts."""
+RL_POLICY_LAG: Final = "tunix.rl.policy_lag"
+"""On a rollout link: the learner's version at consumption minus the rollout's (in learner
+steps; the ``tunix.rl.policy_lag`` histogram counts the same values). On a learner step
+span: the largest among the rollouts it consumed (the learner's version minus the oldest
+rollout's), as the Tunix orchestrator integration sets it too."""
+RL_ROLLOUTS: Final = "tunix.rl.rollouts"
+"""On a learner step span: how many rollout contexts it consumed (linked or not)."""
+RL_WEIGHT_SYNCS: Final = "tunix.rl.weight_sync.count"
+"""On a learner step span: the weight syncs it made (:func:`otel_tunix.rl.weight_sync`)."""
+RL_WEIGHT_SYNC_BYTES: Final = "tunix.rl.weight_sync.bytes"
+"""On a learner step span: the bytes its weight syncs moved, as the caller gave them."""
+RL_LINKS_DROPPED: Final = "tunix.rl.links_dropped"
+"""On a learner step span: rollouts it consumed past the link bound
+(:data:`otel_tunix.rl.MAX_ROLLOUT_LINKS`), counted but not linked."""
+
 # --- metric attributes -----------------------------------------------------------------
 STEP_DURATION: Final = "tunix.step.duration"
 """On a step span: the step's time in seconds (its host window, as ``tunix.step.duration``)."""

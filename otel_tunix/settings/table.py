@@ -268,6 +268,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "a whole number >= 1",
     ),
     Setting(
+        env.OTEL_TUNIX_MAX_POLICY_LAG,
+        "max_policy_lag",
+        _non_negative_int,
+        None,
+        "RL: the `policy_lag` alert's bound, in policy versions (`otel_tunix.rl`); unset: none",
+        "a whole number >= 0",
+    ),
+    Setting(
         env.OTEL_TUNIX_SYSTEM_METRICS_INTERVAL,
         "system_metrics_interval",
         _seconds_or_off,

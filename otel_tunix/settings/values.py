@@ -45,6 +45,7 @@ class Settings:
     straggler_scope: str = "train"
     straggler_margin: float = 0.2
     straggler_windows: int = 3
+    max_policy_lag: int | None = None
     system_metrics_interval: float | None = 10.0
     raise_internal_errors: bool = False
     otlp_fast_path: bool = True

@@ -117,6 +117,11 @@ OTEL_TUNIX_ALERTS: Final = "OTEL_TUNIX_ALERTS"
 """``true`` / ``false``: evaluate the default alert rules on every logged metric
 (:mod:`otel_tunix.metrics.alerts`). Default: ``true``."""
 
+OTEL_TUNIX_MAX_POLICY_LAG: Final = "OTEL_TUNIX_MAX_POLICY_LAG"
+"""The bound of the ``policy_lag`` alert rule: it fires when a learner step trained on a
+rollout more than this many policy versions old (the MetricsLogger's ``policy_lag``, from
+:func:`otel_tunix.rl.consume`). Default: unset (no rule)."""
+
 OTEL_TUNIX_SYSTEM_METRICS_INTERVAL: Final = "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL"
 """Seconds between samples of the GPU / process / host metrics
 (:class:`~otel_tunix.metrics.system.SystemMetricsSampler`); ``0`` or ``none`` turns the

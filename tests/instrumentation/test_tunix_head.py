@@ -229,7 +229,7 @@ def test_orchestrator_steps_carry_policy_version_and_lag() -> None:
         assert s.attributes["tunix.rl.policy_version"] == n
         assert s.attributes["tunix.rl.policy_lag"] == truth[n]
     assert max(truth.values()) > 0  # rollouts made ahead of the learner: a real lag
-    assert [p.value for p in metrics["tunix.rl.policy_lag"]] == [truth[3]]  # a gauge: the last
+    assert [p.value for p in metrics["tunix.rl.policy_lag.max"]] == [truth[3]]  # a gauge: the last
     assert [p.value for p in metrics["tunix.rl.policy_version"]] == [3]
 
 
