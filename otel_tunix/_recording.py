@@ -65,7 +65,7 @@ from otel_tunix._component import (
     component,
     record_component,
 )
-from otel_tunix._step import step
+from otel_tunix._step import precede_next_step, step
 from otel_tunix._step_record import (
     _NOT_SET,
     CONTEXT_OUTSIDE_STEPS,
@@ -85,6 +85,7 @@ __all__ = [
     "Runtime",
     "StepRecord",
     "Unrecorded",
+    "before_a_step",
     "carried_context",
     "component",
     "context_step",
@@ -92,6 +93,7 @@ __all__ = [
     "in_step",
     "may_record",
     "now_ns",
+    "precede_next_step",
     "record_component",
     "set_clock",
     "set_runtime",
@@ -183,6 +185,13 @@ def may_record() -> bool:
         rt = _runtime
         return rt is not None and bool(rt.open_steps)
     return True
+
+
+def before_a_step() -> bool:
+    """True when otel-tunix is configured and nothing of it is open in the calling context
+    (no step, no component): work done now precedes the next step opened here, which
+    takes it over when handed to :func:`precede_next_step`."""
+    return _runtime is not None and _current.get() is _NOT_SET
 
 
 def in_step() -> bool:

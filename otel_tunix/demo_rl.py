@@ -59,7 +59,12 @@ from otel_tunix.instrumentation import torch as ott
 from otel_tunix.metrics.generation import GenerationMetrics
 from otel_tunix.metrics.rl import rl_metrics
 from otel_tunix.model import ScopeSession
-from otel_tunix.report import breakdown_table, print_run_files, progress_bar
+from otel_tunix.report import (
+    breakdown_table,
+    demo_service_name,
+    print_run_files,
+    progress_bar,
+)
 
 ACTOR = "rl/actor"
 LEARNER = "rl/learner"
@@ -507,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         sync=args.sync,
     )
     info = otel_tunix.configure(
-        service_name="otel-tunix-demo-rl",
+        service_name=demo_service_name("otel-tunix-demo-rl"),
         perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=args.sampling_rate),
         output_dir=args.output_dir,
         console_interval=args.console_interval,

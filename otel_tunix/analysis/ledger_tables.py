@@ -7,7 +7,7 @@ from typing import Any
 
 from otel_tunix.analysis.ledger import Ledger
 from otel_tunix.analysis.readers import AnalysisError
-from otel_tunix.analysis.summary_tables import goodput_table, rich_table
+from otel_tunix.analysis.summary_tables import goodput_table, rich_table, table_console
 
 __all__ = ["render_ledger"]
 
@@ -17,10 +17,10 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
     runs (attempt, steps, redone steps, restart gap before it, goodput) and one of its
     categories; with several jobs, the total last."""
     try:
-        from rich.console import Console
+        import rich  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AnalysisError("the goodput tables need rich: pip install 'otel-tunix[cli]'") from exc
-    con = console or Console()
+    con = console or table_console()
     con.print(f"[bold]goodput[/]: {ledger.source}")
     for job in ledger.jobs:
         g = job.goodput

@@ -13,7 +13,7 @@ from otel_tunix.analysis.readers import AnalysisError
 from otel_tunix.analysis.timeline import Goodput
 from otel_tunix.categories import BADPUT
 
-__all__ = ["goodput_table", "render_summary", "rich_table"]
+__all__ = ["goodput_table", "render_summary", "rich_table", "table_console"]
 
 
 # --- terminal rendering ------------------------------------------------------------------------
@@ -44,6 +44,22 @@ def rich_table(title: str, *cols: str) -> Any:
     return t
 
 
+def table_console() -> Any:
+    """A ``rich`` console for the tables: a terminal's own width, and when the output is a
+    pipe or a file (``| less``, ``> out.txt``) as wide as the tables are, never cut at 80
+    columns."""
+    import sys
+
+    from rich.console import Console
+
+    piped = not (hasattr(sys.stdout, "isatty") and sys.stdout.isatty())
+    return Console(width=PIPED_WIDTH if piped else None)
+
+
+PIPED_WIDTH = 1000
+"""Columns of a console whose output is not a terminal: wider than any of the tables."""
+
+
 def goodput_table(g: Goodput, title: str) -> Any:
     """Productive time and each badput category: seconds and % of the wall time."""
     gt = rich_table(title, "where the time went", "seconds", "% of wall")
@@ -56,10 +72,10 @@ def goodput_table(g: Goodput, title: str) -> Any:
 def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: int = 10) -> None:
     """Print the summary as ``rich`` tables (the ``cli`` extra); fits 80 columns."""
     try:
-        from rich.console import Console
+        import rich  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AnalysisError("the summary tables need rich: pip install 'otel-tunix[cli]'") from exc
-    con = console or Console()
+    con = console or table_console()
     table = rich_table
 
     ids = f" (run id {', '.join(summary.run_ids)})" if summary.run_ids else ""

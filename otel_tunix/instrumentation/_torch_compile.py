@@ -27,7 +27,7 @@ from typing import Any
 
 import otel_tunix
 from otel_tunix import categories
-from otel_tunix._errors import report_internal_error
+from otel_tunix._errors import report_internal_error, warn_once
 from otel_tunix.instrumentation import _base
 from otel_tunix.metrics.compilations import cause_of_guard_failure, count_compilation
 
@@ -59,7 +59,14 @@ class _CompileHooks:
             self.users += 1
             hooked, self.hooked = self.hooked, True
         if not hooked:  # once: registers now if dynamo is imported, else when it is
-            _base.when_imported("torch._dynamo", self._register)
+            try:
+                _base.when_imported("torch._dynamo", self._register, extra="torch")
+            except ModuleNotFoundError as exc:  # no wrapt: the model is timed all the same
+                with self.lock:
+                    self.hooked = False
+                warn_once(
+                    "torch-compile-hooks", "torch.compile's compilations are not recorded: %s", exc
+                )
         elif "torch._dynamo" in sys.modules:  # acquired again after the last release
             self._register(sys.modules["torch._dynamo"])
 

@@ -370,7 +370,7 @@ class TransformersInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         _base.enable_auto_configure()
         carry_into_threads()
         type(self)._active = True
-        _base.when_imported("transformers.trainer", _patch_trainer)
+        _base.when_imported("transformers.trainer", _patch_trainer, extra="transformers")
 
     def _uninstrument(self, **kwargs: Any) -> None:
         type(self)._active = False

@@ -250,8 +250,17 @@ def assemble(
     assert cfg is not None
     prov = _providers(args, settings, info.resource, ours, rid)
     tp, mp = prov.tracer, prov.meter
+    service = str(info.resource.attributes.get("service.name", ""))
     logger = _make_logger(
-        args, out_dir, rid, rank, mp, enabled=True, settings=settings, job=info.job
+        args,
+        out_dir,
+        rid,
+        rank,
+        mp,
+        enabled=True,
+        settings=settings,
+        job=info.job,
+        service=service,
     )
     if out_dir is not None and logger.backends:
         files["metrics"] = out_dir / metrics_file_name(rank.rank)
@@ -377,10 +386,13 @@ def _step_processor(
     # point recorded into it would cost ~4 us for nothing.
     if not prov.owns_meter or prov.readers:
         instruments = instrument_sink(
-            prov.meter, cfg.otel_scope or "tunix", __version__,
+            prov.meter,
+            cfg.otel_scope or "tunix",
+            __version__,
             readers=prov.readers if prov.owns_meter else None,
-            resource=info.resource, fast=settings.metrics_fast_path,
-        )  # fmt: skip
+            resource=info.resource,
+            fast=settings.metrics_fast_path,
+        )
         processor.add_sink(instruments)
     processor.add_sink(MetricsLoggerSink(logger))
     if out_dir is not None:
@@ -537,6 +549,7 @@ def _make_logger(
     enabled: bool,
     settings: Settings,
     job: JobInfo | None = None,
+    service: str = "",
 ) -> MetricsLogger:
     given = args.metrics_logger
     if isinstance(given, MetricsLogger):
@@ -555,5 +568,8 @@ def _make_logger(
         rank=rank.rank,
         meter_provider=meter_provider,
         settings=settings,
-        run_identity=job.header() if job is not None else None,
+        run_identity={  # the metrics file's header (plot legends name the service)
+            **(job.header() if job is not None else {}),
+            **({"service": service} if service else {}),
+        },
     )
