@@ -105,11 +105,16 @@ def test_default_metrics_from_a_real_run(known_run: Path, spy_figures: list[Any]
     lines = drawn(fig)
     titles = [ax.get_title(loc="left") for ax in fig.axes]
     assert titles == ["loss", "eval/loss", "learning_rate", "perf/train/step_time_sec"]
-    xy = lines[("loss", "known-sleeps")]
+    # the legend names the run's service (configure(service_name=...)), not its run id
+    xy = lines[("loss", "analysis-test")]
     np.testing.assert_allclose(xy[:, 0], range(STEPS))
     np.testing.assert_allclose(xy[:, 1], [loss_at(n) for n in range(STEPS)])
-    step_times = lines[("perf/train/step_time_sec", "known-sleeps")][:, 1]
+    step_times = lines[("perf/train/step_time_sec", "analysis-test")][:, 1]
     assert len(step_times) == STEPS and (step_times >= 0.029).all()  # data + compute sleeps
+    # units on the y axes; a sparse series (two evaluations) drawn with a marker per point
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "loss", "", "seconds"]
+    (eval_line,) = fig.axes[1].lines
+    assert eval_line.get_marker() == "o" and len(eval_line.get_xdata()) <= 2
     assert_real_png(known_run / "metrics.png")
 
 
