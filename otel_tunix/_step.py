@@ -51,7 +51,7 @@ def precede_next_step(name: str, blocked: bool, start_ns: int, end_ns: int) -> N
 
     The usual loop, ``for batch in instrument_dataloader(loader): with step(n): ...``,
     fetches each batch before its step opens; the fetch belongs to that step. Only the last
-    one handed over is kept; a step given its own ``start_ns`` takes none.
+    one handed over is kept; a step given its own ``start_ns`` drops it.
     """
     rt = _runtime
     if rt is not None:
@@ -138,16 +138,15 @@ class step:
                     )
                     n = self._n = count
             start = self._start_ns
-            pre = None
+            pre = _prelude.item
+            if pre is not None:  # the next step here takes it, or drops it
+                _prelude.item = None
+                if start is not None or pre[0] is not rt:
+                    pre = None
             if start is None:
                 start = _clock()
-                pre = _prelude.item
-                if pre is not None:
-                    _prelude.item = None
-                    if pre[0] is rt and pre[3] <= start:
-                        start = pre[3]  # the fetch that preceded it is the step's
-                    else:
-                        pre = None
+                if pre is not None and pre[3] <= start:
+                    start = pre[3]  # the fetch that preceded it is the step's
                 self._start_ns = start
             held = _current.get()  # a step cannot hold the next one of its own scope
             if type(held) is not StepRecord and held is not _NOT_SET and held is not None:

@@ -7,7 +7,12 @@ from typing import Any
 
 from otel_tunix.analysis.ledger import Ledger
 from otel_tunix.analysis.readers import AnalysisError
-from otel_tunix.analysis.summary_tables import goodput_table, rich_table, table_console
+from otel_tunix.analysis.summary_tables import (
+    dominant_notes,
+    goodput_table,
+    rich_table,
+    table_console,
+)
 
 __all__ = ["render_ledger"]
 
@@ -43,6 +48,8 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
             )
         con.print(rt)
         con.print(goodput_table(g, f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s"))
+        for note in dominant_notes(g):
+            con.print(f"[yellow]note:[/] {note}", highlight=False)
     if len(ledger.jobs) > 1:
         g = ledger.goodput
         con.print(

@@ -92,15 +92,19 @@ def auto_configure_enabled() -> bool:
     return _auto_configure
 
 
-def ensure_configured(resource_attributes: Mapping[str, Any] | None = None) -> bool:
-    """Configure otel-tunix now if zero-code mode asked for it and nothing configured it yet.
+def ensure_configured(
+    resource_attributes: Mapping[str, Any] | None = None, *, asked: bool = False
+) -> bool:
+    """Configure otel-tunix now if zero-code mode asked for it, or the user did (``asked``:
+    ``instrument_trainer()`` called without ``configure()``), and nothing configured it yet:
+    from the environment, as ``configure()`` with no arguments.
 
     Returns True when otel-tunix is configured (already, or by this call). Never raises: a
     configuration error is logged once and the training loop runs on uninstrumented.
     """
     if otel_tunix.current_run() is not None:
         return True
-    if not _auto_configure:
+    if not (_auto_configure or asked):
         return False
     with _configure_lock:
         if otel_tunix.current_run() is not None:

@@ -160,7 +160,7 @@ class OtelTunixCallback(TrainerCallback):
     def begin_train_step(self, number: int) -> None:
         """Close the previous training step and open step ``number``."""
         self._stack.clear()
-        ott.ensure_configured()
+        ott.ensure_configured(asked=True)  # instrument_trainer() alone: from the environment
         self._stack.push("step", otel_tunix.step(number, scope=self.scope))
         self._step_number = number
 
@@ -180,7 +180,7 @@ class OtelTunixCallback(TrainerCallback):
 
     # --- TrainerCallback ------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        ott.ensure_configured()
+        ott.ensure_configured(asked=True)  # instrument_trainer() alone: from the environment
         self._accumulation = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
         self.prefetching = int(getattr(args, "dataloader_num_workers", 0) or 0) > 0
         model = kwargs.get("model")
