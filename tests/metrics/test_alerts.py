@@ -499,5 +499,9 @@ def test_one_slow_episode_is_one_alert_under_both_names_of_the_step_time():
     # both series did fire and are back: the state is kept per name, only the saying is one
     assert e.active() == {}
     # another scope's step time is another quantity: its own alert
-    other = [(n, a.metric) for n, t in enumerate(times) for a in e.observe("perf/eval/step_time_sec", t, step=n)]
+    other = [
+        (n, a.metric)
+        for n, t in enumerate(times)
+        for a in e.observe("perf/eval/step_time_sec", t, step=n)
+    ]
     assert other == [(62, "perf/eval/step_time_sec"), (64, "perf/eval/step_time_sec")]
