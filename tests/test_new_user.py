@@ -92,7 +92,7 @@ def test_a_fresh_clone_from_make_demo_to_the_next_steps(tmp_path: Path) -> None:
     assert last.startswith("next: .venv/bin/otel-tunix summary "), last
     commands = [shlex.split(c) for c in last.removeprefix("next: ").split("   ·   ")]
     assert [c[1] for c in commands] == ["summary", "goodput"]
-    folder = Path(commands[0][2])
+    folder = clone / commands[0][2]  # as the demo names it: under the working folder
     assert folder.parent == clone / "otel-tunix-runs" and folder.is_dir()
     for cmd in commands:
         done = _run(cmd, clone, env)
