@@ -115,13 +115,14 @@ def test_demo_checkpoint_loads_back_into_the_model(tmp_path):
 
 def test_demo_sampling_rate_flag_and_usage_errors(tmp_path):
     out = tmp_path / "run"
-    env = child_env()
+    env = {**child_env(), "OTEL_SERVICE_NAME": "my-sft"}  # the service the user names
     cmd = [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "8", "--d-model", "16",
            "--sampling-rate", "4", "--output-dir", str(out), "--no-progress"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     steps = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
     assert [x["step"] for x in steps if x["type"] == "step"] == [0, 4]
+    assert steps[0]["resource"]["service.name"] == "my-sft"  # taken, not otel-tunix-demo
     bad = subprocess.run(
         [sys.executable, "-m", "otel_tunix.cli", "demo", "--steps", "0"],
         capture_output=True, text=True, timeout=60, env=env,
@@ -189,3 +190,13 @@ def test_the_default_demo_marks_its_loss_spike_on_the_plot(tmp_path) -> None:
     assert [list(ln.get_xdata()) for ln in panels["loss"].lines[1:]] == [[spike, spike]]
     others = [t.get_text() for name, ax in panels.items() if name != "loss" for t in ax.texts]
     assert SPIKE_TEXT not in others  # (other panels: the step-time alerts of a loaded machine)
+
+
+def test_the_demos_own_service_name_unless_the_environment_names_one(monkeypatch) -> None:
+    from otel_tunix.report import demo_service_name
+
+    assert demo_service_name("otel-tunix-demo") == "otel-tunix-demo"
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=theirs")
+    assert demo_service_name("otel-tunix-demo") is None  # the SDK's rules pick "theirs"
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "mine")
+    assert demo_service_name("otel-tunix-demo-rl") is None

@@ -106,9 +106,8 @@ def test_a_fresh_clone_from_make_demo_to_the_next_steps(tmp_path: Path) -> None:
     run_id = folder.name
     ran = []
     for line in _analysis_lines():
-        args = shlex.split(line, comments=True)
+        args = shlex.split(line.replace("<run id>", run_id), comments=True)
         args = [a for a in args if not (a.startswith("[") and a.endswith("]"))]  # optional
-        args = [a.replace("<run id>", run_id) for a in args]
         args = [str(folder) if a in ("RUN_A", "RUN_B") else a for a in args]
         assert args[0] == "otel-tunix"
         done = _run(args, clone, active)
