@@ -279,7 +279,8 @@ def instrument_trainer(trainer: Any, **callback_kwargs: Any) -> Any:
     ``train_data_load``), ``get_eval_dataloader`` (eval steps), ``evaluate`` and
     ``_save_checkpoint`` (``checkpoint_save``), plus TRL's ``_generate`` (``rollout``) and
     ``_calculate_rewards`` (``reward``) and the reference model (``reference_inference``)
-    when they exist. Idempotent; undo with :func:`uninstrument_trainer`.
+    when they exist. Idempotent; undo with :func:`uninstrument_trainer`. Without
+    :func:`otel_tunix.configure`, training starts it from the environment.
     """
     if getattr(trainer, _ATTR, None) is not None:
         return trainer
