@@ -10,6 +10,8 @@ import sys
 import pytest
 from processes import child_env
 
+from otel_tunix.run.notices import cli_command
+
 
 def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
     pytest.importorskip("torch")
@@ -38,7 +40,10 @@ def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
     assert f"files -> run folder      {out}" in err
     assert "otel-tunix step 39 | loss " in err and " | tokens/s " in err and " | mfu " in err
     assert "finished: eval 8 steps (8 recorded), train 40 steps (40 recorded)" in err
-    assert f"next: otel-tunix summary {out}" in err
+    cli = cli_command()  # the child's: same interpreter, PATH and working folder
+    assert f"next: {cli} summary {out}" in err
+    # the demo's last line: what to run next, as a command that runs from here
+    assert text.strip().splitlines()[-1] == f"next: {cli} summary {out}   ·   {cli} goodput {out}"
     lines = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["type"] == "step" and x["scope"] == "train"]
     assert [x["step"] for x in steps] == list(range(40))
