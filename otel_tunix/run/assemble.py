@@ -386,13 +386,10 @@ def _step_processor(
     # point recorded into it would cost ~4 us for nothing.
     if not prov.owns_meter or prov.readers:
         instruments = instrument_sink(
-            prov.meter,
-            cfg.otel_scope or "tunix",
-            __version__,
+            prov.meter, cfg.otel_scope or "tunix", __version__,
             readers=prov.readers if prov.owns_meter else None,
-            resource=info.resource,
-            fast=settings.metrics_fast_path,
-        )
+            resource=info.resource, fast=settings.metrics_fast_path,
+        )  # fmt: skip
         processor.add_sink(instruments)
     processor.add_sink(MetricsLoggerSink(logger))
     if out_dir is not None:
