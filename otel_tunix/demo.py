@@ -301,10 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         "otlp extra).",
     )
     ap.add_argument(
-        "--rl", action="store_true",
+        "--rl",
+        action="store_true",
         help="run the RL demo instead: an asynchronous GRPO loop with rollout workers and a "
         "learner (--fault KIND@STEP injects a fault)",
-    )  # fmt: skip
+    )
     ap.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     ap.add_argument("--sampling-rate", type=int, default=None, help="record every N-th step")
     ap.add_argument("--output-dir", default=None, help="run folder (default ./otel-tunix-runs/ID)")

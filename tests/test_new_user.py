@@ -124,11 +124,8 @@ def test_a_fresh_clone_from_make_demo_to_the_next_steps(tmp_path: Path) -> None:
     assert ran == ["summary", "summary", "goodput", "plot", "convert"]
 
     # The RL demo in the environment `make demo` built (what it imports is in the extra).
-    rl = _run(
-        [".venv/bin/otel-tunix", "demo", "--rl", "--steps", "4", "--no-progress",
-         "--console-interval", "0", "--output-dir", str(tmp_path / "rl")],
-        clone, env,
-    )  # fmt: skip
+    rl_demo = ".venv/bin/otel-tunix demo --rl --steps 4 --no-progress --console-interval 0"
+    rl = _run([*rl_demo.split(), "--output-dir", str(tmp_path / "rl")], clone, env)
     assert rl.returncode == 0, rl.stderr[-4000:]
     assert "mean reward" in rl.stdout
 
