@@ -74,8 +74,9 @@ def test_demo_cli_trains_a_language_model_and_writes_the_run_folder(tmp_path):
     assert (
         f"slowest eval step: {slowest['step']} ({slowest['step_time_sec'] * 1e3:.1f} ms; "
         f"evaluation {a['tunix.eval.round']}, batch {a['tunix.eval.batch']}, after train step "
-        f"{a['tunix.eval.train_step']}), trace id {slowest['trace_id']}" in err
+        f"{a['tunix.eval.train_step']})\n" in err  # no trace id: no trace exporter to find it
     )
+    assert "trace id" not in err
 
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [m["metrics"] for m in metrics if "loss" in m.get("metrics", {})]

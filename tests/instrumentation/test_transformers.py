@@ -85,6 +85,7 @@ def test_instrument_trainer_without_configure_configures_from_the_environment(
     assert run is not None and run.output_dir == tmp_path / "run"
     otel_tunix.shutdown()
     otf.uninstrument_trainer(tr)
+    otf.ott.uninstrument_model(tr.model)  # the callback instrumented it (torch's backward)
     lines = [json.loads(x) for x in (tmp_path / "run" / "spans.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["type"] == "step" and x["scope"] == "train"]
     assert [x["step"] for x in steps] == [0, 1]
