@@ -157,47 +157,6 @@ def test_the_demo_names_a_loss_spike_above_the_uniform_guess() -> None:
     )
 
 
-def test_the_default_demo_marks_its_loss_spike_on_the_plot(tmp_path) -> None:
-    """The default run (seed 0, 300 steps: the spike needs the full schedule) records the
-    spike in its alerts file, and ``otel-tunix plot`` draws it on the loss panel at the step
-    where metrics.jsonl has the loss above the uniform guess."""
-    pytest.importorskip("torch")
-    pytest.importorskip("pandas")
-    pytest.importorskip("matplotlib")
-    from otel_tunix.analysis.plotting import PlotSpec, load_runs, render
-    from otel_tunix.demo import SPIKE_TEXT
-
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "otel_tunix.cli", "demo", "--eval-every", "0", "--no-progress",
-         "--console-interval", "0", "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=300, env=child_env(), cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    loss = {r["step"]: r["metrics"]["loss"] for r in rows if "loss" in r.get("metrics", {})}
-    late = [n for n, v in loss.items() if n >= 5 and v > math.log(256)]
-    assert late, "no spike with the default seed: update README 'The demo' and spike_note"
-    spike = max(late, key=loss.__getitem__)
-    assert f"loss spike: {loss[spike]:.2f} at step {spike}" in proc.stdout
-    alerts = [json.loads(x) for x in (out / "alerts.jsonl").read_text().splitlines()]
-    # (on a loaded machine a step-time rule may fire too: only the loss alert is the demo's)
-    (alert,) = [a for a in alerts if a["tunix.alert.metric"] == "loss"]
-    assert alert["tunix.alert.step"] == spike and alert["tunix.alert.metric"] == "loss"
-    assert alert["tunix.alert.value"] == pytest.approx(loss[spike])
-
-    spec = PlotSpec()  # what `otel-tunix plot RUN` draws
-    (table,) = load_runs([out], spec)
-    table.poll()
-    fig = render([table], spec).figure
-    panels = {ax.get_title(loc="left"): ax for ax in fig.axes}
-    (text,) = panels["loss"].texts
-    assert text.get_text() == SPIKE_TEXT and text.xy[0] == spike
-    assert [list(ln.get_xdata()) for ln in panels["loss"].lines[1:]] == [[spike, spike]]
-    others = [t.get_text() for name, ax in panels.items() if name != "loss" for t in ax.texts]
-    assert SPIKE_TEXT not in others  # (other panels: the step-time alerts of a loaded machine)
-
-
 def test_the_demos_own_service_name_unless_the_environment_names_one(monkeypatch) -> None:
     from otel_tunix.report import demo_service_name
 

@@ -9,6 +9,7 @@ package caches), so it takes a while."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -90,6 +91,13 @@ def test_a_fresh_clone_from_make_demo_to_the_next_steps(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr[-4000:]
     assert "Traceback" not in made.stderr
 
+    # The default demo (seed 0, 300 steps: the spike needs the full schedule) says its loss
+    # spike, records it in the run folder's alerts.jsonl, and `otel-tunix plot` (the
+    # analysis extra, this test's own environment here) draws it on the loss panel.
+    runs = list((clone / "otel-tunix-runs").iterdir())
+    assert len(runs) == 1
+    _the_spike_is_said_recorded_and_drawn(runs[0], made.stdout)
+
     # What the demo says to run next is its last line, and it runs from here as printed.
     last = made.stdout.strip().splitlines()[-1]
     assert last.startswith("next: .venv/bin/otel-tunix summary "), last
@@ -150,3 +158,38 @@ def test_a_fresh_clone_from_make_demo_to_the_next_steps(tmp_path: Path) -> None:
     to_collector = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     done = _run([".venv/bin/otel-tunix", "demo", "--steps", "2"], clone, to_collector)
     _one_line_naming(done, "otlp")
+
+
+def _the_spike_is_said_recorded_and_drawn(out: Path, stdout: str) -> None:
+    """The demo's loss spike: the step where metrics.jsonl has the loss above the uniform
+    guess is the one the demo names, its alert's and the loss panel's mark."""
+    import json
+    import math
+
+    from otel_tunix.demo import SPIKE_TEXT
+
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    loss = {r["step"]: r["metrics"]["loss"] for r in rows if "loss" in r.get("metrics", {})}
+    late = [n for n, v in loss.items() if n >= 5 and v > math.log(256)]
+    assert late, "no spike with the default seed: update README 'The demo' and spike_note"
+    spike = max(late, key=loss.__getitem__)
+    assert f"loss spike: {loss[spike]:.2f} at step {spike}" in stdout
+    alerts = [json.loads(x) for x in (out / "alerts.jsonl").read_text().splitlines()]
+    # (on a loaded machine a step-time rule may fire too: only the loss alert is the demo's)
+    (alert,) = [a for a in alerts if a["tunix.alert.metric"] == "loss"]
+    assert alert["tunix.alert.step"] == spike
+    assert alert["tunix.alert.value"] == pytest.approx(loss[spike])
+    if not (importlib.util.find_spec("pandas") and importlib.util.find_spec("matplotlib")):
+        return  # (this test's environment has no analysis extra: no plot to look at)
+    from otel_tunix.analysis.plotting import PlotSpec, load_runs, render
+
+    spec = PlotSpec()  # what `otel-tunix plot RUN` draws
+    (table,) = load_runs([out], spec)
+    table.poll()
+    fig = render([table], spec).figure
+    panels = {ax.get_title(loc="left"): ax for ax in fig.axes}
+    (text,) = panels["loss"].texts
+    assert text.get_text() == SPIKE_TEXT and text.xy[0] == spike
+    assert [list(ln.get_xdata()) for ln in panels["loss"].lines[1:]] == [[spike, spike]]
+    others = [t.get_text() for name, ax in panels.items() if name != "loss" for t in ax.texts]
+    assert SPIKE_TEXT not in others  # (other panels: the step-time alerts of a loaded machine)
