@@ -111,3 +111,23 @@ def test_make_demo_installs_the_demo_extra_and_make_test_the_rest(tmp_path: Path
     assert not HEAVY & set(packages), HEAVY & set(packages)
     if shutil.which("nvidia-smi") is None:
         assert not [n for n in packages if n.startswith("nvidia-")]  # no CUDA libraries
+
+
+def test_make_demo_otlp_adds_the_otlp_extra_and_sends_the_demo_to_a_collector(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    commands = _make_n("demo-otlp", venv)
+    torch_args, demo_args, otlp_args = _pip_installs(commands)
+    assert torch_args[0].startswith("torch==") and demo_args == ["-e", ".[demo]"]
+    assert otlp_args == ["-e", ".[demo,otlp]"]  # between `make demo` and `make test`
+    assert commands[-1] == [
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317",
+        f"{venv}/bin/otel-tunix",
+        "demo",
+    ]
+    # after `make demo`, only the otlp extra is added
+    venv.mkdir()
+    for stamp in (".installed-torch", ".installed-demo"):
+        (venv / stamp).touch()
+    assert _pip_installs(_make_n("demo-otlp", venv, always=False)) == [otlp_args]
