@@ -129,6 +129,7 @@ def print_run_files(console: Any, info: Any) -> None:
     console.print(
         f"next: {cli} summary {info.output_dir}   ·   {cli} goodput {info.output_dir}",
         highlight=False,
+        soft_wrap=True,  # one line, however narrow the terminal: a command to copy whole
     )
 
 

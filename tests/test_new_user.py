@@ -136,6 +136,7 @@ def test_a_fresh_clone_from_make_demo_to_the_next_steps(tmp_path: Path) -> None:
     rl = _run([*rl_demo.split(), "--output-dir", str(tmp_path / "rl")], clone, env)
     assert rl.returncode == 0, rl.stderr[-4000:]
     assert "mean reward" in rl.stdout
+    assert rl.stdout.strip().splitlines()[-1].startswith("next: .venv/bin/otel-tunix summary ")
 
     # A torch loop of the user's own, in that environment, with the model instrumented.
     own = textwrap.dedent(
