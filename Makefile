@@ -1,6 +1,8 @@
 # Every target creates the virtual environment .venv on first use and installs what it needs:
-# `make demo` the `demo` extra (torch, rich, orjson), `make test` every extra and the test
-# tools. The installs are layered (stamps), so `make test` after `make demo` adds the rest.
+# `make demo` the `demo` extra (torch and its integration, rich, orjson), `make demo-otlp` the
+# `otlp` extra beside it, `make test` every extra and the test tools. The installs are layered
+# (stamps), so `make test` after `make demo` adds the rest. `otel-tunix` is then
+# .venv/bin/otel-tunix (`source .venv/bin/activate` puts it on the PATH).
 PY ?= python3
 # PyPI's torch wheel for Linux is the CUDA build (several GB). Without nvidia-smi the CPU
 # build is taken from PyTorch's index (enough for the demo); set TORCH_INDEX to choose:
