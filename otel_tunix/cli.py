@@ -33,6 +33,7 @@ from otel_tunix.analysis.readers import AnalysisError, resolve_spans_files, runs
 from otel_tunix.analysis.summary_tables import render_summary
 from otel_tunix.demos.rl import main as rl_main
 from otel_tunix.demos.sft import main as demo_main
+from otel_tunix.settings.parsing import ConfigurationError
 
 _USAGE = """usage: otel-tunix COMMAND [options]
 
@@ -46,6 +47,8 @@ commands:
 
 Run 'otel-tunix COMMAND --help' for a command's options.
 """
+
+_ANALYSIS = "pip install 'otel-tunix[analysis]'"
 
 _NON_INTERACTIVE = frozenset({"agg", "cairo", "pdf", "pgf", "ps", "svg", "template"})
 
@@ -64,8 +67,11 @@ def _run(prog: str, fn: Callable[[], int]) -> int:
         return 1
     except AnalysisError as exc:
         return _fail(prog, str(exc))
-    except ImportError as exc:
-        return _fail(prog, f"{exc}: pip install 'otel-tunix[analysis]'")
+    except ImportError as exc:  # a missing extra: one line that names it
+        said = str(exc)
+        return _fail(prog, said if "pip install" in said else f"{said}: {_ANALYSIS}")
+    except ConfigurationError as exc:  # a setting (OTEL_*) the installed extras cannot serve
+        return _fail(prog, str(exc))
     except OSError as exc:
         return _fail(prog, f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
 
@@ -351,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "demo":
         if "--rl" in rest:
-            return rl_main([a for a in rest if a != "--rl"])
-
-        return demo_main(rest)
+            rl_args = [a for a in rest if a != "--rl"]
+            return _run("otel-tunix demo --rl", lambda: rl_main(rl_args))
+        return _run("otel-tunix demo", lambda: demo_main(rest))
     handler = _COMMANDS.get(command)
     if handler is not None:
         return handler(rest)

@@ -6,6 +6,7 @@ prints the demo's package count and size."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -111,3 +112,41 @@ def test_make_demo_installs_the_demo_extra_and_make_test_the_rest(tmp_path: Path
     assert not HEAVY & set(packages), HEAVY & set(packages)
     if shutil.which("nvidia-smi") is None:
         assert not [n for n in packages if n.startswith("nvidia-")]  # no CUDA libraries
+
+
+def test_make_demo_otlp_adds_the_otlp_extra_and_sends_the_demo_to_a_collector(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    commands = _make_n("demo-otlp", venv)
+    torch_args, demo_args, otlp_args = _pip_installs(commands)
+    assert torch_args[0].startswith("torch==") and demo_args == ["-e", ".[demo]"]
+    assert otlp_args == ["-e", ".[demo,otlp]"]  # between `make demo` and `make test`
+    assert commands[-1] == [
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317",
+        f"{venv}/bin/otel-tunix",
+        "demo",
+    ]
+    # after `make demo`, only the otlp extra is added
+    venv.mkdir()
+    for stamp in (".installed-torch", ".installed-demo"):
+        (venv / stamp).touch()
+    assert _pip_installs(_make_n("demo-otlp", venv, always=False)) == [otlp_args]
+
+
+def test_make_test_pythons_runs_the_core_tests_on_each_python_and_is_not_in_make_test() -> None:
+    def dry(*args: str) -> str:
+        return subprocess.run(
+            ["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+
+    pythons = "/py312/bin/python3 /py313/bin/python3"
+    loop = dry("test-pythons", f"PYTHONS={pythons}")
+    assert f"for py in {pythons}; do" in loop
+    assert ".venv-pythons/$($py -c" in loop and ".[otlp,cli]" in loop  # a venv of each
+    core = re.search(r"CORE_TESTS \?= (.*?)\n\n", (ROOT / "Makefile").read_text(), re.S)
+    assert core is not None
+    files = core.group(1).replace("\\", " ").split()
+    assert files and all((ROOT / f).is_file() for f in files)
+    assert f"pytest -q -p no:cacheprovider {' '.join(files)}" in loop
+    assert ".venv-pythons" not in dry("-B", "test", "VENV=/nowhere")  # not part of make test

@@ -113,9 +113,9 @@ def test_the_readme_install_lines_in_a_fresh_venv(tmp_path: Path) -> None:
     assert perfetto.startswith("PERFETTO: OTEL_TRACES_EXPORTER names 'perfetto', but ")
     assert perfetto.endswith("pip install 'otel-tunix[perfetto]'")
     # what the end notice says to run next needs the cli extra, and says so
-    assert f"next: otel-tunix summary {run}   (needs pip install 'otel-tunix[cli]')" in (
-        checked.stderr
-    )
+    # (as this environment's script, relative to the working folder: not on the PATH here)
+    needs = "   (needs pip install 'otel-tunix[cli]')"
+    assert f"next: venv/bin/otel-tunix summary {run}{needs}" in checked.stderr
     summary = _run(bin_ / "otel-tunix", "summary", run, cwd=tmp_path)
     assert summary.returncode != 0
     assert "pip install 'otel-tunix[cli]'" in summary.stderr

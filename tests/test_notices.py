@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import otel_tunix
-from otel_tunix.run.notices import destinations, otlp_endpoint
+from otel_tunix.run.notices import cli_command, destinations, otlp_endpoint
 from otel_tunix.settings.values import load_settings
 
 
@@ -59,7 +62,7 @@ def test_configure_and_shutdown_say_where_the_data_goes_and_what_to_run_next(
     # each recorded step has a step span and a component span; the refusing exporter
     # failed them all
     assert "_Refusing: 6 spans failed, 0 dropped" in lines[1]
-    assert f"next: otel-tunix summary {out}" in end
+    assert f"next: {cli_command()} summary {out}" in end
     if "perfetto" in info.files:
         assert f"open {info.files['perfetto']} in https://ui.perfetto.dev" in end
     slowest = max(steps, key=lambda x: x["step_time_sec"])
@@ -67,6 +70,39 @@ def test_configure_and_shutdown_say_where_the_data_goes_and_what_to_run_next(
         f"slowest train step: {slowest['step']} ({slowest['step_time_sec'] * 1e3:.1f} ms), "
         f"trace id {slowest['trace_id']}" in end
     )
+
+
+def test_the_next_command_is_one_that_runs_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_ = Path(sys.executable).parent  # this environment's scripts (.venv/bin)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert cli_command() == "otel-tunix"  # activated: the name is enough
+    monkeypatch.setenv("PATH", str(tmp_path))  # `make demo`, not activated: not on PATH
+    assert cli_command() == str(bin_ / "otel-tunix")
+    monkeypatch.chdir(bin_.parent.parent)  # from the checkout that holds .venv
+    relative = cli_command()
+    assert relative == f"{bin_.parent.name}/bin/otel-tunix"
+    ran = subprocess.run([relative, "summary", "--help"], capture_output=True, text=True)
+    assert ran.returncode == 0 and "otel-tunix summary" in ran.stdout
+
+
+def test_no_trace_ids_without_a_trace_exporter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _loud(monkeypatch)
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out)  # the run folder only: nothing looks a trace id up
+    for n in range(3):
+        with otel_tunix.step(n), otel_tunix.component("work"):
+            pass
+    otel_tunix.shutdown()
+    end = capsys.readouterr().err
+    steps = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
+    slowest = max((x for x in steps if x["type"] == "step"), key=lambda x: x["step_time_sec"])
+    line = f"slowest train step: {slowest['step']} ({slowest['step_time_sec'] * 1e3:.1f} ms)"
+    assert f"{line}\n" in end or end.endswith(line)
+    assert "trace id" not in end
 
 
 def test_quiet_and_other_ranks_print_nothing(

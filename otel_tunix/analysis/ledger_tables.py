@@ -7,7 +7,12 @@ from typing import Any
 
 from otel_tunix.analysis.ledger import Ledger, RunLedger
 from otel_tunix.analysis.readers import AnalysisError
-from otel_tunix.analysis.summary_tables import goodput_table, rich_table
+from otel_tunix.analysis.summary_tables import (
+    dominant_notes,
+    goodput_table,
+    rich_table,
+    table_console,
+)
 
 __all__ = ["render_ledger"]
 
@@ -20,10 +25,10 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
     runs (attempt, steps, redone steps, restart gap before it, goodput) and one of its
     categories; with several jobs, the total last."""
     try:
-        from rich.console import Console
+        import rich  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AnalysisError("the goodput tables need rich: pip install 'otel-tunix[cli]'") from exc
-    con = console or Console()
+    con = console or table_console()
     con.print(f"[bold]goodput[/]: {ledger.source}")
     for job in ledger.jobs:
         g = job.goodput
@@ -59,6 +64,8 @@ def render_ledger(ledger: Ledger, console: Any = None) -> None:
             )
         con.print(rt)
         con.print(goodput_table(g, f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s"))
+        for note in dominant_notes(g):
+            con.print(f"[yellow]note:[/] {note}", highlight=False)
     if len(ledger.jobs) > 1:
         g = ledger.goodput
         con.print(

@@ -76,13 +76,53 @@ def _labels(frames: Sequence[pd.DataFrame], labels: Sequence[str] | None) -> lis
             raise AnalysisError(f"{len(labels)} labels for {len(frames)} runs")
         names = [str(x) for x in labels]
     else:
-        names = [str(df.attrs.get("run") or f"run {i + 1}") for i, df in enumerate(frames)]
+        runs = [str(df.attrs.get("run") or f"run {i + 1}") for i, df in enumerate(frames)]
+        services = [_service(df) for df in frames]
+        names = [
+            run if not svc else svc if services.count(svc) == 1 else f"{svc} · {run}"
+            for run, svc in zip(runs, services, strict=True)
+        ]
     seen: dict[str, int] = {}
     out = []
     for name in names:  # two runs of the same name still get two legend entries
         seen[name] = seen.get(name, 0) + 1
         out.append(name if seen[name] == 1 else f"{name} ({seen[name]})")
     return out
+
+
+def _service(df: pd.DataFrame) -> str:
+    """The service a run's metrics file names in its header (``OTEL_SERVICE_NAME``), or
+    ``""`` for none (an older file, the SDK's ``unknown_service`` default)."""
+    meta = df.attrs.get("meta") or {}
+    svc = meta.get("service") if isinstance(meta, dict) else None
+    return svc if isinstance(svc, str) and not svc.startswith("unknown_service") else ""
+
+
+_UNITS = (  # (suffix of a metric name, the y axis label); the first that matches
+    ("tokens_per_sec", "tokens/s"),
+    ("steps_per_sec", "steps/s"),
+    ("tflops_per_sec", "TFLOP/s"),
+    ("_per_sec", "1/s"),
+    ("_sec", "seconds"),
+    ("_bytes", "bytes"),
+    ("mfu", "fraction of peak"),
+    ("goodput", "fraction of wall time"),
+    ("perplexity", "perplexity"),
+    ("loss", "loss"),
+)
+
+
+def unit_of(metric: str) -> str:
+    """The y axis label of a metric, from its name's unit suffix (``""`` when it has none)."""
+    for suffix, unit in _UNITS:
+        if metric.endswith(suffix):
+            return unit
+    return ""
+
+
+SPARSE_POINTS = 50
+"""A line of at most this many points is drawn with a marker on each: a single point, or
+a metric logged once per evaluation, is then visible."""
 
 
 def _thin(x: Any, y: Any, max_points: int | None) -> tuple[Any, Any]:
@@ -105,6 +145,8 @@ class Mark:
     time: float | None
     """Unix seconds."""
     text: str
+    short: str = ""
+    """The label where a panel has several marks: the rule and the step."""
 
 
 _SEVERITY_ORDER = {"ok": 0, "warning": 1, "critical": 2}
@@ -147,12 +189,22 @@ def read_marks(metrics_path: str | os.PathLike[str]) -> list[Mark]:
                 step=step if isinstance(step, int) else None,
                 time=t / 1e9 if isinstance(t, int | float) else None,
                 text=text if len(text) <= _MARK_CHARS else text[: _MARK_CHARS - 1] + "…",
+                short=f"{rec.get('tunix.alert.rule') or 'alert'}"
+                + (f" @ {step}" if isinstance(step, int) else ""),
             )
         )
     return marks
 
 
+MAX_MARK_LABELS = 6
+"""Alert labels written on one panel at most (each mark keeps its line; the rest are
+counted in the last label)."""
+
+
 def _draw_marks(ax: Any, marks: Sequence[Mark], x_key: str, t0: float) -> None:
+    """Each mark a dashed line; its label one row lower than the previous one's, clipped
+    to the panel, short (the rule and step) when the panel has more than one."""
+    labelled = 0
     for m in marks:
         x: float | None
         if x_key == _TIME_KEY:
@@ -162,17 +214,24 @@ def _draw_marks(ax: Any, marks: Sequence[Mark], x_key: str, t0: float) -> None:
         if x is None:  # no position on this x axis
             continue
         ax.axvline(x, color="tab:red", linestyle="--", linewidth=0.9, alpha=0.8)
+        if labelled > MAX_MARK_LABELS:
+            continue
+        text = m.text if len(marks) == 1 else m.short
+        if labelled == MAX_MARK_LABELS:
+            text = f"+{len(marks) - MAX_MARK_LABELS} more alerts"
         ax.annotate(
-            m.text,
+            text,
             xy=(x, 1.0),
             xycoords=("data", "axes fraction"),
-            xytext=(3, -3),
+            xytext=(3, -3 - 9 * labelled),
             textcoords="offset points",
             va="top",
             fontsize=7,
             color="tab:red",
-            wrap=True,
+            annotation_clip=True,
+            clip_on=True,
         )
+        labelled += 1
 
 
 def plot_metrics(
@@ -244,10 +303,12 @@ def plot_metrics(
             if x_key == _TIME_KEY:
                 x = x - t0
             xs, ys = _thin(x, y, max_points)
-            ax.plot(xs, ys, label=name, linewidth=1.2)
+            sparse = len(xs) <= SPARSE_POINTS
+            ax.plot(xs, ys, label=name, linewidth=1.2, marker="o" if sparse else None, ms=3)
             if marks is not None:
                 _draw_marks(ax, [m for m in marks[i] if m.metric == metric], x_key, t0)
         ax.set_title(metric, fontsize=10, loc="left")
+        ax.set_ylabel(unit_of(metric), fontsize=8)
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8, loc="best")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_tunix.model.steps import ScopeSession
+from otel_tunix.run.notices import cli_command
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +125,19 @@ def print_run_files(console: Any, info: Any) -> None:
     for kind, path in info.files.items():
         if path.exists():  # alerts.jsonl is made only when an alert fires
             console.print(f"  {kind:<8} {path}")
+    cli = cli_command()
+    console.print(
+        f"next: {cli} summary {info.output_dir}   ·   {cli} goodput {info.output_dir}",
+        highlight=False,
+        soft_wrap=True,  # one line, however narrow the terminal: a command to copy whole
+    )
+
+
+def demo_service_name(default: str) -> str | None:
+    """``default``, unless the environment names the service (``OTEL_SERVICE_NAME``, or
+    ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``): then ``None``, so the SDK's own
+    rules pick the name the user set."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    named = str(Resource.create().attributes.get(SERVICE_NAME, ""))
+    return None if named and not named.startswith("unknown_service") else default

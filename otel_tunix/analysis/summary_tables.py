@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from otel_tunix.accounting.categories import BADPUT
@@ -13,7 +14,7 @@ from otel_tunix.analysis.breakdown import MAD_FACTOR, RunSummary
 from otel_tunix.analysis.readers import AnalysisError, listed
 from otel_tunix.analysis.timeline import Goodput
 
-__all__ = ["goodput_table", "render_summary", "rich_table"]
+__all__ = ["dominant_notes", "goodput_table", "render_summary", "rich_table", "table_console"]
 
 
 # --- terminal rendering ------------------------------------------------------------------------
@@ -44,6 +45,22 @@ def rich_table(title: str, *cols: str) -> Any:
     return t
 
 
+def table_console() -> Any:
+    """A ``rich`` console for the tables: a terminal's own width, and when the output is a
+    pipe or a file (``| less``, ``> out.txt``) as wide as the tables are, never cut at 80
+    columns."""
+    import sys
+
+    from rich.console import Console
+
+    piped = not (hasattr(sys.stdout, "isatty") and sys.stdout.isatty())
+    return Console(width=PIPED_WIDTH if piped else None)
+
+
+PIPED_WIDTH = 1000
+"""Columns of a console whose output is not a terminal: wider than any of the tables."""
+
+
 def goodput_table(g: Goodput, title: str) -> Any:
     """Productive time and each badput category: seconds and % of the wall time."""
     gt = rich_table(title, "where the time went", "seconds", "% of wall")
@@ -53,14 +70,59 @@ def goodput_table(g: Goodput, title: str) -> Any:
     return gt
 
 
+DOMINANT = 0.5
+"""A category holding more than this share of the wall time gets a note on what it holds."""
+
+_HOLDS = {
+    "initialization": "everything before the first step: imports (torch, transformers, jax), "
+    "model building, data set loading; a short run is mostly this, and it does not grow "
+    "with the run",
+    "data_stall": "waits for the next batch that no busy work overlapped; more DataLoader "
+    "workers or prefetching shrink it",
+    "other": "time between steps that no component covers, and blocked waits of no "
+    "category; component(name, category=...) names it",
+    "compilation": "the compilations the integrations recorded (every recompilation too)",
+    "evaluation": "evaluation steps and the components of the evaluation category",
+    "checkpoint_save": "checkpoint writes on the training thread's time",
+    "checkpoint_restore": "checkpoint loading, before the loop or in it",
+    "rollout_wait": "the learner's waits for rollouts that no busy work overlapped",
+    "weight_sync": "publishing weights to the rollout workers",
+    "wasted_progress": "steps a later attempt redid",
+    "restart_gap": "the time between an attempt's end and the next attempt's start",
+}
+
+
+def dominant_notes(g: Goodput, blocked: Mapping[str, float] | None = None) -> list[str]:
+    """What the category that holds most of the wall time holds, in words, when it holds
+    more than :data:`DOMINANT` of it; and, where productive time dominates while a
+    training scope waits most of its step (``blocked``: scope -> blocked share of its step
+    time), why those waits are not badput (docs/goodput.md)."""
+    if g.wall_time_sec <= 0:
+        return []
+    out = []
+    for k in BADPUT:
+        share = g.share(k)
+        if share > DOMINANT and k in _HOLDS:
+            out.append(f"{k.replace('_', ' ')} is {share * 100:.0f}% of the wall time: {_HOLDS[k]}")
+    if g.goodput > DOMINANT:
+        for scope, share in sorted((blocked or {}).items()):
+            if share > DOMINANT:
+                out.append(
+                    f"{scope} is blocked {share * 100:.0f}% of its step time, yet productive: "
+                    "a wait counts as badput only where no busy work runs meanwhile (the "
+                    "other threads' steps and components were busy while it waited)"
+                )
+    return out
+
+
 def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: int = 10) -> None:
     """Print the summary as ``rich`` tables (the ``cli`` extra); fits 80 columns."""
     try:
-        from rich.console import Console
+        import rich  # noqa: F401
         from rich.markup import escape
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AnalysisError("the summary tables need rich: pip install 'otel-tunix[cli]'") from exc
-    con = console or Console()
+    con = console or table_console()
     table = rich_table
 
     ids = f" (run id {', '.join(summary.run_ids)})" if summary.run_ids else ""
@@ -163,6 +225,8 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             g, f"Goodput {g.goodput * 100:.1f}% of {g.wall_time_sec:.2f} s wall time{run_on}"
         )
     )
+    for note in dominant_notes(g, {s.scope: s.blocked.share for s in summary.scopes}):
+        con.print(f"[yellow]note:[/] {note}", highlight=False)
 
     if summary.anomaly_count and max_anomalies:
         shown = min(max_anomalies, len(summary.anomalies))

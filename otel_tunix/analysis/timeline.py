@@ -90,7 +90,7 @@ class Goodput:
         return {
             "wall_time_sec": self.wall_time_sec,
             "device_run_on_sec": self.device_run_on_sec,
-            "productive_sec": self.productive_sec,
+            "productive_time_sec": self.productive_sec,
             "goodput": self.goodput,
             "badput_sec": dict(self.badput_sec),
             "badput_share": {k: self.share(k) for k in self.badput_sec},

@@ -63,7 +63,12 @@ from typing import Any
 
 import otel_tunix
 import otel_tunix.rl
-from otel_tunix.analysis.report import breakdown_table, print_run_files, progress_bar
+from otel_tunix.analysis.report import (
+    breakdown_table,
+    demo_service_name,
+    print_run_files,
+    progress_bar,
+)
 from otel_tunix.instrumentation import torch as ott
 from otel_tunix.metrics.generation import GenerationMetrics
 from otel_tunix.metrics.rl import rl_metrics
@@ -538,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         sync=args.sync,
     )
     info = otel_tunix.configure(
-        service_name="otel-tunix-demo-rl",
+        service_name=demo_service_name("otel-tunix-demo-rl"),
         perf=otel_tunix.PerformanceMetricsConfig(sampling_rate=args.sampling_rate),
         output_dir=args.output_dir,
         console_interval=args.console_interval,

@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import otel_tunix
-from otel_tunix.analysis.report import breakdown_table, print_run_files, progress_bar
+from otel_tunix.analysis.report import (
+    breakdown_table,
+    demo_service_name,
+    print_run_files,
+    progress_bar,
+)
 from otel_tunix.metrics.training import TrainingMetrics, perplexity
 from otel_tunix.settings import attributes as attr
 
@@ -292,7 +297,21 @@ def record_spike(result: DemoResult, uniform: float, path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``otel-tunix demo``."""
-    ap = argparse.ArgumentParser(prog="otel-tunix demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="otel-tunix demo",
+        description=__doc__.splitlines()[0],
+        epilog="The RL demo: otel-tunix demo --rl [--steps N] [--fault lr-blowup@N] "
+        "[--rollout-workers N] [--group-size N] [--max-staleness N] [--sync] (otel-tunix demo "
+        "--rl --help says more). OTEL_SERVICE_NAME names the service (default "
+        "otel-tunix-demo); OTEL_EXPORTER_OTLP_ENDPOINT sends the run to a collector too (the "
+        "otlp extra).",
+    )
+    ap.add_argument(
+        "--rl",
+        action="store_true",
+        help="run the RL demo instead: an asynchronous GRPO loop with rollout workers and a "
+        "learner (--fault KIND@STEP injects a fault)",
+    )
     ap.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     ap.add_argument("--sampling-rate", type=int, default=None, help="record every N-th step")
     ap.add_argument("--output-dir", default=None, help="run folder (default ./otel-tunix-runs/ID)")
@@ -343,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     perf = otel_tunix.PerformanceMetricsConfig(sampling_rate=args.sampling_rate)
     info = otel_tunix.configure(
-        service_name="otel-tunix-demo",
+        service_name=demo_service_name("otel-tunix-demo"),
         perf=perf,
         output_dir=args.output_dir,
         console_interval=args.console_interval,

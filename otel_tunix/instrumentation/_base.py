@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
@@ -91,15 +92,19 @@ def auto_configure_enabled() -> bool:
     return _auto_configure
 
 
-def ensure_configured(resource_attributes: Mapping[str, Any] | None = None) -> bool:
-    """Configure otel-tunix now if zero-code mode asked for it and nothing configured it yet.
+def ensure_configured(
+    resource_attributes: Mapping[str, Any] | None = None, *, asked: bool = False
+) -> bool:
+    """Configure otel-tunix now if zero-code mode asked for it, or the user did (``asked``:
+    ``instrument_trainer()`` called without ``configure()``), and nothing configured it yet:
+    from the environment, as ``configure()`` with no arguments.
 
     Returns True when otel-tunix is configured (already, or by this call). Never raises: a
     configuration error is logged once and the training loop runs on uninstrumented.
     """
     if otel_tunix.current_run() is not None:
         return True
-    if not _auto_configure:
+    if not (_auto_configure or asked):
         return False
     with _configure_lock:
         if otel_tunix.current_run() is not None:
@@ -245,13 +250,22 @@ def instrumentation_dependencies(*requirements: str) -> Collection[str]:
 OnImport = Callable[[Any], None]
 
 
-def when_imported(module: str, hook: OnImport) -> None:
+def when_imported(module: str, hook: OnImport, *, extra: str = "instrument") -> None:
     """Run ``hook(module)`` once ``module`` is imported (now, if it already is).
 
     Uses wrapt's post-import hooks (wrapt comes with opentelemetry-instrumentation), so an
     instrumentor loaded at interpreter start does not import the framework itself: processes
-    that never use it pay nothing.
+    that never use it pay nothing. Without wrapt, a module already imported gets its hook
+    now; for one not imported yet a ``ModuleNotFoundError`` names ``extra`` (the extra that
+    installs wrapt with the framework).
     """
-    import wrapt
-
+    try:
+        import wrapt
+    except ModuleNotFoundError:
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            hook(loaded)
+            return
+        require("wrapt", extra, f"otel-tunix's {module.split('.')[0]} integration")
+        raise  # not reached: require() raised
     wrapt.register_post_import_hook(hook, module)

@@ -30,7 +30,7 @@ from otel_tunix.accounting import categories
 from otel_tunix.instrumentation import _base
 from otel_tunix.metrics.compilations import cause_of_guard_failure, count_compilation
 from otel_tunix.settings.attributes import COMPILE_TRIGGER
-from otel_tunix.support.errors import report_internal_error
+from otel_tunix.support.errors import report_internal_error, warn_once
 
 COMPONENT = "torch_compile"
 categories.declare(COMPONENT, categories.COMPILATION)  # goodput: its time is compilation
@@ -60,7 +60,14 @@ class _CompileHooks:
             self.users += 1
             hooked, self.hooked = self.hooked, True
         if not hooked:  # once: registers now if dynamo is imported, else when it is
-            _base.when_imported("torch._dynamo", self._register)
+            try:
+                _base.when_imported("torch._dynamo", self._register, extra="torch")
+            except ModuleNotFoundError as exc:  # no wrapt: the model is timed all the same
+                with self.lock:
+                    self.hooked = False
+                warn_once(
+                    "torch-compile-hooks", "torch.compile's compilations are not recorded: %s", exc
+                )
         elif "torch._dynamo" in sys.modules:  # acquired again after the last release
             self._register(sys.modules["torch._dynamo"])
 

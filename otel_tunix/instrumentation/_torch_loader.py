@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import otel_tunix
-from otel_tunix.recording.hot_path import may_record
+from otel_tunix.recording.hot_path import before_a_step, may_record, now_ns, precede_next_step
 
 
 # --- data loading -----------------------------------------------------------------------
@@ -21,6 +21,10 @@ def _prefetches(loader: Any) -> bool:
 
 class InstrumentedLoader:
     """An iterable whose iterators record each ``next()`` as a component span.
+
+    A ``next()`` made while no step is open (``for batch in loader: with step(n): ...``)
+    is taken over by the next step opened on that thread: the step starts when the fetch
+    started, with the fetch as its first component.
 
     Everything else (``len()``, ``.dataset``, ``set_epoch`` ...) is delegated to the wrapped
     loader. Made by :func:`instrument_dataloader`.
@@ -71,12 +75,19 @@ class _InstrumentedIterator:
 
     def __next__(self) -> Any:
         owner = self._owner
-        if (
-            (self._length is not None and self._yielded >= self._length)
-            or (owner.before_fetch is not None and owner.before_fetch() is False)
-            or not may_record()  # outside the steps: only inside a component that is
+        if (self._length is not None and self._yielded >= self._length) or (
+            owner.before_fetch is not None and owner.before_fetch() is False
         ):
             item = next(self._it)  # the end of the epoch, or not ours to record
+        elif not may_record():  # outside the steps: only inside a component that is
+            if not before_a_step():
+                item = next(self._it)
+            else:  # `for batch in loader: with step(n):` the next step takes the fetch
+                start = now_ns()
+                item = next(self._it)
+                precede_next_step(owner.name, owner.blocked, start, now_ns())
+                if owner.after_fetch is not None:
+                    owner.after_fetch()
         else:
             with otel_tunix.component(owner.name, owner.blocked):
                 item = next(self._it)

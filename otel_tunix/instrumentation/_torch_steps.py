@@ -37,12 +37,12 @@ def distributed_rank_attributes() -> dict[str, int]:
         return {}
 
 
-def ensure_configured() -> bool:
+def ensure_configured(*, asked: bool = False) -> bool:
     """:func:`otel_tunix.instrumentation._base.ensure_configured` with the torch rank."""
     if otel_tunix.current_run() is not None:
         return True
     extra = {} if load_settings().rank is not None else distributed_rank_attributes()
-    return _base.ensure_configured(extra)
+    return _base.ensure_configured(extra, asked=asked)
 
 
 # --- zero-code: steps from a plain loop --------------------------------------------------

@@ -502,7 +502,7 @@ class JaxInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         _base.enable_auto_configure()
         carry_into_threads()
         JaxInstrumentor._active = True
-        _base.when_imported("jax", _start_tracking)
+        _base.when_imported("jax", _start_tracking, extra="jax")
 
     def _uninstrument(self, **kwargs: Any) -> None:
         JaxInstrumentor._active = False

@@ -128,7 +128,7 @@ class TorchInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         _base.enable_auto_configure()
         carry_into_threads()
         self._active = True
-        _base.when_imported("torch", self._patch)
+        _base.when_imported("torch", self._patch, extra="torch")
 
     def _patch(self, torch: Any) -> None:
         if not self._active or self._optimizer_hooks is not None:

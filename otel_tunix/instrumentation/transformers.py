@@ -160,7 +160,7 @@ class OtelTunixCallback(TrainerCallback):
     def begin_train_step(self, number: int) -> None:
         """Close the previous training step and open step ``number``."""
         self._stack.clear()
-        ott.ensure_configured()
+        ott.ensure_configured(asked=True)  # instrument_trainer() alone: from the environment
         self._stack.push("step", otel_tunix.step(number, scope=self.scope))
         self._step_number = number
 
@@ -180,7 +180,7 @@ class OtelTunixCallback(TrainerCallback):
 
     # --- TrainerCallback ------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        ott.ensure_configured()
+        ott.ensure_configured(asked=True)  # instrument_trainer() alone: from the environment
         self._accumulation = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
         self.prefetching = int(getattr(args, "dataloader_num_workers", 0) or 0) > 0
         model = kwargs.get("model")
@@ -279,7 +279,8 @@ def instrument_trainer(trainer: Any, **callback_kwargs: Any) -> Any:
     ``train_data_load``), ``get_eval_dataloader`` (eval steps), ``evaluate`` and
     ``_save_checkpoint`` (``checkpoint_save``), plus TRL's ``_generate`` (``rollout``) and
     ``_calculate_rewards`` (``reward``) and the reference model (``reference_inference``)
-    when they exist. Idempotent; undo with :func:`uninstrument_trainer`.
+    when they exist. Idempotent; undo with :func:`uninstrument_trainer`. Without
+    :func:`otel_tunix.configure`, training starts it from the environment.
     """
     if getattr(trainer, _ATTR, None) is not None:
         return trainer
@@ -370,7 +371,7 @@ class TransformersInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         _base.enable_auto_configure()
         carry_into_threads()
         type(self)._active = True
-        _base.when_imported("transformers.trainer", _patch_trainer)
+        _base.when_imported("transformers.trainer", _patch_trainer, extra="transformers")
 
     def _uninstrument(self, **kwargs: Any) -> None:
         type(self)._active = False

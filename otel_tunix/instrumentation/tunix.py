@@ -550,7 +550,7 @@ class TunixInstrumentor(_base.BaseInstrumentor):  # type: ignore[misc]
         for module_name in dict.fromkeys(patch.module for patch in PATCHES):
             if module_name not in _hooked:
                 _hooked.add(module_name)
-                _base.when_imported(module_name, _apply_on_import(module_name))
+                _base.when_imported(module_name, _apply_on_import(module_name), extra="tunix")
             else:
                 _apply(module_name)
 

@@ -106,6 +106,12 @@ def outside(low: float, high: float) -> Threshold:
 
 
 # --- rules ---------------------------------------------------------------------------------
+SAME_QUANTITY: dict[str, str] = {"perf/train/step_time_sec": "step_time_sec"}
+"""MetricsLogger names that measure what another name measures: the training step's time
+from its spans and as the trainer measures it. A rule watching both fires once for one
+event (the first name to fire says it; the other stays quiet until both are back)."""
+
+
 class Rule(ABC):
     """A rule: which metrics it watches and the level of one observation.
 

@@ -67,7 +67,7 @@ from otel_tunix.recording.component import (
     component,
     record_component,
 )
-from otel_tunix.recording.step import step
+from otel_tunix.recording.step import precede_next_step, step
 from otel_tunix.recording.step_record import (
     _NOT_SET,
     CONTEXT_OUTSIDE_STEPS,
@@ -87,6 +87,7 @@ __all__ = [
     "Runtime",
     "StepRecord",
     "Unrecorded",
+    "before_a_step",
     "carried_context",
     "component",
     "context_step",
@@ -94,6 +95,7 @@ __all__ = [
     "in_step",
     "may_record",
     "now_ns",
+    "precede_next_step",
     "record_component",
     "set_clock",
     "set_runtime",
@@ -185,6 +187,13 @@ def may_record() -> bool:
         rt = _runtime
         return rt is not None and bool(rt.open_steps)
     return True
+
+
+def before_a_step() -> bool:
+    """True when otel-tunix is configured and nothing of it is open in the calling context
+    (no step, no component): work done now precedes the next step opened here, which
+    takes it over when handed to :func:`precede_next_step`."""
+    return _runtime is not None and _current.get() is _NOT_SET
 
 
 def in_step() -> bool:

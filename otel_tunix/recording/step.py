@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from otel_tunix.recording import step_record as _step_record
+from otel_tunix.recording.component import record_component
 from otel_tunix.recording.records import (
     ScopeStepCounts,
     StepEvent,
@@ -37,6 +38,30 @@ _runtime: Runtime | None = None
 _quiet = False  # True once configure() ran: a missing runtime is then deliberate (disabled)
 _clock = time.perf_counter_ns
 _get_ident = threading.get_ident
+
+
+class _Prelude(threading.local):
+    """The last piece of work done on this thread while no step was open that the next step
+    opened here takes over (:func:`precede_next_step`)."""
+
+    item: tuple[Runtime, str, bool, int, int] | None = None
+
+
+_prelude = _Prelude()
+
+
+def precede_next_step(name: str, blocked: bool, start_ns: int, end_ns: int) -> None:
+    """Hand a component that ran on this thread while no step was open (``[start_ns,
+    end_ns]`` on the hot path's clock) to the next step opened on this thread: that step
+    starts at ``start_ns`` and records it as its first component.
+
+    The usual loop, ``for batch in instrument_dataloader(loader): with step(n): ...``,
+    fetches each batch before its step opens; the fetch belongs to that step. Only the last
+    one handed over is kept; a step given its own ``start_ns`` drops it.
+    """
+    rt = _runtime
+    if rt is not None:
+        _prelude.item = (rt, name, blocked, start_ns, end_ns)
 
 
 class step:
@@ -121,8 +146,16 @@ class step:
                     )
                     n = self._n = count
             start = self._start_ns
+            pre = _prelude.item
+            if pre is not None:  # the next step here takes it, or drops it
+                _prelude.item = None
+                if start is not None or pre[0] is not rt:
+                    pre = None
             if start is None:
-                start = self._start_ns = _clock()
+                start = _clock()
+                if pre is not None and pre[3] <= start:
+                    start = pre[3]  # the fetch that preceded it is the step's
+                self._start_ns = start
             held = _current.get()  # a step cannot hold the next one of its own scope
             if type(held) is not StepRecord and held is not _NOT_SET and held is not None:
                 held = held._step
@@ -145,6 +178,9 @@ class step:
             self._otel_token = attach_span(rec)
             rt.open_steps.append(rec)
             rt.last_step = rec
+            if pre is not None:
+                _, name, blocked, pre_start, pre_end = pre
+                record_component(name, pre_start, pre_end, blocked=blocked)
         except Exception:  # never hurt the training loop
             self._record = None
             report_internal_error("step() (the step is not recorded)")

@@ -271,8 +271,17 @@ def assemble(
     assert cfg is not None
     prov = _providers(args, settings, info.resource, ours, rid)
     tp, mp = prov.tracer, prov.meter
+    service = str(info.resource.attributes.get("service.name", ""))
     logger = _make_logger(
-        args, out_dir, rid, rank, mp, enabled=True, settings=settings, job=info.job
+        args,
+        out_dir,
+        rid,
+        rank,
+        mp,
+        enabled=True,
+        settings=settings,
+        job=info.job,
+        service=service,
     )
     if out_dir is not None and logger.backends:
         files["metrics"] = out_dir / metrics_file_name(rank.rank)
@@ -569,6 +578,7 @@ def _make_logger(
     enabled: bool,
     settings: Settings,
     job: JobInfo | None = None,
+    service: str = "",
 ) -> MetricsLogger:
     given = args.metrics_logger
     if isinstance(given, MetricsLogger):
@@ -587,5 +597,8 @@ def _make_logger(
         rank=rank.rank,
         meter_provider=meter_provider,
         settings=settings,
-        run_identity=job.header() if job is not None else None,
+        run_identity={  # the metrics file's header (plot legends name the service)
+            **(job.header() if job is not None else {}),
+            **({"service": service} if service else {}),
+        },
     )

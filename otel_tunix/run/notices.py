@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -222,6 +223,8 @@ def end_notice(
     signal_failures: Sequence[str] = (),
     cli_installed: bool = True,
     write_errors: Mapping[str, Mapping[str, object]] | None = None,
+    cli: str = "otel-tunix",
+    trace_ids: bool = True,
 ) -> str:
     """The lines printed at ``shutdown()``. ``perfetto_left``: the command that makes the
     Perfetto trace that did not fit in the shutdown's budget; ``safety``: what was cleaned,
@@ -229,7 +232,10 @@ def end_notice(
     metric or log exporter that failed exports; ``cli_installed``: whether ``otel-tunix
     summary`` can run here (it needs the ``cli`` extra); ``write_errors``: per file of the
     run, the error and the records lost (``summary.json`` too, when it could not be
-    written: then this notice is where the counts are)."""
+    written: then this notice is where the counts are); ``cli``: how to run ``otel-tunix``
+    here (:func:`cli_command`); ``trace_ids``: whether the spans went where a trace id finds
+    them (a trace exporter or the application's provider), else the slowest steps are named
+    without one."""
     scopes = ", ".join(f"{s.scope} {s.steps} steps ({s.sampled_steps} recorded)" for s in sessions)
     lines = [f"otel-tunix: run {run_id} finished: {scopes or 'no steps'}"]
     problems = []
@@ -254,7 +260,7 @@ def end_notice(
         lines.append(f"  {said} (see summary.json)")
     if output_dir is not None and any(s.sampled_steps for s in sessions):
         needs = "" if cli_installed else "   (needs pip install 'otel-tunix[cli]')"
-        lines.append(f"  next: otel-tunix summary {output_dir}{needs}")
+        lines.append(f"  next: {cli} summary {output_dir}{needs}")
     trace = files.get("perfetto")
     if trace is not None:
         lines.append(f"        open {trace} in https://ui.perfetto.dev")
@@ -263,9 +269,34 @@ def end_notice(
     for scope, s in sorted(slowest.items()):
         lines.append(
             f"  slowest {scope} step: {s.step} ({s.step_time_sec * 1e3:.1f} ms"
-            f"{_where(s.attributes)}), trace id {_trace_hex(s.trace_id)}"
+            f"{_where(s.attributes)})"
+            + (f", trace id {_trace_hex(s.trace_id)}" if trace_ids else "")
         )
     return "\n".join(lines)
+
+
+_NO_TRACE_IDS = frozenset({"jsonl", "no exporter", "perfetto"})
+"""Span destinations of :func:`destinations` where nobody looks a trace id up."""
+
+
+def cli_command() -> str:
+    """How to run ``otel-tunix`` from the working folder: its name when the one on ``PATH``
+    is this environment's, else this environment's script (``.venv/bin/otel-tunix`` after
+    ``make demo``, relative to the working folder when it is under it), else ``python -m
+    otel_tunix.cli`` with this interpreter."""
+    script = Path(sys.executable).parent / "otel-tunix"
+    on_path = shutil.which("otel-tunix")
+    try:
+        if on_path is not None and script.is_file() and os.path.samefile(on_path, script):
+            return "otel-tunix"
+    except OSError:
+        pass
+    if script.is_file():
+        try:
+            return str(script.absolute().relative_to(Path.cwd()))
+        except (ValueError, OSError):
+            return str(script)
+    return "otel-tunix" if on_path else f"{sys.executable} -m otel_tunix.cli"
 
 
 def emit(text: str, settings: Settings, rank: int | None) -> None:
@@ -317,5 +348,7 @@ def at_shutdown(st: RunState, sessions: Sequence[ScopeSession]) -> None:
         signal_failures=failures(st.signal_export_stats),
         cli_installed=importlib.util.find_spec("rich") is not None,
         write_errors=own_write_errors(st),
+        cli=cli_command(),
+        trace_ids=any(d.signal == "spans" and d.name not in _NO_TRACE_IDS for d in st.destinations),
     )
     emit(text, st.settings, st.info.rank.rank)

@@ -105,11 +105,16 @@ def test_default_metrics_from_a_real_run(known_run: Path, spy_figures: list[Any]
     lines = drawn(fig)
     titles = [ax.get_title(loc="left") for ax in fig.axes]
     assert titles == ["loss", "eval/loss", "learning_rate", "perf/train/step_time_sec"]
-    xy = lines[("loss", "known-sleeps")]
+    # the legend names the run's service (configure(service_name=...)), not its run id
+    xy = lines[("loss", "analysis-test")]
     np.testing.assert_allclose(xy[:, 0], range(STEPS))
     np.testing.assert_allclose(xy[:, 1], [loss_at(n) for n in range(STEPS)])
-    step_times = lines[("perf/train/step_time_sec", "known-sleeps")][:, 1]
+    step_times = lines[("perf/train/step_time_sec", "analysis-test")][:, 1]
     assert len(step_times) == STEPS and (step_times >= 0.029).all()  # data + compute sleeps
+    # units on the y axes; a sparse series (two evaluations) drawn with a marker per point
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "loss", "", "seconds"]
+    (eval_line,) = fig.axes[1].lines
+    assert eval_line.get_marker() == "o" and len(eval_line.get_xdata()) <= 2
     assert_real_png(known_run / "metrics.png")
 
 
@@ -335,6 +340,44 @@ def test_fired_alerts_are_marked_on_their_metrics_panel(
     (text,) = rendered.figure.axes[0].texts
     assert times[3] - times[0] - 1e-6 <= text.xy[0] <= times[4] - times[0] + 1e-6
     assert text.xy[0] == pytest.approx(fired["time_ns"] / 1e9 - times[0])
+
+
+def test_many_alerts_on_a_panel_stay_readable(tmp_path: Path, spy_figures: list[Any]) -> None:
+    """Twelve firings on one panel: every one a line; the labels short, one under the other,
+    none overlapping another, none past the panel, the ones past the limit counted."""
+    import otel_tunix
+    from otel_tunix.metrics.alerts import ThresholdRule, above
+    from otel_tunix.testing import reset
+
+    reset()
+    rule = ThresholdRule("loss_high", ("loss",), warning=above(5.0), description="too high")
+    info = otel_tunix.configure(
+        output_dir=tmp_path / "run", alerts=[rule], system_metrics=False, console_interval=0
+    )
+    logger = otel_tunix.get_metrics_logger()
+    for n in range(48):  # high on every 4th step: 12 episodes
+        logger.log_dict({"loss": 9.0 if n % 4 == 1 else 2.0}, step=n)
+    otel_tunix.shutdown()
+    assert info.output_dir is not None
+    assert main(["plot", str(info.output_dir), "--metrics", "loss"]) == 0
+    (fig,) = spy_figures
+    (ax,) = fig.axes
+    marks = [ln for ln in ax.lines if ln.get_label().startswith("_")]
+    assert len(marks) == 12
+    shown = plotting.MAX_MARK_LABELS
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == [f"loss_high @ {4 * k + 1}" for k in range(shown)] + ["+6 more alerts"]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    panel = ax.get_window_extent(renderer)
+    for i, box in enumerate(boxes):
+        assert panel.y0 <= box.y0 and box.y1 <= panel.y1 + 1  # inside the panel's height
+        for other in boxes[i + 1 :]:
+            assert not box.overlaps(other)
 
 
 def test_alerts_file_beside_each_metrics_file() -> None:

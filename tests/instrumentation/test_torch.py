@@ -112,6 +112,80 @@ def test_dataloader_wait_is_a_component_and_delegates() -> None:
     assert all(s.attributes[attr.TIME_KIND] == attr.KIND_BUSY for s in loads)
 
 
+class _TimedDataset(torch.utils.data.Dataset):  # type: ignore[misc]
+    """Items that take a few ms to make, each timed by the dataset's own clock."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.made_ns: list[int] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        t = time.perf_counter_ns()
+        time.sleep(0.004)
+        self.made_ns.append(time.perf_counter_ns() - t)
+        return torch.full((2,), float(i))
+
+
+def test_the_usual_loop_gives_each_fetch_to_its_step(tmp_path: Any) -> None:
+    import json
+
+    from otel_tunix.analysis.breakdown import summarize
+    from otel_tunix.analysis.ledger import job_ledger
+
+    ds = _TimedDataset(6)
+    loader = ott.instrument_dataloader(torch.utils.data.DataLoader(ds, batch_size=2))
+    out = tmp_path / "run"
+    otel_tunix.configure(output_dir=out)
+    gaps = []  # the user's clock: from the end of a body to the start of the next
+    before = time.perf_counter_ns()
+    for n, _batch in enumerate(loader):  # the step opened inside the body
+        gaps.append(time.perf_counter_ns() - before)
+        with otel_tunix.step(n), otel_tunix.component("train_step_compute"):
+            time.sleep(0.002)
+        before = time.perf_counter_ns()
+    otel_tunix.shutdown()
+
+    lines = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x["type"] == "step"]
+    assert [x["step"] for x in steps] == [0, 1, 2]
+    made = [sum(ds.made_ns[2 * n : 2 * n + 2]) / 1e9 for n in range(3)]
+    for x, gap, own in zip(steps, gaps, made, strict=True):
+        load = x["components"]["train_data_load"]["busy_time_sec"]
+        # the fetch, inside the gap the user measured, holding the items the dataset made
+        assert own <= load <= gap / 1e9
+        compute = x["components"]["train_step_compute"]["busy_time_sec"]
+        assert x["step_time_sec"] >= load + compute  # the step starts at its fetch
+    loaded = sum(x["components"]["train_data_load"]["busy_time_sec"] for x in steps)
+    # in the summary, as a component of the step
+    (scope,) = summarize(out).scopes
+    assert "train_data_load" in [c.name for c in scope.components]
+    # and in the goodput ledger, as data stall
+    stall = job_ledger(out).goodput.badput_sec.get("data_stall", 0.0)
+    assert stall == pytest.approx(loaded, rel=1e-6, abs=1e-6)
+
+
+def test_a_step_given_its_start_or_opened_in_a_step_takes_no_fetch() -> None:
+    batches = _batches(4)
+    with capture() as cap:
+        it = iter(ott.instrument_dataloader(batches))
+        next(it)  # no step open: handed to the next step opened here
+        with otel_tunix.step(0, start_ns=time.perf_counter_ns()):  # its own start: not taken
+            pass
+        with otel_tunix.step(1):  # the hand-over was spent on step 0
+            pass
+        next(it)
+        with otel_tunix.step(2), otel_tunix.component("work"):
+            pass
+        with otel_tunix.step(3):
+            next(it)  # the classic loop: fetched inside the step
+        spans = cap.spans()
+    loads = sorted(s.attributes[attr.STEP] for s in spans if s.name == "train_data_load")
+    assert loads == [2, 3]
+
+
 @pytest.mark.slow
 def test_prefetching_loader_wait_is_blocked() -> None:
     ds = torch.utils.data.TensorDataset(torch.randn(8, 3))

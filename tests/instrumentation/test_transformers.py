@@ -71,6 +71,27 @@ def _parents(spans: list[Any]) -> dict[int, str | None]:
     return {s.context.span_id: by_id.get(s.parent.span_id) if s.parent else None for s in spans}
 
 
+def test_instrument_trainer_without_configure_configures_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "hf-run")
+    monkeypatch.setenv("OTEL_TUNIX_OUTPUT_DIR", str(tmp_path / "run"))
+    tr = otf.instrument_trainer(trainer(tmp_path, max_steps=2, eval_strategy="no"))
+    assert otel_tunix.current_run() is None  # nothing configured yet
+    tr.train()
+    run = otel_tunix.current_run()
+    assert run is not None and run.output_dir == tmp_path / "run"
+    otel_tunix.shutdown()
+    otf.uninstrument_trainer(tr)
+    otf.ott.uninstrument_model(tr.model)  # the callback instrumented it (torch's backward)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "spans.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x["type"] == "step" and x["scope"] == "train"]
+    assert [x["step"] for x in steps] == [0, 1]
+    assert lines[0]["resource"]["service.name"] == "hf-run"
+
+
 @pytest.mark.slow
 def test_trainer_steps_components_and_metrics(tmp_path: Path) -> None:
     with capture() as cap:

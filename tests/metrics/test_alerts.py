@@ -483,3 +483,25 @@ def test_watched_names_are_found_in_every_set_of_names_and_a_failed_route_is_ret
         e.log_rows([(10 + i, {f"made_up_{i}": 1.0, "kl": 0.01})])
         assert len(e._watched_by_names) <= 4
     assert [a.step for a in e.history][-1] == 10  # resolved at the first of them
+
+
+def test_one_slow_episode_is_one_alert_under_both_names_of_the_step_time():
+    # A trainer logs its own step time (step_time_sec) and the spans give the same
+    # quantity (perf/train/step_time_sec): one slow episode fires once and resolves once.
+    e = engine()
+    rng = np.random.default_rng(5)
+    times = [*(0.1 + rng.normal(0, 0.002, 60)), 0.3, 0.3, 0.3, 0.3, 0.1, 0.1]
+    said = []
+    for n, t in enumerate(times):
+        for name in ("step_time_sec", "perf/train/step_time_sec"):
+            said += [(n, a.metric, a.severity.name) for a in e.observe(name, t * 1.01, step=n)]
+    assert said == [(62, "step_time_sec", "WARNING"), (64, "perf/train/step_time_sec", "OK")]
+    # both series did fire and are back: the state is kept per name, only the saying is one
+    assert e.active() == {}
+    # another scope's step time is another quantity: its own alert
+    other = [
+        (n, a.metric)
+        for n, t in enumerate(times)
+        for a in e.observe("perf/eval/step_time_sec", t, step=n)
+    ]
+    assert other == [(62, "perf/eval/step_time_sec"), (64, "perf/eval/step_time_sec")]

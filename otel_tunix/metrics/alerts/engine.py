@@ -31,7 +31,7 @@ from otel_tunix.metrics.alerts.actions import (
     LogRecordAction,
     SpanEventAction,
 )
-from otel_tunix.model.alert_rules import Rule, Severity, _Window, default_rules
+from otel_tunix.model.alert_rules import SAME_QUANTITY, Rule, Severity, _Window, default_rules
 from otel_tunix.support.errors import ReportOnce
 
 __all__ = ["Alert", "AlertEngine"]
@@ -293,6 +293,8 @@ class AlertEngine(LoggingBackend):
         else:
             return None
         s.level = new
+        if self._said_already(rule, metric, new):
+            return None
         cond = rule.condition(new if new > Severity.OK else previous, hist)
         return Alert(
             rule=rule.name,
@@ -304,6 +306,18 @@ class AlertEngine(LoggingBackend):
             condition=cond,
             message=_message(rule, metric, v, step, new, previous, cond),
         )
+
+    def _said_already(self, rule: Rule, metric: str, new: Severity) -> bool:
+        """True when another name of the same quantity (:data:`SAME_QUANTITY`) already
+        says what this transition would: it fires at ``new`` or above, or (for a
+        resolution) still fires. One event, one alert."""
+        q = SAME_QUANTITY.get(metric, metric)
+        for (name, other), series in self._series.items():
+            if name != rule.name or other == metric or SAME_QUANTITY.get(other, other) != q:
+                continue
+            if series.level > Severity.OK and (new == Severity.OK or series.level >= new):
+                return True
+        return False
 
     def report(
         self,
