@@ -17,6 +17,7 @@ Quick start::
 from __future__ import annotations
 
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.metrics.profiling import capture_profile
 from otel_tunix.model.steps import ComponentTime, ScopeSession, SpanInfo, StepSummary
 from otel_tunix.pipeline.span_builder import FinishedStep
 from otel_tunix.recording.hot_path import (
@@ -58,6 +59,7 @@ __all__ = [
     "StepView",
     "Unrecorded",
     "__version__",
+    "capture_profile",
     "component",
     "configure",
     "current_run",

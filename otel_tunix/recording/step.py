@@ -134,6 +134,8 @@ class step:
                 self._token = _current.set(None)
                 stats.last_start_ns = start  # open till it ends (Runtime.step_open)
                 rt.unsampled_scope = self._scope
+                if rt.step_watch is not None:  # a profile capture pending or running
+                    rt.step_watch.step_started(self._scope, n, None)
                 return self
             rec = StepRecord(rt, self._scope, n, start)
             if timed_totals:  # the badput time of the steps not sampled before this one
@@ -145,6 +147,8 @@ class step:
             self._otel_token = attach_span(rec)
             rt.open_steps.append(rec)
             rt.last_step = rec
+            if rt.step_watch is not None:  # a profile capture pending or running
+                rt.step_watch.step_started(self._scope, n, rec)
         except Exception:  # never hurt the training loop
             self._record = None
             report_internal_error("step() (the step is not recorded)")
@@ -158,6 +162,9 @@ class step:
                 start = self._start_ns
                 _add_active_time(stats, end if start is None else start, end)
             rec = self._record
+            rt = _runtime
+            if stats is not None and rt is not None and rt.step_watch is not None:
+                rt.step_watch.step_ended(self._scope, self._n, rec)
             if rec is not None and rec.end_ns:  # abandoned: closed when the next step began
                 self._record = None  # its context is restored only where it is still on top
                 if self._token is not None and _current.get() is rec:
