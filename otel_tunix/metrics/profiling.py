@@ -162,11 +162,11 @@ class _JaxSession:
         self.path = path
         self._jax: Any = jax
         self._open: Any = None
-        path.mkdir(parents=True, exist_ok=True)
         try:
             jax.profiler.start_trace(str(path), create_perfetto_trace=True)
         except RuntimeError as exc:  # "Profile has already been started"
             raise _ProfilerBusy(str(exc)) from exc
+        path.mkdir(parents=True, exist_ok=True)
 
     def step_begin(self, scope: str, number: int, trace_id: str | None) -> None:
         kwargs = {"trace_id": trace_id} if trace_id else {}
@@ -250,10 +250,13 @@ class ProfileCaptures(StepWatch):
         *,
         reason: Mapping[str, Any] | None = None,
         from_alert: bool = False,
+        framework: str | None = None,
     ) -> str | None:
-        """Ask for a capture of the next ``steps`` steps (default: the run's). Returns its
-        path relative to the run folder, or ``None`` when it is skipped (counted in
-        :attr:`skipped`; an alert's while ``on_alert`` is off is not counted). Any thread."""
+        """Ask for a capture of the next ``steps`` steps (default: the run's) with
+        ``framework``'s profiler (default: the run's, else the one imported, torch first).
+        Returns its path relative to the run folder, or ``None`` when it is skipped (counted
+        in :attr:`skipped`; an alert's while ``on_alert`` is off is not counted). Any
+        thread."""
         if from_alert and not self.on_alert:
             return None
         with self._lock:
@@ -261,7 +264,7 @@ class ProfileCaptures(StepWatch):
             if why is not None:
                 self.skipped[why] += 1
                 return None
-            framework = self.framework or _framework()
+            framework = framework or self.framework or _framework()
             if framework is None:
                 self.skipped["no_profiler"] += 1
                 return None
@@ -440,13 +443,17 @@ def _label(reason: Mapping[str, Any] | None) -> str:
     return f"-{text}" + (f"-step{step}" if isinstance(step, int) else "")
 
 
-def capture_profile(steps: int | None = None) -> str | None:
+def capture_profile(steps: int | None = None, *, framework: str | None = None) -> str | None:
     """Profile the next ``steps`` steps of this rank (default ``OTEL_TUNIX_PROFILE_STEPS``)
     with the framework's profiler, from the next step that starts.
 
+    ``framework``: ``"torch"`` or ``"jax"``; default: torch's profiler when torch is
+    imported, else JAX's.
+
     Returns the capture's path relative to the run folder, or ``None`` when none will be
     made (no run, no run folder, a capture already pending or running, no torch or JAX
-    imported): counted in ``summary.json``'s ``profiles``. Never raises.
+    imported): counted in ``summary.json``'s ``profiles``. Raises only for a
+    ``framework`` that is neither.
     """
     run = get_current()
     profiles = getattr(run, "profiles", None) if run is not None else None
@@ -457,4 +464,8 @@ def capture_profile(steps: int | None = None) -> str | None:
             logger=_logger,
         )
         return None
-    return profiles.request(steps, reason={"requested": "code", "time_ns": time.time_ns()})
+    if framework not in (None, "torch", "jax"):
+        raise ValueError(f"capture_profile(framework=): 'torch' or 'jax', not {framework!r}")
+    return profiles.request(
+        steps, reason={"requested": "code", "time_ns": time.time_ns()}, framework=framework
+    )

@@ -1,0 +1,224 @@
+"""Profile captures (issue #39): an alert, or ``capture_profile()``, profiles the next steps
+with the framework's real profiler (torch CPU activities; JAX on CPU), linked both ways with
+the steps' OTel trace ids, capped, cooled down, never beside another profiler.
+
+Which step is slow is the test's own bookkeeping: the loop logs a flag that the rule
+watches, so no verdict depends on how fast this machine runs a step.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from run_files import RunFolder, read_jsonl
+
+import otel_tunix
+from otel_tunix.metrics.alerts import ThresholdRule, above
+from otel_tunix.metrics.profiling import PROFILE_PATH
+
+torch = pytest.importorskip("torch")
+
+RULE = ThresholdRule("slow_step", ("slow_step",), warning=above(0.5))
+"""Fires on the step the loop flags (1.0), resolves on the next (0.0)."""
+
+
+def _loop(steps: int, slow: set[int], before: Callable[[int], None] | None = None) -> None:
+    """``steps`` steps of a small torch computation; a step in ``slow`` sleeps and flags
+    itself, which fires :data:`RULE` inside that step."""
+    a = torch.randn(64, 64)
+    for i in range(steps):
+        if before is not None:
+            before(i)
+        with otel_tunix.step(i):
+            (a @ a).sum().item()
+            if i in slow:
+                time.sleep(0.05)
+            otel_tunix.log({"slow_step": 1.0 if i in slow else 0.0}, step=i)
+
+
+def _spans_by_step(run: RunFolder) -> dict[int, dict[str, Any]]:
+    return {s["step"]: s for s in run.steps()}
+
+
+@pytest.fixture
+def profile_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    monkeypatch.setenv("OTEL_TUNIX_PROFILE_STEPS", "3")
+    yield monkeypatch
+
+
+def test_one_slow_step_gets_one_capture_of_the_steps_after_it(
+    local_run: Callable[..., RunFolder], profile_env: pytest.MonkeyPatch
+) -> None:
+    run = local_run(alerts=[RULE])
+    _loop(10, slow={4})
+    otel_tunix.shutdown()
+
+    files = sorted((run.path / "profiles").iterdir())
+    assert [f.name for f in files] == ["capture-1-slow_step-step4.pt.trace.json"]
+    rel = "profiles/capture-1-slow_step-step4.pt.trace.json"
+    spans = _spans_by_step(run)
+    profiled = [n for n, s in sorted(spans.items()) if PROFILE_PATH in s.get("attributes", {})]
+    assert profiled == [5, 6, 7]
+    assert {spans[n]["attributes"][PROFILE_PATH] for n in profiled} == {rel}
+
+    # The profiler's own file, read as the Chrome trace JSON it is.
+    trace = json.loads(files[0].read_text())
+    assert trace["trace_id"] == spans[5]["trace_id"]  # custom_trace_id_callback
+    meta = trace["otel_tunix"]
+    assert meta["steps"] == [5, 6, 7]
+    assert meta["trace_ids"] == [spans[n]["trace_id"] for n in (5, 6, 7)]
+    names = {e.get("name") for e in trace["traceEvents"]}
+    for n in (5, 6, 7):  # each step an annotation carrying its trace id
+        assert f"train_step {n} trace_id={spans[n]['trace_id']}" in names
+    assert not any(str(name).startswith("train_step 4 ") for name in names)
+
+    fired = [a for a in read_jsonl(run.path / "alerts.jsonl") if a["tunix.alert.severity"] != "ok"]
+    assert len(fired) == 1 and fired[0]["tunix.alert.step"] == 4
+    assert fired[0][PROFILE_PATH] == rel
+
+    profiles = run.summary()["profiles"]
+    assert profiles["skipped"] == {}
+    (cap,) = profiles["captures"]
+    assert cap["path"] == rel and cap["status"] == "written" and cap["steps"] == [5, 6, 7]
+    assert cap["reason"]["rule"] == "slow_step" and cap["reason"]["step"] == 4
+    assert cap["trace_ids"] == meta["trace_ids"]
+
+
+def test_cap_and_cooldown_count_what_they_skip(
+    local_run: Callable[..., RunFolder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_TUNIX_PROFILE_STEPS", "2")
+    monkeypatch.setenv("OTEL_TUNIX_PROFILE_MAX_CAPTURES", "2")
+    monkeypatch.setenv("OTEL_TUNIX_PROFILE_COOLDOWN_STEPS", "5")
+    run = local_run(alerts=[RULE])
+    # 2: captured (3, 4; ends with 5 steps begun); 6: 2 steps later, in the cooldown;
+    # 12: captured (13, 14); 20: past the cap of 2.
+    _loop(24, slow={2, 6, 12, 20})
+    otel_tunix.shutdown()
+
+    profiles = run.summary()["profiles"]
+    assert [c["steps"] for c in profiles["captures"]] == [[3, 4], [13, 14]]
+    assert [c["reason"]["step"] for c in profiles["captures"]] == [2, 12]
+    assert profiles["skipped"] == {"cooldown": 1, "max_captures": 1}
+    assert len(list((run.path / "profiles").iterdir())) == 2
+    named = [a.get(PROFILE_PATH) for a in read_jsonl(run.path / "alerts.jsonl")]
+    assert [p for p in named if p] == [c["path"] for c in profiles["captures"]]
+
+
+def test_profile_on_alert_false_captures_nothing(
+    local_run: Callable[..., RunFolder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_TUNIX_PROFILE_ON_ALERT", "false")
+    run = local_run(alerts=[RULE])
+    _loop(6, slow={1})
+    otel_tunix.shutdown()
+
+    assert not (run.path / "profiles").exists()
+    assert all(PROFILE_PATH not in a for a in read_jsonl(run.path / "alerts.jsonl"))
+    assert run.summary()["profiles"] == {"captures": [], "skipped": {}}
+    assert all(PROFILE_PATH not in s.get("attributes", {}) for s in run.steps())
+
+
+def test_a_running_profiler_is_left_alone(
+    local_run: Callable[..., RunFolder], profile_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    run = local_run(alerts=[RULE])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as theirs:
+        _loop(6, slow={1})
+    theirs.export_chrome_trace(str(tmp_path / "theirs.json"))  # still whole and usable
+    otel_tunix.shutdown()
+
+    assert json.loads((tmp_path / "theirs.json").read_text())["traceEvents"]
+    profiles = run.summary()["profiles"]
+    assert profiles["skipped"] == {"profiler_busy": 1}
+    assert [c["status"] for c in profiles["captures"]] == ["skipped"]
+    assert not (run.path / "profiles").exists()
+    assert all(PROFILE_PATH not in s.get("attributes", {}) for s in run.steps())
+
+
+def test_capture_profile_from_code(local_run: Callable[..., RunFolder]) -> None:
+    run = local_run(alerts=False)
+    asked: list[str | None] = []
+
+    def before(i: int) -> None:
+        if i == 3:
+            asked.append(otel_tunix.capture_profile(steps=2))
+            asked.append(otel_tunix.capture_profile(steps=2))  # one pending already
+
+    _loop(8, slow=set(), before=before)
+    otel_tunix.shutdown()
+
+    assert asked == ["profiles/capture-1.pt.trace.json", None]
+    spans = _spans_by_step(run)
+    profiled = [n for n, s in sorted(spans.items()) if PROFILE_PATH in s.get("attributes", {})]
+    assert profiled == [3, 4]
+    trace = json.loads((run.path / asked[0]).read_text())
+    assert trace["trace_id"] == spans[3]["trace_id"]
+    profiles = run.summary()["profiles"]
+    assert profiles["skipped"] == {"capture_running": 1}
+    assert profiles["captures"][0]["reason"]["requested"] == "code"
+
+
+def test_capture_still_running_at_shutdown_is_written(
+    local_run: Callable[..., RunFolder],
+) -> None:
+    run = local_run(alerts=False)
+    _loop(2, slow=set(), before=lambda i: otel_tunix.capture_profile(steps=5) and None)
+    otel_tunix.shutdown()
+
+    (cap,) = run.summary()["profiles"]["captures"]
+    assert cap["status"] == "written" and cap["steps"] == [0, 1]
+    assert json.loads((run.path / cap["path"]).read_text())["otel_tunix"]["steps"] == [0, 1]
+
+
+def test_jax_capture_carries_the_trace_ids(local_run: Callable[..., RunFolder]) -> None:
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    run = local_run(alerts=False)
+    f = jax.jit(lambda x: x @ x)
+    for i in range(5):
+        if i == 1:  # torch is imported in this process too: JAX's profiler by name
+            assert otel_tunix.capture_profile(steps=2, framework="jax") == "profiles/capture-1"
+        with otel_tunix.step(i):
+            f(jnp.ones((32, 32))).block_until_ready()
+    otel_tunix.shutdown()
+
+    spans = _spans_by_step(run)
+    folder = run.path / "profiles" / "capture-1"
+    (perfetto,) = folder.rglob("perfetto_trace.json.gz")
+    events = json.loads(gzip.decompress(perfetto.read_bytes()))["traceEvents"]
+    steps = {
+        int(e["args"]["step_num"]): e["args"]["trace_id"]
+        for e in events
+        if e.get("name") == "train_step"
+    }
+    assert steps == {n: spans[n]["trace_id"] for n in (1, 2)}
+    assert json.loads((folder / "otel_tunix.json").read_text())["steps"] == [1, 2]
+    assert spans[1]["attributes"][PROFILE_PATH] == "profiles/capture-1"
+    assert PROFILE_PATH not in spans[3].get("attributes", {})
+
+
+def test_jax_trace_already_running_is_left_alone(
+    local_run: Callable[..., RunFolder], tmp_path: Path
+) -> None:
+    jax = pytest.importorskip("jax")
+
+    run = local_run(alerts=False)
+    jax.profiler.start_trace(str(tmp_path / "theirs"))
+    try:
+        assert otel_tunix.capture_profile(steps=1, framework="jax") == "profiles/capture-1"
+        with otel_tunix.step(0):
+            pass
+    finally:
+        jax.profiler.stop_trace()  # theirs, still running: ours did not stop it
+    otel_tunix.shutdown()
+
+    assert run.summary()["profiles"]["skipped"] == {"profiler_busy": 1}
+    assert not (run.path / "profiles").exists()
