@@ -18,10 +18,12 @@ The streaming readers are in :mod:`otel_tunix.analysis.accumulate`; the terminal
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -166,6 +168,9 @@ class RunSummary:
     runs: list[str] = field(default_factory=list)
     """Every run folder under ``source``, oldest first, when it is a folder holding more than
     one run (the one read is the folder of ``files``); else empty."""
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    """The profile captures of the run (``summary.json``'s ``profiles``, each with its
+    ``rank``): path, steps, trace ids, status and why (the alert, or ``capture_profile()``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -188,6 +193,7 @@ class RunSummary:
             "slowest_ranks": self.slowest_ranks,
             "notes": self.notes,
             "bad_lines": self.bad_lines,
+            "profiles": self.profiles,
         }
 
 
@@ -429,4 +435,21 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         bad_lines=bad,
         run_ids=sorted({f.run_id for f in files if f.run_id}),
         runs=[str(r) for r in runs] if len(runs) > 1 else [],
+        profiles=profile_captures(paths),
     )
+
+
+def profile_captures(spans_files: Sequence[Path]) -> list[dict[str, Any]]:
+    """The profile captures listed by the ``summary[-rank<N>].json`` beside each spans
+    file, each with its ``rank`` (a missing or unreadable summary lists none)."""
+    out: list[dict[str, Any]] = []
+    for path in spans_files:
+        rank = spans_rank(path)
+        name = "summary.json" if rank is None else f"summary-rank{rank}.json"
+        try:
+            data = json.loads((path.parent / name).read_text())
+            captures = data.get("profiles", {}).get("captures", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        out.extend({"rank": rank, **c} for c in captures if isinstance(c, dict))
+    return out

@@ -19,6 +19,7 @@ import pytest
 from run_files import RunFolder, read_jsonl
 
 import otel_tunix
+from otel_tunix.cli import main
 from otel_tunix.metrics.alerts import ThresholdRule, above
 from otel_tunix.metrics.profiling import PROFILE_PATH
 
@@ -53,7 +54,9 @@ def profile_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]
 
 
 def test_one_slow_step_gets_one_capture_of_the_steps_after_it(
-    local_run: Callable[..., RunFolder], profile_env: pytest.MonkeyPatch
+    local_run: Callable[..., RunFolder],
+    profile_env: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     run = local_run(alerts=[RULE])
     _loop(10, slow={4})
@@ -88,6 +91,17 @@ def test_one_slow_step_gets_one_capture_of_the_steps_after_it(
     assert cap["path"] == rel and cap["status"] == "written" and cap["steps"] == [5, 6, 7]
     assert cap["reason"]["rule"] == "slow_step" and cap["reason"]["step"] == 4
     assert cap["trace_ids"] == meta["trace_ids"]
+
+    # `otel-tunix summary` lists the capture with the alert that asked for it.
+    assert main(["summary", str(run.path), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["profiles"]
+    assert listed == [{"rank": None, **cap}]
+    assert main(["summary", str(run.path)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        f"Profile captures: 1 (paths relative to the run folder) {rel}: train steps 5-7, "
+        "asked by slow_step at step 4 (written)"
+    ) in text
 
 
 def test_cap_and_cooldown_count_what_they_skip(
