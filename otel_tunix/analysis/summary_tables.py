@@ -203,9 +203,9 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             asked = f"{why.get('rule')} at step {why.get('step')}" if "rule" in why else "code"
             steps = p.get("steps") or []
             covers = f"{p.get('scope')} steps {steps[0]}-{steps[-1]}" if steps else "no step"
-            rank = f"rank {p['rank']}: " if p.get("rank") is not None else ""
+            on_rank = f"rank {p['rank']}: " if p.get("rank") is not None else ""
             con.print(
-                f"  {rank}{p.get('path', '')}: {covers}, asked by {asked} ({p.get('status', '')})",
+                f"  {on_rank}{p.get('path', '')}: {covers}, asked by {asked} ({p.get('status', '')})",
                 soft_wrap=True,
             )
     for n in [*summary.notes, *g.notes]:
