@@ -204,8 +204,9 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             steps = p.get("steps") or []
             covers = f"{p.get('scope')} steps {steps[0]}-{steps[-1]}" if steps else "no step"
             on_rank = f"rank {p['rank']}: " if p.get("rank") is not None else ""
+            status = p.get("status", "")
             con.print(
-                f"  {on_rank}{p.get('path', '')}: {covers}, asked by {asked} ({p.get('status', '')})",
+                f"  {on_rank}{p.get('path', '')}: {covers}, asked by {asked} ({status})",
                 soft_wrap=True,
             )
     for n in [*summary.notes, *g.notes]:
