@@ -236,3 +236,25 @@ def test_jax_trace_already_running_is_left_alone(
 
     assert run.summary()["profiles"]["skipped"] == {"profiler_busy": 1}
     assert not (run.path / "profiles").exists()
+
+
+def test_the_alerts_log_record_and_span_event_name_the_capture(
+    local_run: Callable[..., RunFolder], profile_env: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    exporter = InMemoryLogRecordExporter()
+    lp = LoggerProvider()
+    lp.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+    run = local_run(alerts=[RULE], logger_provider=lp)
+    _loop(6, slow={1})
+    otel_tunix.shutdown()
+
+    rel = "profiles/capture-1-slow_step-step1.pt.trace.json"
+    fired, resolved = (r.log_record for r in exporter.get_finished_logs())
+    assert fired.attributes is not None and fired.attributes[PROFILE_PATH] == rel
+    assert resolved.attributes is not None and PROFILE_PATH not in resolved.attributes
+    spans = _spans_by_step(run)
+    assert fired.trace_id == int(spans[1]["trace_id"], 16)  # logged inside step 1
+    assert (run.path / rel).is_file()
