@@ -258,3 +258,14 @@ def test_the_alerts_log_record_and_span_event_name_the_capture(
     spans = _spans_by_step(run)
     assert fired.trace_id == int(spans[1]["trace_id"], 16)  # logged inside step 1
     assert (run.path / rel).is_file()
+
+
+def test_a_rule_can_opt_out(local_run: Callable[..., RunFolder]) -> None:
+    quiet = ThresholdRule("slow_step", ("slow_step",), warning=above(0.5), profile=False)
+    run = local_run(alerts=[quiet])
+    _loop(5, slow={1})
+    otel_tunix.shutdown()
+
+    assert len(read_jsonl(run.path / "alerts.jsonl")) == 2  # fired and resolved
+    assert run.summary()["profiles"] == {"captures": [], "skipped": {}}
+    assert not (run.path / "profiles").exists()

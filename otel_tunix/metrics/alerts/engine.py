@@ -229,7 +229,7 @@ class AlertEngine(LoggingBackend):
                     for rule, series in rules:
                         alert = self._evaluate(rule, series, name, v, step)
                         if alert is not None:
-                            if alert.fired and self.profiles is not None:
+                            if alert.fired and self.profiles is not None and rule.profile:
                                 alert = self._with_profile(alert)
                             out.append(alert)
                             self.history.append(alert)
