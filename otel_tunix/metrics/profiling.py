@@ -29,24 +29,35 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from otel_tunix.pipeline.step_sinks import StepSink
 from otel_tunix.recording.current_run import get_current
 from otel_tunix.recording.step_record import Runtime, StepRecord, StepWatch
 from otel_tunix.support.errors import raise_internal_errors, warn_once
 
 __all__ = [
     "PROFILE_PATH",
+    "TRIGGER_FILE",
     "Capture",
     "ProfileCaptures",
+    "ProfileFileTrigger",
     "capture_profile",
     "profiler_running",
 ]
 
+if TYPE_CHECKING:
+    from otel_tunix.pipeline.span_builder import FinishedStep
+
 _logger = logging.getLogger(__name__)
+
+TRIGGER_FILE = "capture_profile"
+"""A file of this name made (or touched) in the run folder asks every rank of the run for a
+capture; ``capture_profile-rank<N>`` asks rank N only. Its text, when a number, is the
+steps to capture."""
 
 PROFILE_PATH = "tunix.profile.path"
 """The attribute, on a profiled step's span and on the alert that asked for the capture:
@@ -432,6 +443,54 @@ class ProfileCaptures(StepWatch):
                 "captures": [c.to_json() for c in self.captures if c.status != "pending"],
                 "skipped": dict(sorted(self.skipped.items())),
             }
+
+
+class ProfileFileTrigger(StepSink):
+    """Asks for a capture when :data:`TRIGGER_FILE` (or this rank's ``-rank<N>`` one) in the
+    run folder is newer than the last one acted on: a running job profiled without touching
+    its code (``touch <run folder>/capture_profile``). Looked at on otel-tunix's worker
+    each time it processes a batch of sampled steps (a ``stat`` per file, about every
+    ``OTEL_TUNIX_PROCESS_INTERVAL_MS`` while steps come); the file is left in place, so
+    that every rank sees it.
+
+    Args:
+        profiles: The run's captures.
+        run_dir: The run folder.
+        rank_suffix: This rank's file-name suffix (``-rank<N>`` in a job of several ranks,
+            else empty: the one file).
+    """
+
+    def __init__(self, profiles: ProfileCaptures, run_dir: Path, rank_suffix: str = "") -> None:
+        self.profiles = profiles
+        self.paths = [run_dir / TRIGGER_FILE]
+        if rank_suffix:
+            self.paths.append(run_dir / f"{TRIGGER_FILE}{rank_suffix}")
+        self._seen = {p: _mtime(p) for p in self.paths}
+        """The modification time of each file acted on (files there before the run are
+        not requests)."""
+
+    def on_finished_steps(self, steps: Sequence[FinishedStep]) -> None:
+        for path in self.paths:
+            mtime = _mtime(path)
+            if mtime <= self._seen[path]:
+                continue
+            self._seen[path] = mtime
+            try:
+                text = path.read_text(errors="replace").strip()[:20]
+            except OSError:
+                text = ""
+            n = int(text) if text.isdigit() and int(text) > 0 else None
+            self.profiles.request(
+                n, reason={"requested": "file", "file": path.name, "time_ns": time.time_ns()}
+            )
+
+
+def _mtime(path: Path) -> int:
+    """The file's modification time (ns); 0 when there is none."""
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _label(reason: Mapping[str, Any] | None) -> str:

@@ -30,7 +30,7 @@ from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, D
 from otel_tunix.logger.live_line import LiveLine
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
 from otel_tunix.metrics.alerts import AlertEngine
-from otel_tunix.metrics.profiling import ProfileCaptures
+from otel_tunix.metrics.profiling import ProfileCaptures, ProfileFileTrigger
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.model.job import JobInfo
 from otel_tunix.model.resource import RankInfo
@@ -343,6 +343,7 @@ def assemble(
         )
         if engine is not None:
             engine.profiles = state.profiles
+        consumers.add(ProfileFileTrigger(state.profiles, out_dir, rank.file_suffix))
     meter = mp.get_meter(cfg.otel_scope, __version__)
 
     parts: list[Part] = [

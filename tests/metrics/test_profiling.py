@@ -269,3 +269,31 @@ def test_a_rule_can_opt_out(local_run: Callable[..., RunFolder]) -> None:
     assert len(read_jsonl(run.path / "alerts.jsonl")) == 2  # fired and resolved
     assert run.summary()["profiles"] == {"captures": [], "skipped": {}}
     assert not (run.path / "profiles").exists()
+
+
+def test_a_file_in_the_run_folder_asks_a_running_job(
+    local_run: Callable[..., RunFolder],
+) -> None:
+    run = local_run(alerts=False)
+    stale = run.path / "capture_profile-old"  # another name: no request
+    stale.write_text("")
+
+    def before(i: int) -> None:
+        if i == 2:
+            (run.path / "capture_profile").write_text("2\n")
+        if i == 3:
+            assert otel_tunix.force_flush()
+
+    _loop(8, slow=set(), before=before)
+    otel_tunix.shutdown()
+
+    (cap,) = run.summary()["profiles"]["captures"]
+    assert cap["reason"]["requested"] == "file" and cap["reason"]["file"] == "capture_profile"
+    # Made before step 2 opened, seen by the worker at its next batch (which may hold step
+    # 1, processed late), at the latest at the flush before step 3: capture from there.
+    assert cap["steps"] in ([2, 3], [3, 4])
+    assert cap["status"] == "written"
+    spans = _spans_by_step(run)
+    profiled = [n for n, s in sorted(spans.items()) if PROFILE_PATH in s.get("attributes", {})]
+    assert profiled == cap["steps"]
+    assert (run.path / "capture_profile").exists()  # left for the other ranks
