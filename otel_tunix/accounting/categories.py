@@ -40,6 +40,7 @@ __all__ = [
     "OTHER",
     "PRECEDENCE",
     "PRODUCTIVE",
+    "PROFILING",
     "RESTART_GAP",
     "ROLLOUT_WAIT",
     "WASTED_PROGRESS",
@@ -61,6 +62,7 @@ CHECKPOINT_RESTORE: Final = "checkpoint_restore"
 EVALUATION: Final = "evaluation"
 ROLLOUT_WAIT: Final = "rollout_wait"
 WEIGHT_SYNC: Final = "weight_sync"
+PROFILING: Final = "profiling"
 WASTED_PROGRESS: Final = "wasted_progress"
 RESTART_GAP: Final = "restart_gap"
 OTHER: Final = "other"
@@ -74,6 +76,7 @@ BADPUT: Final = (
     EVALUATION,
     ROLLOUT_WAIT,
     WEIGHT_SYNC,
+    PROFILING,
     WASTED_PROGRESS,
     RESTART_GAP,
     OTHER,
@@ -87,6 +90,7 @@ PRECEDENCE: Final = (
     COMPILATION,
     INITIALIZATION,
     WEIGHT_SYNC,
+    PROFILING,
     PRODUCTIVE,
     ROLLOUT_WAIT,
     DATA_STALL,

@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from otel_tunix.accounting.categories import PROFILING
 from otel_tunix.pipeline.step_sinks import StepSink
 from otel_tunix.recording.current_run import get_current
+from otel_tunix.recording.hot_path import now_ns, record_component
 from otel_tunix.recording.step_record import Runtime, StepRecord, StepWatch
 from otel_tunix.support.errors import raise_internal_errors, warn_once
 
@@ -62,6 +64,11 @@ steps to capture."""
 PROFILE_PATH = "tunix.profile.path"
 """The attribute, on a profiled step's span and on the alert that asked for the capture:
 the capture's path relative to the run folder."""
+
+PROFILER_START = "profiler_start"
+PROFILER_STOP = "profiler_stop"
+"""The components of a profiled step that start and stop the profiler (the stop writes the
+file): goodput category ``profiling``."""
 
 PROFILES_DIR = "profiles"
 """The run folder's subfolder of the captures."""
@@ -347,11 +354,15 @@ class ProfileCaptures(StepWatch):
         self._thread = threading.get_ident()
         self._done = 0
         path = self.run_dir / cap.path
+        t0 = now_ns()
         try:
-            if cap.framework == "torch":
-                self._session = _TorchSession(path, trace_id)
-            else:
-                self._session = _JaxSession(path)
+            try:
+                if cap.framework == "torch":
+                    self._session = _TorchSession(path, trace_id)
+                else:
+                    self._session = _JaxSession(path)
+            finally:
+                record_component(PROFILER_START, t0, now_ns(), category=PROFILING)
         except _ProfilerBusy as exc:
             cap.status, cap.error = "skipped", str(exc)
             self._finish(cap, "profiler_busy")
@@ -373,7 +384,11 @@ class ProfileCaptures(StepWatch):
             return
         self._done += 1
         if self._done >= cap.steps:
-            self._stop(cap)
+            t0 = now_ns()
+            try:
+                self._stop(cap)
+            finally:  # in the step: the file written is the profiled step's cost too
+                record_component(PROFILER_STOP, t0, now_ns(), category=PROFILING)
 
     def _stop(self, cap: Capture) -> None:
         meta = {

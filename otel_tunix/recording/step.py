@@ -155,6 +155,12 @@ class step:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        rt = _runtime
+        if rt is not None and rt.step_watch is not None and self._stats is not None:
+            try:  # a profile capture running: its work at the step's end is in the step
+                rt.step_watch.step_ended(self._scope, self._n, self._record)
+            except Exception:
+                report_internal_error("a step watch at the step's end")
         end = _clock()
         try:
             stats = self._stats
@@ -162,9 +168,6 @@ class step:
                 start = self._start_ns
                 _add_active_time(stats, end if start is None else start, end)
             rec = self._record
-            rt = _runtime
-            if stats is not None and rt is not None and rt.step_watch is not None:
-                rt.step_watch.step_ended(self._scope, self._n, rec)
             if rec is not None and rec.end_ns:  # abandoned: closed when the next step began
                 self._record = None  # its context is restored only where it is still on top
                 if self._token is not None and _current.get() is rec:

@@ -267,8 +267,9 @@ class StepWatch:
         """Step ``number`` of ``scope`` has started (after its start time was read)."""
 
     def step_ended(self, scope: str, number: int, rec: StepRecord | None) -> None:
-        """The step has ended (after its end time was read, before it goes to the
-        pipeline: attributes set on ``rec`` go on its span)."""
+        """The step is ending: called before its end time is read, the step still open
+        in the calling context (what is done here is in the step's time; components
+        recorded here are the step's; attributes set on ``rec`` go on its span)."""
 
 
 class Runtime:

@@ -92,10 +92,24 @@ def test_one_slow_step_gets_one_capture_of_the_steps_after_it(
     assert cap["reason"]["rule"] == "slow_step" and cap["reason"]["step"] == 4
     assert cap["trace_ids"] == meta["trace_ids"]
 
+    # Starting the profiler (first profiled step) and stopping it (last) are components of
+    # those steps, category profiling, and the ledger counts their time as such.
+    assert [s["name"] for s in spans[5]["spans"]] == ["profiler_start"]
+    assert [s["name"] for s in spans[7]["spans"]] == ["profiler_stop"]
+    assert spans[6]["spans"] == [] and spans[4]["spans"] == []
+    costs = [s for n in (5, 7) for s in spans[n]["spans"]]
+    assert {s["category"] for s in costs} == {"profiling"}
+    took = sum(s["end_ns"] - s["start_ns"] for s in costs) * 1e-9
+    goodput = run.summary()["goodput"]
+    assert goodput["badput_sec"]["profiling"] == pytest.approx(took, rel=1e-6)
+    assert goodput["scopes"]["train"]["profiling"] == pytest.approx(took, rel=1e-6)
+
     # `otel-tunix summary` lists the capture with the alert that asked for it.
     assert main(["summary", str(run.path), "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)["profiles"]
-    assert listed == [{"rank": None, **cap}]
+    offline = json.loads(capsys.readouterr().out)
+    assert offline["profiles"] == [{"rank": None, **cap}]
+    # the offline ledger, from spans.jsonl, counts the same profiling time
+    assert offline["goodput"]["badput_sec"]["profiling"] == pytest.approx(took, rel=1e-6)
     assert main(["summary", str(run.path)]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert (
