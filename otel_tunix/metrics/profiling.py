@@ -260,6 +260,19 @@ class ProfileCaptures(StepWatch):
         self._ended_at: tuple[str, int] | None = None
         """The scope and its step count when the last capture ended (the cooldown)."""
         self._closed = False
+        self.profiled: dict[str, frozenset[int]] = {}
+        """Per scope, the numbers of its steps that were profiled (a new frozenset each
+        time one is added: read without the lock by the alert engine)."""
+
+    def profiled_value(self, metric: str, step: int | None) -> bool:
+        """Whether ``metric`` at ``step`` is one of otel-tunix's timings (``perf/<scope>/...``)
+        of a profiled step of that scope: slowed by the profiler, so no rule sees it."""
+        if step is None or not metric.startswith("perf/"):
+            return False
+        for scope, steps in self.profiled.items():
+            if step in steps and metric.startswith(f"{scope}/", 5):
+                return True
+        return False
 
     # --- asking ---------------------------------------------------------------------------
     def request(
@@ -333,6 +346,7 @@ class ProfileCaptures(StepWatch):
         if cap.scope != scope or self._thread != threading.get_ident():
             return
         cap.step_numbers.append(number)
+        self.profiled = {**self.profiled, scope: self.profiled.get(scope, frozenset()) | {number}}
         if trace_id is not None and rec is not None:
             cap.trace_ids.append(trace_id)
             rec.attributes[PROFILE_PATH] = cap.path

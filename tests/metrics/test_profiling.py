@@ -11,7 +11,8 @@ from __future__ import annotations
 import gzip
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from run_files import RunFolder, read_jsonl
 
 import otel_tunix
 from otel_tunix.cli import main
-from otel_tunix.metrics.alerts import ThresholdRule, above
+from otel_tunix.metrics.alerts import Severity, ThresholdRule, above
 from otel_tunix.metrics.profiling import PROFILE_PATH
 
 torch = pytest.importorskip("torch")
@@ -311,3 +312,41 @@ def test_a_file_in_the_run_folder_asks_a_running_job(
     profiled = [n for n, s in sorted(spans.items()) if PROFILE_PATH in s.get("attributes", {})]
     assert profiled == cap["steps"]
     assert (run.path / "capture_profile").exists()  # left for the other ranks
+
+
+SEEN: list[tuple[str, float]] = []
+"""What :class:`_Watching` was given, in order (the test's own record)."""
+
+
+@dataclass(frozen=True)
+class _Watching(ThresholdRule):
+    """A threshold rule that writes down every value it is given."""
+
+    def level(self, value: float, history: Sequence[float]) -> Severity:
+        SEEN.append((self.name, value))
+        return super().level(value, history)
+
+
+def test_no_rule_sees_the_timings_of_the_profiled_steps(
+    local_run: Callable[..., RunFolder],
+) -> None:
+    SEEN.clear()
+    watching = _Watching("watch", ("perf/train/step_time_sec",), warning=above(1e9))
+    run = local_run(alerts=[watching])
+
+    def before(i: int) -> None:
+        if i == 3:
+            otel_tunix.capture_profile(steps=2)
+
+    _loop(8, slow=set(), before=before)
+    otel_tunix.shutdown()
+
+    (cap,) = run.summary()["profiles"]["captures"]
+    assert cap["steps"] == [3, 4]
+    logged = {
+        m["step"]: m["metrics"]["perf/train/step_time_sec"]
+        for m in run.metrics()
+        if "perf/train/step_time_sec" in m.get("metrics", {})
+    }
+    assert sorted(logged) == list(range(8))  # logged as ever: only the rules skip them
+    assert [v for _, v in SEEN] == [logged[n] for n in (0, 1, 2, 5, 6, 7)]

@@ -222,8 +222,12 @@ class AlertEngine(LoggingBackend):
         """Evaluate these ``(name, value, step, rules)`` under one lock; act on the
         transitions afterwards and return them."""
         out: list[Alert] = []
+        prof = self.profiles
+        skip = prof.profiled_value if prof is not None and prof.profiled else None
         with self._lock:
             for name, value, step, rules in watched:
+                if skip is not None and skip(name, step):
+                    continue  # a profiled step's timing: slowed by the profiler
                 try:  # a value that cannot be evaluated does not stop the others
                     v = value if type(value) is float else float(value)
                     for rule, series in rules:
