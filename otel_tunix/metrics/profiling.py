@@ -39,7 +39,7 @@ from otel_tunix.pipeline.step_sinks import StepSink
 from otel_tunix.recording.current_run import get_current
 from otel_tunix.recording.hot_path import now_ns, record_component
 from otel_tunix.recording.step_record import Runtime, StepRecord, StepWatch
-from otel_tunix.support.errors import raise_internal_errors, warn_once
+from otel_tunix.support.errors import warn_once
 
 __all__ = [
     "PROFILE_PATH",
@@ -249,7 +249,8 @@ class ProfileCaptures(StepWatch):
         self.captures: list[Capture] = []
         self.skipped: Counter[str] = Counter()
         """Captures not made, by why: ``profiler_busy``, ``max_captures``, ``cooldown``,
-        ``capture_running``, ``no_profiler``, ``no_run_folder``, ``closed``."""
+        ``capture_running``, ``no_profiler``, ``no_run_folder``, ``closed``, ``failed``,
+        ``unfinished``."""
         self._alert_captures = 0
         self._lock = threading.Lock()
         self._pending: Capture | None = None
@@ -421,10 +422,9 @@ class ProfileCaptures(StepWatch):
         self._finish(cap, None)
 
     def _fail(self, cap: Capture, exc: BaseException) -> None:
-        """A profiler that raised: the capture is dropped, counted and said once."""
-        if raise_internal_errors() and not isinstance(exc, ImportError):
-            self._finish(cap, "failed")
-            raise exc
+        """A profiler that raised (someone else's code: never raised on, whatever
+        ``OTEL_TUNIX_RAISE_INTERNAL_ERRORS`` says): the capture is dropped, counted and said
+        once."""
         warn_once(
             ("profile-failed", cap.framework),
             "otel-tunix: a profile capture failed (%s: %s); the training loop goes on",
@@ -455,14 +455,22 @@ class ProfileCaptures(StepWatch):
 
     # --- the run's end --------------------------------------------------------------------
     def close(self) -> None:
-        """Stop a capture still running (its file is written with the steps it has) and
-        take no more."""
+        """Stop a capture still running, when called on its thread (its file is written
+        with the steps it has), and take no more. From another thread (the SIGTERM
+        handler's) the profiler is left as it is and the capture counted ``unfinished``:
+        torch's profiler stopped from another thread than the one it started on crashes
+        the process."""
         with self._lock:
             self._closed = True
             self._pending = None
         cap = self._active
         if cap is not None and self._session is not None:
-            self._stop(cap)
+            if self._thread == threading.get_ident():
+                self._stop(cap)
+            else:
+                cap.status, cap.error = "failed", "the run ended on another thread"
+                self._session = None
+                self._finish(cap, "unfinished")
         self.runtime.step_watch = None
 
     def to_json(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -350,3 +351,22 @@ def test_no_rule_sees_the_timings_of_the_profiled_steps(
     }
     assert sorted(logged) == list(range(8))  # logged as ever: only the rules skip them
     assert [v for _, v in SEEN] == [logged[n] for n in (0, 1, 2, 5, 6, 7)]
+
+
+def test_shut_down_from_another_thread_leaves_the_profiler_alone(
+    local_run: Callable[..., RunFolder],
+) -> None:
+    jax = pytest.importorskip("jax")
+
+    run = local_run(alerts=False)
+    assert otel_tunix.capture_profile(steps=5, framework="jax") == "profiles/capture-1"
+    with otel_tunix.step(0):
+        pass
+    closer = threading.Thread(target=otel_tunix.shutdown)  # as the SIGTERM handler does
+    closer.start()
+    closer.join()
+
+    profiles = run.summary()["profiles"]
+    assert profiles["skipped"] == {"unfinished": 1}
+    assert [c["status"] for c in profiles["captures"]] == ["failed"]
+    jax.profiler.stop_trace()  # still running, left for its own thread to stop
