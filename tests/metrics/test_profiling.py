@@ -370,3 +370,16 @@ def test_shut_down_from_another_thread_leaves_the_profiler_alone(
     assert profiles["skipped"] == {"unfinished": 1}
     assert [c["status"] for c in profiles["captures"]] == ["failed"]
     jax.profiler.stop_trace()  # still running, left for its own thread to stop
+
+
+def test_a_profiles_link_planted_in_the_run_folder_is_refused(tmp_path: Path) -> None:
+    from otel_tunix.settings.parsing import ConfigurationError
+
+    (tmp_path / "outside").mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "profiles").symlink_to(tmp_path / "outside")
+    with pytest.raises(ConfigurationError) as err:
+        otel_tunix.configure(output_dir=run, system_metrics=False)
+    assert "profiles" in str(err.value)
+    assert list((tmp_path / "outside").iterdir()) == []
