@@ -205,11 +205,14 @@ class _JaxSession:
 
 
 def _framework() -> str | None:
-    """The profiler to use: torch's when torch is imported, else JAX's when jax is."""
-    if "torch" in sys.modules:
-        return "torch"
-    if "jax" in sys.modules:
+    """The profiler to use (``OTEL_TUNIX_PROFILER=auto``): JAX's when jax is imported and
+    torch is not, or both are and Tunix or Flax is too (a JAX loop that imported torch
+    through transformers); else torch's when torch is imported; ``None`` with neither."""
+    mods = sys.modules
+    if "jax" in mods and ("torch" not in mods or "tunix" in mods or "flax" in mods):
         return "jax"
+    if "torch" in mods:
+        return "torch"
     return None
 
 
@@ -225,7 +228,8 @@ class ProfileCaptures(StepWatch):
         max_captures: Captures alerts may start in the run.
         cooldown_steps: Steps of the scope after a capture ends before an alert may start
             another.
-        framework: ``"torch"`` or ``"jax"``; default: the one imported (torch first).
+        framework: ``"torch"`` or ``"jax"``; default (``None``): chosen at each capture
+            (``OTEL_TUNIX_PROFILER=auto``, see :func:`_framework`).
     """
 
     def __init__(

@@ -340,6 +340,7 @@ def assemble(
             steps=settings.profile_steps,
             max_captures=settings.profile_max_captures,
             cooldown_steps=settings.profile_cooldown_steps,
+            framework=None if settings.profiler == "auto" else settings.profiler,
         )
         if engine is not None:
             engine.profiles = state.profiles

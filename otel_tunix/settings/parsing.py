@@ -141,6 +141,13 @@ def _pem_file(raw: str) -> str:
     return raw
 
 
+def _profiler(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("auto", "torch", "jax"):
+        raise ValueError
+    return value
+
+
 def _protocol(raw: str) -> str:
     if raw not in ("grpc", "http/protobuf"):
         raise ValueError

@@ -32,6 +32,7 @@ from otel_tunix.settings.parsing import (
     _port,
     _positive_float,
     _positive_int,
+    _profiler,
     _protocol,
     _seconds,
     _seconds_or_off,
@@ -226,6 +227,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "when an alert fires, profile the rank's next steps with the framework's profiler "
         "(files in `<run folder>/profiles/`)",
         _BOOL,
+    ),
+    Setting(
+        env.OTEL_TUNIX_PROFILER,
+        "profiler",
+        _profiler,
+        "auto",
+        "the profiler of the captures; `auto`: JAX's when jax is imported and torch is not, "
+        "or both are and Tunix or Flax is too; else torch's when torch is imported",
+        "auto, torch or jax",
     ),
     Setting(
         env.OTEL_TUNIX_PROFILE_STEPS,

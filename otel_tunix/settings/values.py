@@ -40,6 +40,7 @@ class Settings:
     max_metric_names: int = 2000
     alerts: bool = True
     profile_on_alert: bool = True
+    profiler: str = "auto"
     profile_steps: int = 3
     profile_max_captures: int = 3
     profile_cooldown_steps: int = 50

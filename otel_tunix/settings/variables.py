@@ -123,6 +123,12 @@ OTEL_TUNIX_PROFILE_ON_ALERT: Final = "OTEL_TUNIX_PROFILE_ON_ALERT"
 folder per capture under ``<run folder>/profiles/`` (:mod:`otel_tunix.metrics.profiling`).
 Default: ``true``."""
 
+OTEL_TUNIX_PROFILER: Final = "OTEL_TUNIX_PROFILER"
+"""``auto``, ``torch`` or ``jax``: the profiler of the profile captures. ``auto``: JAX's when
+jax is imported and torch is not, or both are and Tunix or Flax is too (a JAX loop that
+imported torch through transformers); else torch's when torch is imported. Default:
+``auto``."""
+
 OTEL_TUNIX_PROFILE_STEPS: Final = "OTEL_TUNIX_PROFILE_STEPS"
 """Steps one profile capture covers. Default: ``3``."""
 

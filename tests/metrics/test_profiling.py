@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import child_env
 from run_files import RunFolder, read_jsonl
 
 import otel_tunix
@@ -47,6 +50,13 @@ def _loop(steps: int, slow: set[int], before: Callable[[int], None] | None = Non
 
 def _spans_by_step(run: RunFolder) -> dict[int, dict[str, Any]]:
     return {s["step"]: s for s in run.steps()}
+
+
+@pytest.fixture(autouse=True)
+def torch_profiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's profiler whatever else this process imported (JAX and Flax make ``auto``
+    choose JAX's); the JAX tests ask for JAX's by name."""
+    monkeypatch.setenv("OTEL_TUNIX_PROFILER", "torch")
 
 
 @pytest.fixture
@@ -383,3 +393,42 @@ def test_a_profiles_link_planted_in_the_run_folder_is_refused(tmp_path: Path) ->
         otel_tunix.configure(output_dir=run, system_metrics=False)
     assert "profiles" in str(err.value)
     assert list((tmp_path / "outside").iterdir()) == []
+
+
+JAX_LOOP = """
+import sys
+import jax, jax.numpy as jnp
+import otel_tunix
+from otel_tunix.metrics.alerts import ThresholdRule, above
+
+otel_tunix.configure(output_dir=sys.argv[1], system_metrics=False,
+                     alerts=[ThresholdRule("slow_step", ("slow_step",), warning=above(0.5))])
+f = jax.jit(lambda x: x @ x)
+for i in range(7):
+    with otel_tunix.step(i):
+        f(jnp.ones((32, 32))).block_until_ready()
+        otel_tunix.log({"slow_step": 1.0 if i == 2 else 0.0}, step=i)
+otel_tunix.shutdown()
+assert "torch" not in sys.modules
+"""
+
+
+def test_a_jax_loop_gets_jax_captures_on_its_alerts(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    out = tmp_path / "run"
+    env = child_env(OTEL_TUNIX_QUIET="true", OTEL_TUNIX_PROFILE_STEPS="2")  # profiler: auto
+    proc = subprocess.run(
+        [sys.executable, "-c", JAX_LOOP, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (cap,) = json.loads((out / "summary.json").read_text())["profiles"]["captures"]
+    assert cap["framework"] == "jax" and cap["steps"] == [3, 4] and cap["status"] == "written"
+    (perfetto,) = (out / cap["path"]).rglob("perfetto_trace.json.gz")
+    events = json.loads(gzip.decompress(perfetto.read_bytes()))["traceEvents"]
+    found = [e["args"]["trace_id"] for e in events if e.get("name") == "train_step"]
+    spans = {s["step"]: s for s in RunFolder(out).steps()}
+    assert found == [spans[3]["trace_id"], spans[4]["trace_id"]]
