@@ -39,6 +39,7 @@ from otel_tunix.pipeline.step_sinks import StepSink
 from otel_tunix.recording.current_run import get_current
 from otel_tunix.recording.hot_path import now_ns, record_component
 from otel_tunix.recording.step_record import Runtime, StepRecord, StepWatch
+from otel_tunix.settings import attributes as attr
 from otel_tunix.support.errors import warn_once
 
 __all__ = [
@@ -61,7 +62,7 @@ TRIGGER_FILE = "capture_profile"
 capture; ``capture_profile-rank<N>`` asks rank N only. Its text, when a number, is the
 steps to capture."""
 
-PROFILE_PATH = "tunix.profile.path"
+PROFILE_PATH = attr.PROFILE_PATH
 """The attribute, on a profiled step's span and on the alert that asked for the capture:
 the capture's path relative to the run folder."""
 
