@@ -164,6 +164,14 @@ class _TorchSession:
         if rf is not None:
             rf.__exit__(None, None, None)
 
+    def abort(self) -> None:
+        """Stop without writing (a failed capture leaves no profiler running)."""
+        for stop in (self.step_end, self._prof.stop):
+            try:
+                stop()
+            except Exception:
+                pass
+
     def stop(self, metadata: Mapping[str, Any]) -> None:
         self.step_end()
         self._prof.add_metadata_json("otel_tunix", json.dumps(metadata))
@@ -198,6 +206,14 @@ class _JaxSession:
         ann, self._open = self._open, None
         if ann is not None:
             ann.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        """Stop without the metadata (a failed capture leaves no trace running)."""
+        for stop in (self.step_end, self._jax.profiler.stop_trace):
+            try:
+                stop()
+            except Exception:
+                pass
 
     def stop(self, metadata: Mapping[str, Any]) -> None:
         self.step_end()
@@ -440,10 +456,7 @@ class ProfileCaptures(StepWatch):
         cap.status, cap.error = "failed", f"{type(exc).__name__}: {exc}"
         session, self._session = self._session, None
         if session is not None:
-            try:
-                session.step_end()
-            except Exception:
-                pass
+            session.abort()
         self._finish(cap, "failed")
 
     def _finish(self, cap: Capture, skipped: str | None) -> None:

@@ -432,3 +432,20 @@ def test_a_jax_loop_gets_jax_captures_on_its_alerts(tmp_path: Path) -> None:
     found = [e["args"]["trace_id"] for e in events if e.get("name") == "train_step"]
     spans = {s["step"]: s for s in RunFolder(out).steps()}
     assert found == [spans[3]["trace_id"], spans[4]["trace_id"]]
+
+
+def test_a_profiler_that_fails_is_counted_and_stopped(
+    local_run: Callable[..., RunFolder],
+) -> None:
+    run = local_run(alerts=False)
+    (run.path / "profiles").write_text("a file where the folder goes\n")  # the export fails
+    otel_tunix.capture_profile(steps=1)
+    _loop(3, slow=set())
+    assert not torch.autograd.profiler._is_profiler_enabled  # not left running
+    otel_tunix.shutdown()
+
+    profiles = run.summary()["profiles"]
+    assert profiles["skipped"] == {"failed": 1}
+    (cap,) = profiles["captures"]
+    assert cap["status"] == "failed" and cap["steps"] == [0] and cap["error"]
+    assert len(run.steps()) == 3  # the loop went on, every step recorded
