@@ -181,7 +181,12 @@ class _TorchSession:
 
 
 class _JaxSession:
-    """``jax.profiler`` trace with a Perfetto trace, into the capture's folder."""
+    """``jax.profiler`` trace with a Perfetto trace, into the capture's folder.
+
+    When Tunix's trainer profiler is loaded (``tunix.sft.profiler.Profiler``), its own
+    ``_is_active`` flag says whether it runs (a capture is then skipped), and is held set
+    while the capture runs, so that Tunix's window, should it open meanwhile, skips with its
+    own warning instead of raising on a second ``start_trace``."""
 
     def __init__(self, path: Path) -> None:
         import jax
@@ -189,11 +194,27 @@ class _JaxSession:
         self.path = path
         self._jax: Any = jax
         self._open: Any = None
+        self._tunix: Any = _tunix_profiler()
+        if self._tunix is not None:
+            with self._tunix._lock:
+                if self._tunix._is_active:
+                    raise _ProfilerBusy("Tunix's profiler is running")
+                self._tunix._is_active = True
         try:
             jax.profiler.start_trace(str(path), create_perfetto_trace=True)
         except RuntimeError as exc:  # "Profile has already been started"
+            self._release_tunix()
             raise _ProfilerBusy(str(exc)) from exc
+        except BaseException:
+            self._release_tunix()
+            raise
         path.mkdir(parents=True, exist_ok=True)
+
+    def _release_tunix(self) -> None:
+        tunix, self._tunix = self._tunix, None
+        if tunix is not None:
+            with tunix._lock:
+                tunix._is_active = False
 
     def step_begin(self, scope: str, number: int, trace_id: str | None) -> None:
         kwargs = {"trace_id": trace_id} if trace_id else {}
@@ -209,7 +230,7 @@ class _JaxSession:
 
     def abort(self) -> None:
         """Stop without the metadata (a failed capture leaves no trace running)."""
-        for stop in (self.step_end, self._jax.profiler.stop_trace):
+        for stop in (self.step_end, self._jax.profiler.stop_trace, self._release_tunix):
             try:
                 stop()
             except Exception:
@@ -217,8 +238,21 @@ class _JaxSession:
 
     def stop(self, metadata: Mapping[str, Any]) -> None:
         self.step_end()
-        self._jax.profiler.stop_trace()
+        try:
+            self._jax.profiler.stop_trace()
+        finally:
+            self._release_tunix()
         (self.path / "otel_tunix.json").write_text(json.dumps(metadata))
+
+
+def _tunix_profiler() -> Any:
+    """Tunix's trainer profiler class when it is loaded (it keeps whether a JAX profiler of
+    Tunix's runs in ``_is_active``, under ``_lock``), else ``None``."""
+    module = sys.modules.get("tunix.sft.profiler")
+    cls = getattr(module, "Profiler", None)
+    if cls is None or not hasattr(cls, "_is_active") or not hasattr(cls, "_lock"):
+        return None
+    return cls
 
 
 def _framework() -> str | None:

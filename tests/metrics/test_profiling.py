@@ -449,3 +449,32 @@ def test_a_profiler_that_fails_is_counted_and_stopped(
     (cap,) = profiles["captures"]
     assert cap["status"] == "failed" and cap["steps"] == [0] and cap["error"]
     assert len(run.steps()) == 3  # the loop went on, every step recorded
+
+
+def test_tunix_profiler_and_ours_never_run_together(
+    local_run: Callable[..., RunFolder],
+) -> None:
+    tunix_profiler = pytest.importorskip("tunix.sft.profiler").Profiler
+    run = local_run(alerts=False)
+    seen: list[bool] = []
+
+    tunix_profiler._is_active = True  # Tunix's window is open
+    try:
+        otel_tunix.capture_profile(steps=1, framework="jax")
+        with otel_tunix.step(0):
+            pass
+    finally:
+        tunix_profiler._is_active = False
+    otel_tunix.capture_profile(steps=2, framework="jax")
+    for i in (1, 2, 3):
+        with otel_tunix.step(i):
+            seen.append(tunix_profiler._is_active)  # held while ours runs: Tunix skips
+    otel_tunix.shutdown()
+
+    assert seen == [True, True, False]
+    profiles = run.summary()["profiles"]
+    assert profiles["skipped"] == {"profiler_busy": 1}
+    assert [(c["status"], c["steps"]) for c in profiles["captures"]] == [
+        ("skipped", []),
+        ("written", [1, 2]),
+    ]
