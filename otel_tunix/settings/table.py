@@ -21,6 +21,7 @@ from typing import Final
 
 from otel_tunix.settings import variables as env
 from otel_tunix.settings.parsing import (
+    BOOL,
     MAX_INTERVAL_MS,
     MAX_SHUTDOWN_SEC,
     PEM,
@@ -32,7 +33,6 @@ from otel_tunix.settings.parsing import (
     _port,
     _positive_float,
     _positive_int,
-    _profiler,
     _protocol,
     _seconds,
     _seconds_or_off,
@@ -41,11 +41,12 @@ from otel_tunix.settings.parsing import (
     parse_bool,
     parse_interval_ms,
 )
+from otel_tunix.settings.profile_settings import PROFILE_SETTINGS
 
 __all__ = ["SETTINGS", "markdown_table"]
 
 
-_BOOL = "true or false (also 1/0, yes/no, on/off)"
+_BOOL = BOOL
 _EXPORTERS = "a comma-separated list of exporter names, or none"
 _URL = "a URL with its scheme (`http://host:4317`, `https://host:4318`)"
 
@@ -219,48 +220,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "evaluate the default alert rules on logged metrics",
         _BOOL,
     ),
-    Setting(
-        env.OTEL_TUNIX_PROFILE_ON_ALERT,
-        "profile_on_alert",
-        parse_bool,
-        True,
-        "when an alert fires, profile the rank's next steps with the framework's profiler "
-        "(files in `<run folder>/profiles/`)",
-        _BOOL,
-    ),
-    Setting(
-        env.OTEL_TUNIX_PROFILER,
-        "profiler",
-        _profiler,
-        "auto",
-        "the profiler of the captures; `auto`: JAX's when jax is imported and torch is not, "
-        "or both are and Tunix or Flax is too; else torch's when torch is imported",
-        "auto, torch or jax",
-    ),
-    Setting(
-        env.OTEL_TUNIX_PROFILE_STEPS,
-        "profile_steps",
-        _positive_int,
-        3,
-        "steps one profile capture covers",
-        "a positive integer",
-    ),
-    Setting(
-        env.OTEL_TUNIX_PROFILE_MAX_CAPTURES,
-        "profile_max_captures",
-        _non_negative_int,
-        3,
-        "profile captures an alert may start per run (`capture_profile()` is not capped)",
-        "a non-negative integer",
-    ),
-    Setting(
-        env.OTEL_TUNIX_PROFILE_COOLDOWN_STEPS,
-        "profile_cooldown_steps",
-        _non_negative_int,
-        50,
-        "steps after a capture ends before an alert may start another",
-        "a non-negative integer",
-    ),
+    *PROFILE_SETTINGS,  # settings/profile_settings.py
     Setting(
         env.OTEL_TUNIX_JOB_TRACES,
         "job_traces",
