@@ -269,11 +269,16 @@ def test_the_alerts_log_record_and_span_event_name_the_capture(
 ) -> None:
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemoryLogRecordExporter()
     lp = LoggerProvider()
     lp.add_log_record_processor(SimpleLogRecordProcessor(exporter))
-    run = local_run(alerts=[RULE], logger_provider=lp)
+    spans_out = InMemorySpanExporter()
+    run = local_run(
+        alerts=[RULE], logger_provider=lp, span_processors=[SimpleSpanProcessor(spans_out)]
+    )
     _loop(6, slow={1})
     otel_tunix.shutdown()
 
@@ -284,6 +289,15 @@ def test_the_alerts_log_record_and_span_event_name_the_capture(
     spans = _spans_by_step(run)
     assert fired.trace_id == int(spans[1]["trace_id"], 16)  # logged inside step 1
     assert (run.path / rel).is_file()
+    # the step span's tunix.alert events: the fire names the capture, the resolve does not
+    events = {
+        s.attributes["tunix.step"]: [dict(e.attributes or {}) for e in s.events]
+        for s in spans_out.get_finished_spans()
+        if s.name == "train_step" and s.attributes is not None
+    }
+    assert [e.get(PROFILE_PATH) for e in events[1]] == [rel]
+    assert [e.get(PROFILE_PATH) for e in events[2]] == [None]
+    assert events[2][0]["tunix.alert.severity"] == "ok"
 
 
 def test_a_rule_can_opt_out(local_run: Callable[..., RunFolder]) -> None:
