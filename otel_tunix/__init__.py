@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from otel_tunix import rl
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions
+from otel_tunix.metrics.profiling import capture_profile
 from otel_tunix.model.steps import ComponentTime, ScopeSession, SpanInfo, StepSummary
 from otel_tunix.pipeline.span_builder import FinishedStep
 from otel_tunix.recording.hot_path import (
@@ -59,6 +60,7 @@ __all__ = [
     "StepView",
     "Unrecorded",
     "__version__",
+    "capture_profile",
     "component",
     "configure",
     "current_run",

@@ -40,6 +40,7 @@ __all__ = [
     "OTHER",
     "PRECEDENCE",
     "PRODUCTIVE",
+    "PROFILING",
     "RESTART_GAP",
     "ROLLOUT_WAIT",
     "WASTED_PROGRESS",
@@ -62,6 +63,7 @@ CHECKPOINT_RESTORE: Final = "checkpoint_restore"
 EVALUATION: Final = "evaluation"
 ROLLOUT_WAIT: Final = "rollout_wait"
 WEIGHT_SYNC: Final = "weight_sync"
+PROFILING: Final = "profiling"
 WASTED_PROGRESS: Final = "wasted_progress"
 RESTART_GAP: Final = "restart_gap"
 OTHER: Final = "other"
@@ -75,6 +77,7 @@ BADPUT: Final = (
     EVALUATION,
     ROLLOUT_WAIT,
     WEIGHT_SYNC,
+    PROFILING,
     WASTED_PROGRESS,
     RESTART_GAP,
     OTHER,
@@ -88,6 +91,7 @@ PRECEDENCE: Final = (
     COMPILATION,
     INITIALIZATION,
     WEIGHT_SYNC,
+    PROFILING,
     PRODUCTIVE,
     ROLLOUT_WAIT,
     DATA_STALL,

@@ -18,10 +18,12 @@ The streaming readers are in :mod:`otel_tunix.analysis.accumulate`; the terminal
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -214,6 +216,9 @@ class RunSummary:
     one run (the one read is the folder of ``files``); else empty."""
     rl: list[RLStats] = field(default_factory=list)
     """The RL scopes' policy lag and weight syncs (scopes whose steps had them)."""
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    """The profile captures of the run (``summary.json``'s ``profiles``, each with its
+    ``rank``): path, steps, trace ids, status and why (the alert, or ``capture_profile()``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -237,6 +242,7 @@ class RunSummary:
             "notes": self.notes,
             "bad_lines": self.bad_lines,
             "rl": [asdict(r) for r in self.rl],
+            "profiles": self.profiles,
         }
 
 
@@ -482,4 +488,21 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         run_ids=sorted({f.run_id for f in files if f.run_id}),
         runs=[str(r) for r in runs] if len(runs) > 1 else [],
         rl=rl,
+        profiles=profile_captures(paths),
     )
+
+
+def profile_captures(spans_files: Sequence[Path]) -> list[dict[str, Any]]:
+    """The profile captures listed by the ``summary[-rank<N>].json`` beside each spans
+    file, each with its ``rank`` (a missing or unreadable summary lists none)."""
+    out: list[dict[str, Any]] = []
+    for path in spans_files:
+        rank = spans_rank(path)
+        name = "summary.json" if rank is None else f"summary-rank{rank}.json"
+        try:
+            data = json.loads((path.parent / name).read_text())
+            captures = data.get("profiles", {}).get("captures", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        out.extend({"rank": rank, **c} for c in captures if isinstance(c, dict))
+    return out

@@ -288,5 +288,20 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
                 style="bold red" if r.straggler else None,
             )
         con.print(rt)
+    if summary.profiles:  # a line each: the paths are too long for a table in 80 columns
+        con.print(
+            f"[bold]Profile captures[/]: {len(summary.profiles)} (paths relative to the run folder)"
+        )
+        for p in summary.profiles:
+            why = p.get("reason") or {}
+            asked = f"{why.get('rule')} at step {why.get('step')}" if "rule" in why else "code"
+            steps = p.get("steps") or []
+            covers = f"{p.get('scope')} steps {steps[0]}-{steps[-1]}" if steps else "no step"
+            on_rank = f"rank {p['rank']}: " if p.get("rank") is not None else ""
+            status = p.get("status", "")
+            con.print(
+                f"  {on_rank}{p.get('path', '')}: {covers}, asked by {asked} ({status})",
+                soft_wrap=True,
+            )
     for n in [*summary.notes, *g.notes]:
         con.print(f"[dim]note: {n}[/]")

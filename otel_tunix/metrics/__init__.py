@@ -12,6 +12,8 @@ functions that need them):
 * :mod:`~otel_tunix.metrics.generation`: TTFT, TPOT, prefill / decode, tokens, requests.
 * :mod:`~otel_tunix.metrics.system`: NVML GPU, process / host, framework memory, queues.
 * :mod:`~otel_tunix.metrics.alerts`: threshold / drop / spike / NaN rules and actions.
+* :mod:`~otel_tunix.metrics.profiling`: profile captures (torch, JAX) of the steps after an
+  alert, or on demand.
 * :mod:`~otel_tunix.logger.status`: ``get_metrics_summary()``.
 * :mod:`~otel_tunix.logger.backends`: TensorBoard and W&B MetricsLogger backends.
 """

@@ -125,6 +125,9 @@ class Rule(ABC):
     consecutive: int
     window: int
     description: str
+    profile: bool
+    """Whether the rule's firing asks for a profile capture of the next steps
+    (``otel_tunix.metrics.profiling``; ``profile=False``: this rule never does)."""
 
     def matches(self, metric: str) -> bool:
         """True when the rule watches ``metric``."""
@@ -162,6 +165,7 @@ class ThresholdRule(Rule):
         consecutive: Observations in a row past a threshold before it fires.
         hysteresis: How far back inside the threshold a value must come to clear it.
         description: What the rule means, shown in messages.
+        profile: Whether its firing asks for a profile capture of the next steps.
     """
 
     name: str
@@ -171,6 +175,7 @@ class ThresholdRule(Rule):
     consecutive: int = 1
     hysteresis: float = 0.0
     description: str = ""
+    profile: bool = True
     window: int = 0
 
     def __post_init__(self) -> None:
@@ -205,6 +210,7 @@ class NonFiniteRule(Rule):
     severity: Severity = Severity.CRITICAL
     consecutive: int = 1
     description: str = ""
+    profile: bool = True
     window: int = 0
 
     def __post_init__(self) -> None:
@@ -241,6 +247,7 @@ class DropRule(Rule):
     consecutive: int = 1
     hysteresis: float = 0.1
     description: str = ""
+    profile: bool = True
 
     def __post_init__(self) -> None:
         self._check()
@@ -303,6 +310,7 @@ class SpikeRule(Rule):
     consecutive: int = 1
     hysteresis: float = 0.0
     description: str = ""
+    profile: bool = True
 
     def __post_init__(self) -> None:
         self._check()

@@ -75,6 +75,9 @@ class CurrentRun:
     """The run's LoggerProvider (``None``: the global one)."""
     datadog: Any = None
     """The run's Datadog client (``None``: none)."""
+    profiles: Any = None
+    """The run's profile captures (:class:`otel_tunix.metrics.profiling.ProfileCaptures`;
+    ``None``: none, no run folder)."""
     last_step_summary: Callable[[], StepSummary | None] = lambda: None
     add_step_sink: Callable[[StepSink], None] = lambda sink: None
     """Send the run's step summaries to one more sink from now on (an integration's)."""

@@ -167,6 +167,8 @@ class step:
                 self._token = _current.set(None)
                 stats.last_start_ns = start  # open till it ends (Runtime.step_open)
                 rt.unsampled_scope = self._scope
+                if rt.step_watch is not None:  # a profile capture pending or running
+                    _watch_start(rt, self._scope, n, None)
                 return self
             rec = StepRecord(rt, self._scope, n, start)
             if timed_totals:  # the badput time of the steps not sampled before this one
@@ -181,12 +183,21 @@ class step:
             if pre is not None:
                 _, name, blocked, pre_start, pre_end = pre
                 record_component(name, pre_start, pre_end, blocked=blocked)
+            if rt.step_watch is not None:  # a profile capture pending or running
+                _watch_start(rt, self._scope, n, rec)
         except Exception:  # never hurt the training loop
             self._record = None
             report_internal_error("step() (the step is not recorded)")
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        rt = _runtime
+        watch = rt.step_watch if rt is not None else None
+        if watch is not None and self._stats is not None:
+            try:  # a profile capture running: its work at the step's end is in the step
+                watch.step_ended(self._scope, self._n, self._record)
+            except Exception:
+                report_internal_error("a step watch at the step's end")
         end = _clock()
         try:
             stats = self._stats
@@ -226,6 +237,18 @@ class step:
                 self._record = None
         except Exception:
             report_internal_error("closing a step")
+
+
+def _watch_start(rt: Runtime, scope: str, n: int, rec: StepRecord | None) -> None:
+    """Tell the step watch that a step started; what it raises is its own failure (the
+    step is recorded all the same)."""
+    watch = rt.step_watch
+    if watch is None:
+        return
+    try:
+        watch.step_started(scope, n, rec)
+    except Exception:
+        report_internal_error("a step watch at the step's start")
 
 
 def _scope_text(n: object, scope: object) -> str:

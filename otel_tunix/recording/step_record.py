@@ -263,6 +263,20 @@ run flushes); past this bound the oldest are dropped (a thread that records comp
 forever after the last step)."""
 
 
+class StepWatch:
+    """What :attr:`Runtime.step_watch` is told at each step's edges, on the step's thread
+    (sampled or not: ``rec`` is ``None`` for a step that is not sampled). It must not raise
+    (``step()`` reports what does as an internal error)."""
+
+    def step_started(self, scope: str, number: int, rec: StepRecord | None) -> None:
+        """Step ``number`` of ``scope`` has started (after its start time was read)."""
+
+    def step_ended(self, scope: str, number: int, rec: StepRecord | None) -> None:
+        """The step is ending: called before its end time is read, the step still open
+        in the calling context (what is done here is in the step's time; components
+        recorded here are the step's; attributes set on ``rec`` go on its span)."""
+
+
 class Runtime:
     """What the hot path needs from one ``configure()``: sampling, filter, the pipeline."""
 
@@ -278,6 +292,7 @@ class Runtime:
         "pipeline",
         "sampling_rate",
         "scopes",
+        "step_watch",
         "unsampled_scope",
     )
 
@@ -319,6 +334,10 @@ class Runtime:
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
         )
+        self.step_watch: StepWatch | None = None
+        """Told when each step starts and ends, while set (``None``: nothing is told; the
+        hot path reads this one attribute per step edge): a profile capture pending or
+        running (:mod:`otel_tunix.metrics.profiling`)."""
 
     def step_open(self) -> bool:
         """Whether a step, sampled or not, is open on any thread: a sampled one in

@@ -30,6 +30,7 @@ from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, D
 from otel_tunix.logger.live_line import LiveLine
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
 from otel_tunix.metrics.alerts import AlertEngine
+from otel_tunix.metrics.profiling import ProfileCaptures, ProfileFileTrigger
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.model.alert_rules import default_rules
 from otel_tunix.model.job import JobInfo
@@ -54,6 +55,7 @@ from otel_tunix.run.run_parts import (
     LoggerPart,
     ObservablesPart,
     PerfettoTranslationPart,
+    ProfilesPart,
     ProviderPart,
     SamplerPart,
     SignalPart,
@@ -343,6 +345,19 @@ def assemble(
             consumers.add(proc)
     consumers.add(ProviderSpans(tp, args.span_processors, consumers))  # the provider's others
     state.runtime = _runtime(args, settings, info, prov, consumers, state.offset_ns)
+    if out_dir is not None and state.runtime is not None:
+        state.profiles = ProfileCaptures(
+            state.runtime,
+            out_dir,
+            on_alert=settings.profile_on_alert,
+            steps=settings.profile_steps,
+            max_captures=settings.profile_max_captures,
+            cooldown_steps=settings.profile_cooldown_steps,
+            framework=None if settings.profiler == "auto" else settings.profiler,
+        )
+        if engine is not None:
+            engine.profiles = state.profiles
+        consumers.add(ProfileFileTrigger(state.profiles, out_dir, rank.file_suffix))
     meter = mp.get_meter(cfg.otel_scope, __version__)
 
     parts: list[Part] = [
@@ -354,6 +369,8 @@ def assemble(
         parts.append(
             SamplerPart(SystemMetricsSampler(mp, interval_sec=args.system_interval, gpus=gpus))
         )
+    if state.profiles is not None:
+        parts.append(ProfilesPart(state.profiles))
     parts.append(StepsPart(state, state.runtime, clock=args.clock, id_seed=args.id_seed))
     parts.append(LoggerPart(logger, owned=args.owns_logger, alerts=engine))
     if "summary" in files:

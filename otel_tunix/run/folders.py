@@ -178,9 +178,10 @@ def read_claim(folder: Path, rank_suffix: str) -> dict[str, Any] | None:
 
 _RUN_FILES = re.compile(
     r"(spans|metrics|alerts)(-rank\d+)?\.jsonl(\.gz)?|summary(-rank\d+)?\.json|config\.json"
-    r"|trace.*\.pftrace|\.claim.*"
+    r"|trace.*\.pftrace|\.claim.*|profiles"
 )
-"""The names of the files a run writes in its folder."""
+"""The names of the files a run writes in its folder (``profiles``: the folder of the profile
+captures)."""
 
 
 def planted_links(folder: Path) -> list[str]:

@@ -206,6 +206,20 @@ class UserHooksPart(Part):
         return count_left_behind(self._closing)  # counted, with what they did not get
 
 
+class ProfilesPart(Part):
+    """The profile captures: one still running when the run ends stops and writes its file
+    with the steps it has; none starts after."""
+
+    name = "profiles"
+
+    def __init__(self, profiles: Any) -> None:
+        self._profiles = profiles
+
+    def close(self, deadline: float) -> bool:
+        self._profiles.close()
+        return True
+
+
 class SummaryPart(Part):
     """``summary.json``, written once the local files are done (``"complete": false``) and
     again when the run has ended: exporters may take the rest of the time to shut down (a

@@ -213,6 +213,7 @@ def configure(
                 meter_provider=state.meter_provider,
                 logger_provider=state.logger_provider,
                 datadog=state.datadog,
+                profiles=state.profiles,
                 last_step_summary=_last_summary(state),
                 add_step_sink=_add_step_sink(state),
                 process_steps=_process_steps(state.runtime),

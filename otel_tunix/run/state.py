@@ -71,6 +71,9 @@ class RunState:
     (left to ``otel-tunix convert``)."""
     ledger: Any = None
     """The live goodput ledger (:class:`otel_tunix.consumers.live_ledger.LiveLedger`)."""
+    profiles: Any = None
+    """The run's profile captures (:class:`otel_tunix.metrics.profiling.ProfileCaptures`;
+    ``None`` without a run folder)."""
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:
@@ -188,6 +191,8 @@ def write_summary(
     }
     if st.ledger is not None:
         data["goodput"] = st.ledger.figures()
+    if st.profiles is not None:
+        data["profiles"] = st.profiles.to_json()
     if timeout is not None:
         data["shutdown"] = {"timeout_sec": timeout, "unfinished": list(unfinished)}
     data["write_errors"] = own_write_errors(st)

@@ -55,6 +55,9 @@ OUTSIDE: Final = "tunix.outside"
 """True on a component recorded outside any step (a checkpoint restore before the loop, an
 evaluation between steps, a writer after the last step): the root of a trace of its own,
 its nested components its children; it has no ``tunix.step`` or ``tunix.scope``."""
+PROFILE_PATH: Final = "tunix.profile.path"
+"""On a profiled step's span and on the alert that asked for the capture: the profile
+capture's path relative to the run folder (:mod:`otel_tunix.metrics.profiling`)."""
 GOODPUT_CATEGORY: Final = "tunix.goodput.category"
 """On a component recorded with a goodput category (``component(name,
 category=...)``, :func:`otel_tunix.accounting.categories.declare`): that category."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
+    "BOOL",
     "MAX_INTERVAL_MS",
     "MAX_SHUTDOWN_SEC",
     "PEM",
@@ -124,6 +125,9 @@ def _url(raw: str) -> str:
 
 PEM_MAX_BYTES = 16 << 20
 """The largest certificate or key file ``configure()`` lets the OTel SDK read."""
+BOOL = "true or false (also 1/0, yes/no, on/off)"
+"""What a boolean setting allows (:func:`parse_bool`), in the README's table."""
+
 PEM = "a regular file (not a FIFO, device or directory) of at most 16 MiB"
 
 
@@ -139,6 +143,13 @@ def _pem_file(raw: str) -> str:
     if st.st_size > PEM_MAX_BYTES:
         raise ValueError("too large")
     return raw
+
+
+def _profiler(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("auto", "torch", "jax"):
+        raise ValueError
+    return value
 
 
 def _protocol(raw: str) -> str:

@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Final
 
 from otel_tunix.settings import variables as env
+from otel_tunix.settings.datadog_settings import DATADOG_CLIENT_SETTINGS
 from otel_tunix.settings.parsing import (
+    BOOL,
     MAX_INTERVAL_MS,
     MAX_SHUTDOWN_SEC,
     PEM,
@@ -40,11 +42,12 @@ from otel_tunix.settings.parsing import (
     parse_bool,
     parse_interval_ms,
 )
+from otel_tunix.settings.profile_settings import PROFILE_SETTINGS
 
 __all__ = ["SETTINGS", "markdown_table"]
 
 
-_BOOL = "true or false (also 1/0, yes/no, on/off)"
+_BOOL = BOOL
 _EXPORTERS = "a comma-separated list of exporter names, or none"
 _URL = "a URL with its scheme (`http://host:4317`, `https://host:4318`)"
 
@@ -222,6 +225,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "evaluate the default alert rules on logged metrics",
         _BOOL,
     ),
+    *PROFILE_SETTINGS,  # settings/profile_settings.py
     Setting(
         env.OTEL_TUNIX_JOB_TRACES,
         "job_traces",
@@ -653,20 +657,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             ("_CLIENT_KEY", "client private key (PEM file), mutual TLS"),
         )
     ),
-    Setting("DD_AGENT_HOST", "", _text, None, "DogStatsD host", "a host name", read_by="datadog"),
-    Setting("DD_DOGSTATSD_PORT", "", _text, None, "DogStatsD port", "a port", read_by="datadog"),
-    Setting(
-        "DD_DOGSTATSD_URL",
-        "",
-        _text,
-        None,
-        "DogStatsD address (`udp://host:port`, `unix:///path`)",
-        "a URL",
-        read_by="datadog",
-    ),
-    Setting("DD_ENV", "", _text, None, "the `env` tag", "a name", read_by="datadog"),
-    Setting("DD_SERVICE", "", _text, None, "the `service` tag", "a name", read_by="datadog"),
-    Setting("DD_VERSION", "", _text, None, "the `version` tag", "a version", read_by="datadog"),
+    *DATADOG_CLIENT_SETTINGS,  # settings/datadog_settings.py
 )
 """Every environment variable otel-tunix knows, in the README's order."""
 

@@ -39,6 +39,11 @@ class Settings:
     resource_config_keys: tuple[str, ...] | None = None
     max_metric_names: int = 2000
     alerts: bool = True
+    profile_on_alert: bool = True
+    profiler: str = "auto"
+    profile_steps: int = 3
+    profile_max_captures: int = 3
+    profile_cooldown_steps: int = 50
     job_traces: bool = True
     straggler_window: int = 50
     prometheus_run_labels: bool = True

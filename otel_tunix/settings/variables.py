@@ -122,6 +122,28 @@ OTEL_TUNIX_MAX_POLICY_LAG: Final = "OTEL_TUNIX_MAX_POLICY_LAG"
 rollout more than this many policy versions old (the MetricsLogger's ``policy_lag``, from
 :func:`otel_tunix.rl.consume`). Default: unset (no rule)."""
 
+OTEL_TUNIX_PROFILE_ON_ALERT: Final = "OTEL_TUNIX_PROFILE_ON_ALERT"
+"""``true`` / ``false``: when an alert fires on a rank, that rank profiles its next
+``OTEL_TUNIX_PROFILE_STEPS`` steps with the framework's profiler (torch or JAX), one file or
+folder per capture under ``<run folder>/profiles/`` (:mod:`otel_tunix.metrics.profiling`).
+Default: ``true``."""
+
+OTEL_TUNIX_PROFILER: Final = "OTEL_TUNIX_PROFILER"
+"""``auto``, ``torch`` or ``jax``: the profiler of the profile captures. ``auto``: JAX's when
+jax is imported and torch is not, or both are and Tunix or Flax is too (a JAX loop that
+imported torch through transformers); else torch's when torch is imported. Default:
+``auto``."""
+
+OTEL_TUNIX_PROFILE_STEPS: Final = "OTEL_TUNIX_PROFILE_STEPS"
+"""Steps one profile capture covers. Default: ``3``."""
+
+OTEL_TUNIX_PROFILE_MAX_CAPTURES: Final = "OTEL_TUNIX_PROFILE_MAX_CAPTURES"
+"""Profile captures alerts may start per run (further ones are skipped and counted in
+``summary.json``; ``otel_tunix.capture_profile()`` is not capped). Default: ``3``."""
+
+OTEL_TUNIX_PROFILE_COOLDOWN_STEPS: Final = "OTEL_TUNIX_PROFILE_COOLDOWN_STEPS"
+"""Steps after a capture ends before an alert may start the next one. Default: ``50``."""
+
 OTEL_TUNIX_SYSTEM_METRICS_INTERVAL: Final = "OTEL_TUNIX_SYSTEM_METRICS_INTERVAL"
 """Seconds between samples of the GPU / process / host metrics
 (:class:`~otel_tunix.metrics.system.SystemMetricsSampler`); ``0`` or ``none`` turns the

@@ -23,6 +23,7 @@ from opentelemetry.context import get_current as current_context
 
 from otel_tunix.exporters.datadog import DatadogClient, datadog_enabled
 from otel_tunix.logger.instruments import CatalogInstruments
+from otel_tunix.metrics.profiling import PROFILE_PATH
 from otel_tunix.model.alert_rules import Severity
 from otel_tunix.recording.hot_path import get_runtime
 from otel_tunix.recording.step_view import add_step_event
@@ -186,9 +187,10 @@ class DatadogAction(AlertAction):
                 if alert.fired
                 else f"otel-tunix: {alert.rule} resolved"
             )
+            profile = alert.extra.get(PROFILE_PATH)
             dd.event(
                 title,
-                alert.message,
+                alert.message + (f" (profile: {profile})" if profile else ""),
                 alert_type=kind,
                 tags=tags,
                 aggregation_key=f"tunix.alert.{alert.rule}.{alert.metric}",

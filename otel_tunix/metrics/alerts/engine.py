@@ -7,6 +7,7 @@ The evaluation runs on every logged scalar some rule watches: keep it cheap.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import operator
@@ -31,6 +32,7 @@ from otel_tunix.metrics.alerts.actions import (
     LogRecordAction,
     SpanEventAction,
 )
+from otel_tunix.metrics.profiling import PROFILE_PATH
 from otel_tunix.model.alert_rules import SAME_QUANTITY, Rule, Severity, _Window, default_rules
 from otel_tunix.support.errors import ReportOnce
 
@@ -164,6 +166,10 @@ class AlertEngine(LoggingBackend):
             self.actions.append(JsonlAction(self.jsonl_path))
         self._report = ReportOnce(_logger, logging.WARNING)
         self._closed = False
+        self.profiles: Any = None
+        """The run's profile captures (:class:`~otel_tunix.metrics.profiling.ProfileCaptures`):
+        an alert that fires asks for one, and names it (``tunix.profile.path``) in every
+        action. ``None``: alerts capture nothing."""
 
     # --- evaluation ---------------------------------------------------------------------
     def _routes_for(self, metric: str) -> list[tuple[Rule, _Series]]:
@@ -216,13 +222,19 @@ class AlertEngine(LoggingBackend):
         """Evaluate these ``(name, value, step, rules)`` under one lock; act on the
         transitions afterwards and return them."""
         out: list[Alert] = []
+        prof = self.profiles
+        skip = prof.profiled_value if prof is not None and prof.profiled else None
         with self._lock:
             for name, value, step, rules in watched:
+                if skip is not None and skip(name, step):
+                    continue  # a profiled step's timing: slowed by the profiler
                 try:  # a value that cannot be evaluated does not stop the others
                     v = value if type(value) is float else float(value)
                     for rule, series in rules:
                         alert = self._evaluate(rule, series, name, v, step)
                         if alert is not None:
+                            if alert.fired and self.profiles is not None and rule.profile:
+                                alert = self._with_profile(alert)
                             out.append(alert)
                             self.history.append(alert)
                 except Exception:
@@ -355,9 +367,28 @@ class AlertEngine(LoggingBackend):
                 message,
                 extra=dict(attributes or {}),
             )
+            if alert.fired and self.profiles is not None:
+                alert = self._with_profile(alert)
             self.history.append(alert)
         self._act(alert)
         return alert
+
+    def _with_profile(self, alert: Alert) -> Alert:
+        """Ask for a profile capture of the next steps; the alert, naming it when one will
+        be made (a capture already running, the cap or the cooldown: none)."""
+        path = self.profiles.request(
+            reason={
+                "rule": alert.rule,
+                "metric": alert.metric,
+                "severity": alert.severity.name.lower(),
+                "step": alert.step,
+                "time_ns": alert.time_ns,
+            },
+            from_alert=True,
+        )
+        if path is None:
+            return alert
+        return dataclasses.replace(alert, extra={**alert.extra, PROFILE_PATH: path})
 
     def active(self) -> dict[tuple[str, str], Severity]:
         """``{(rule, metric): severity}`` of every series not OK now."""
