@@ -292,11 +292,16 @@ def test_the_fork_guard_waits_again_after_one_fork_waited_in_vain():
     stop = threading.Event()
     holding = threading.Event()
 
-    def export(hold: float) -> None:
+    release = threading.Event()
+
+    def export(hold: float | None) -> None:
         with lock:
             exporting.set()
             holding.set()
-            time.sleep(hold)
+            if hold is None:  # held until the test releases it, however slow the machine
+                release.wait(60)
+            else:
+                time.sleep(hold)
             exporting.clear()
 
     def fork_mid_export() -> bool:
@@ -309,12 +314,13 @@ def test_the_fork_guard_waits_again_after_one_fork_waited_in_vain():
     guard.start()
     try:
         # one export longer than the guard waits: that fork goes on without the lock
-        slow = threading.Thread(target=export, args=(fork_guard.FORK_WAIT_SEC + 0.5,))
+        slow = threading.Thread(target=export, args=(None,))
         slow.start()
         holding.wait(10)
         started = time.monotonic()
         assert fork_mid_export()
         assert time.monotonic() - started >= fork_guard.FORK_WAIT_SEC  # it did wait
+        release.set()
         slow.join()
 
         def busy() -> None:  # then an exporter busy 30 ms of every 32
@@ -326,6 +332,7 @@ def test_the_fork_guard_waits_again_after_one_fork_waited_in_vain():
         mid_export = [fork_mid_export() for _ in range(30)]
         assert mid_export.count(True) == 0, mid_export  # before: nearly every one
     finally:
+        release.set()
         stop.set()
         guard.close(0.0)
         fork_guard._stuck.discard(id(lock))

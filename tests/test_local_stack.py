@@ -108,11 +108,15 @@ def test_the_relabel_rule_undoes_the_collectors_ratio_suffix() -> None:
 
 
 def test_the_readme_and_the_doc_give_the_commands() -> None:
+    """Both give the compose command and `make demo-otlp`, which sends the demo to the
+    stack's collector (the Makefile's default endpoint, localhost:4317)."""
     up = "docker compose -f deploy/docker-compose.yaml up -d"
-    endpoint = "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 otel-tunix demo"
     for doc in (ROOT / "README.md", ROOT / "docs" / "local-stack.md"):
         text = doc.read_text()
-        assert up in text and endpoint in text, doc
+        assert up in text and "make demo-otlp" in text, doc
+    makefile = (ROOT / "Makefile").read_text()
+    assert "OTLP_ENDPOINT ?= http://localhost:4317" in makefile
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=$(OTLP_ENDPOINT) $(BIN)/otel-tunix demo" in makefile
     assert "docker compose -f deploy/docker-compose.yaml down" in (
         (ROOT / "docs" / "local-stack.md").read_text()
     )
