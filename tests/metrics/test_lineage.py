@@ -343,6 +343,10 @@ def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
     otel_tunix.shutdown()
     summary = summarize(run.path)
     synced = [len(s) for s in syncs if s]
+    (got,) = summary.rl
+    # the learner step added up (tests/metrics/test_rl_steps.py checks its parts)
+    assert got.breakdown_steps == len(lags)
+    assert sum(got.parts_sec.values()) == pytest.approx(got.mean_step_sec, rel=0.01)
     assert summary.rl == [
         RLStats(
             scope=LEARNER,
@@ -354,6 +358,9 @@ def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
             mean_syncs=sum(synced) / len(synced),
             repeated_sync_steps=1,
             mean_sync_bytes=sum(map(sum, syncs)) / len(synced),
+            breakdown_steps=got.breakdown_steps,
+            mean_step_sec=got.mean_step_sec,
+            parts_sec=got.parts_sec,
         )
     ]
     assert summary.to_json()["rl"][0]["repeated_sync_steps"] == 1
