@@ -48,6 +48,7 @@ __all__ = [
     "IDLE",
     "OLD_ACTOR_INFERENCE",
     "OTHER",
+    "OWN_SCALAR_NAMES",
     "PARTS",
     "PRECEDENCE",
     "REFERENCE_INFERENCE",
@@ -57,8 +58,11 @@ __all__ = [
     "STEP_TIME_SCALAR",
     "TRAINING",
     "WEIGHT_SYNC",
+    "declare_framework_perf",
+    "forget_framework_perf",
     "is_learner_step",
     "rl_part",
+    "scalar_names",
     "step_parts",
     "summary_parts",
 ]
@@ -112,6 +116,40 @@ SCALAR_NAMES: Final[Mapping[str, str]] = {
 """The MetricsLogger name of each part: Tunix's ``perf/*`` name where Tunix has one for the
 same time, else ``rl/step/<part>_time``. (Tunix's ``perf/rollout_idle_time`` is the rollout
 engine's idle time, not the learner's wait, so the wait has a name of its own.)"""
+
+OWN_SCALAR_NAMES: Final[Mapping[str, str]] = {
+    **{part: f"rl/step/{part}_time" for part in PARTS},
+    "step": "rl/step/step_time",
+}
+"""The names used instead of :data:`SCALAR_NAMES` (and :data:`STEP_TIME_SCALAR`, under
+``"step"``) for a scope whose framework logs Tunix's ``perf/*`` figures itself
+(:func:`declare_framework_perf`): one name, one meaning, at each step."""
+
+_framework_perf: set[str] = set()
+"""Scopes whose framework integration logs Tunix's ``perf/*`` names itself."""
+
+
+def declare_framework_perf(scope: str) -> None:
+    """Say that the framework logs Tunix's own ``perf/*`` figures for the learner steps of
+    ``scope`` (the Tunix integration's perf tracer does, from the same spans but over its
+    global step): the breakdown of those steps is then logged under
+    :data:`OWN_SCALAR_NAMES` only."""
+    _framework_perf.add(scope)
+
+
+def forget_framework_perf() -> None:
+    """Forget every :func:`declare_framework_perf` (a new run starts: its integrations
+    declare again as their learner steps open)."""
+    _framework_perf.clear()
+
+
+def scalar_names(scope: str) -> tuple[str, Mapping[str, str]]:
+    """The MetricsLogger names of a learner step of ``scope``: ``(step time, {part:
+    name})``."""
+    if scope in _framework_perf:
+        return OWN_SCALAR_NAMES["step"], OWN_SCALAR_NAMES
+    return STEP_TIME_SCALAR, SCALAR_NAMES
+
 
 _WAIT: Final = re.compile(r"queue_(?:wait|get)|^wait$", re.I)
 _REFERENCE: Final = re.compile(r"refer(?:ence)?_inference|(?:^|_)ref_(?:logp|forward)", re.I)

@@ -4,7 +4,9 @@ For each learner step (:func:`~otel_tunix.accounting.rl_steps.is_learner_step`) 
 the step's number, its wall time as ``perf/global_step_time`` and each part of
 :func:`~otel_tunix.accounting.rl_steps.summary_parts` under
 :data:`~otel_tunix.accounting.rl_steps.SCALAR_NAMES` (Tunix's ``perf/*`` names where Tunix
-has one). The parts add up to the step time. ``docs/rl.md`` has the table.
+has one; ``rl/step/*`` ones where the framework logs Tunix's names itself:
+:func:`~otel_tunix.accounting.rl_steps.declare_framework_perf`). The parts add up to the
+step time. ``docs/rl.md`` has the table.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from otel_tunix.accounting.rl_steps import (
-    SCALAR_NAMES,
-    STEP_TIME_SCALAR,
+    forget_framework_perf,
     is_learner_step,
+    scalar_names,
     summary_parts,
 )
 from otel_tunix.consumers.step_accounting import StepSink
@@ -27,9 +29,10 @@ __all__ = ["RLStepSink", "rl_step_scalars"]
 
 def rl_step_scalars(summary: StepSummary) -> dict[str, float]:
     """The scalars of one learner step: its time and its parts, by MetricsLogger name."""
-    out = {STEP_TIME_SCALAR: summary.step_time_sec}
+    step_name, names = scalar_names(summary.scope)
+    out = {step_name: summary.step_time_sec}
     for part, seconds in summary_parts(summary).items():
-        out[SCALAR_NAMES[part]] = seconds
+        out[names[part]] = seconds
     return out
 
 
@@ -39,6 +42,7 @@ class RLStepSink(StepSink):
 
     def __init__(self, logger: MetricsLogger) -> None:
         self._logger = logger
+        forget_framework_perf()  # a new run: its integrations declare again
 
     def on_steps(self, summaries: Sequence[StepSummary]) -> None:
         """A batch of steps: the learner steps among them, logged in order."""

@@ -202,3 +202,24 @@ def test_async_actor_learner_loop_adds_up_to_each_learner_step(local_run: Any) -
     mean = {p: sum(logged[m][names[p]] for m in logged) / steps for p in rl_steps.PARTS}
     assert rl.parts_sec == pytest.approx(mean, abs=1e-9)
     assert sum(rl.parts_sec.values()) == pytest.approx(rl.mean_step_sec, rel=0.01)
+
+
+def test_a_scope_whose_framework_logs_tunix_perf_gets_names_of_its_own(local_run: Any) -> None:
+    run = local_run()  # a new run forgets what an earlier one declared
+    assert rl_steps.scalar_names(LEARNER) == (rl_steps.STEP_TIME_SCALAR, rl_steps.SCALAR_NAMES)
+    rl_steps.declare_framework_perf(LEARNER)  # as the Tunix perf tracer does
+    with otel_tunix.step(0, scope=LEARNER):
+        with otel_tunix.rl.weight_sync():
+            time.sleep(0.002)
+    otel_tunix.shutdown()
+    (logged,) = [r["metrics"] for r in run.metrics() if "rl/step/step_time" in r.get("metrics", {})]
+    assert not any(name.startswith("perf/sum/") for name in logged)
+    assert "perf/global_step_time" not in logged and "perf/weight_sync_time" not in logged
+    (step,) = run.steps()
+    assert logged["rl/step/step_time"] == pytest.approx(step["step_time_sec"])
+    assert logged["rl/step/weight_sync_time"] == pytest.approx(
+        step["components"]["weight_sync"]["busy_time_sec"]
+    )
+    parts = sum(logged[f"rl/step/{p}_time"] for p in rl_steps.PARTS)
+    assert parts == pytest.approx(step["step_time_sec"], rel=0.01)
+    rl_steps.forget_framework_perf()
