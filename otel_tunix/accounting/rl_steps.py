@@ -186,7 +186,7 @@ def rl_part(name: str, blocked: bool, category: str | None = None) -> str:
 def is_learner_step(scope: str, attributes: Mapping[str, object] | None) -> bool:
     """A step the breakdown is for: its scope's last part is ``learner`` (``rl/learner``),
     or it consumed rollouts or synced weights (``otel_tunix.rl`` set its attributes)."""
-    if scope.rsplit("/", 1)[-1] == "learner":
+    if scope == "learner" or scope.endswith("/learner"):
         return True
     if not attributes:
         return False
