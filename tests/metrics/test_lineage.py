@@ -370,3 +370,11 @@ def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
     title = next(i for i, line in enumerate(lines) if line.startswith("RL: "))
     row = next(line for line in lines[title:] if line.strip().startswith(LEARNER))
     assert row.split()[1:] == ["5", "1.40", "2.8", "3", "1.25", "1", "1.75"]
+    # and the learner step added up: its parts, their sum, the step time
+    added = next(i for i, line in enumerate(lines) if line.startswith("RL step added up: "))
+    end = next(i for i in range(added, len(lines)) if lines[i].strip().startswith("step time"))
+    rows = {line.split()[0]: line.split() for line in lines[added + 1 : end + 1] if line.strip()}
+    ms = {p: float(rows[p][1]) for p in got.parts_sec}
+    assert ms == pytest.approx({p: v * 1e3 for p, v in got.parts_sec.items()}, abs=1e-3)
+    assert float(rows["sum"][3]) == pytest.approx(got.mean_step_sec * 1e3, abs=2e-3)
+    assert rows["step"][:4] == ["step", "time", "(5", "steps)"]
