@@ -13,6 +13,7 @@ pytest.importorskip("rich")
 
 from run_files import read_jsonl
 
+from otel_tunix.accounting import rl_steps
 from otel_tunix.demos import rl as demo_rl
 
 
@@ -24,6 +25,7 @@ def test_async_rl_demo_traces_actor_and_learner(
     text = capsys.readouterr().out
     assert "RL step-time breakdown" in text
     assert "rollout idle" in text and "learner blocked" in text
+    assert "RL step added up: rl/learner" in text and "step time (12 steps)" in text
 
     records = read_jsonl(out / "spans.jsonl")
     steps = [r for r in records if r["type"] == "step"]
@@ -66,6 +68,27 @@ def test_async_rl_demo_traces_actor_and_learner(
     assert min(r["start_ns"] for r in actor) < min(r["end_ns"] for r in learner)
 
     metrics = read_jsonl(out / "metrics.jsonl")
+    # each learner step added up: its parts (docs/rl.md) are its components' times, the
+    # torch forward / backward / optimizer_step nested in actor_train_step counted once
+    parts = {
+        m["step"]: m["metrics"] for m in metrics if "perf/global_step_time" in m.get("metrics", {})
+    }
+    assert sorted(parts) == list(range(12))
+    for r in learner:
+        p, c = parts[r["step"]], r["components"]
+        assert p["perf/global_step_time"] == pytest.approx(r["step_time_sec"])
+        total = sum(p[name] for name in rl_steps.SCALAR_NAMES.values())
+        assert total == pytest.approx(r["step_time_sec"], rel=0.01)
+        assert p["perf/sum/actor_train_time"] == pytest.approx(
+            c["actor_train_step"]["busy_time_sec"], abs=1e-6
+        )
+        assert p["perf/weight_sync_time"] == pytest.approx(
+            c["weight_sync"]["busy_time_sec"], abs=1e-6
+        )
+        assert p["rl/step/rollout_wait_time"] == pytest.approx(
+            c["rollout_queue_wait"]["blocked_time_sec"], abs=1e-6
+        )
+        assert p["rl/step/idle_time"] == pytest.approx(r["idle_time_sec"], abs=1e-6)
     logged = {k for m in metrics for k in m.get("metrics", {})}
     assert {
         "rewards/mean", "rewards/std", "kl", "loss", "pg_clipfrac", "policy_lag",

@@ -22,7 +22,7 @@ gives each rule.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Final
 
@@ -206,12 +206,14 @@ def categorize_intervals(
     end_ns: int,
     intervals: Iterable[tuple[str, int, int]],
     rest: str = PRODUCTIVE,
+    precedence: Sequence[str] = PRECEDENCE,
 ) -> dict[str, float]:
     """Seconds of the window ``[start_ns, end_ns]`` in each category, from intervals already
     classified (``(category, start_ns, end_ns)``, clipped to the window here), each instant
     by :data:`PRECEDENCE`; the instants no interval covers are ``rest`` (``productive``
     inside a training step: its time not spent in a badput component is what it is for).
-    They add up to the window. The live ledger and ``otel-tunix goodput`` both use it."""
+    They add up to the window. The live ledger and ``otel-tunix goodput`` both use it;
+    :mod:`otel_tunix.accounting.rl_steps` with its own parts and ``precedence``."""
     window = max(0, end_ns - start_ns)
     by_cat: dict[str, list[tuple[int, int]]] = {}
     for cat, s0, s1 in intervals:
@@ -221,7 +223,7 @@ def categorize_intervals(
     out: dict[str, float] = {}
     covered: list[tuple[int, int]] = []
     before = 0
-    for cat in PRECEDENCE:
+    for cat in precedence:
         ivs = by_cat.get(cat)
         if not ivs:
             continue

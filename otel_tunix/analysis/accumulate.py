@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from otel_tunix.accounting.rl_steps import PARTS, is_learner_step, step_parts
 from otel_tunix.analysis.readers import ReadStats, iter_records
 from otel_tunix.analysis.timeline import RunTimeline, metrics_start_ns
 from otel_tunix.model import record as rs
-from otel_tunix.model.record import as_int64
+from otel_tunix.model.record import SpanInfo, as_int64
 from otel_tunix.settings import attributes as attr
 
 _NS = 1e-9
@@ -63,6 +64,10 @@ class _ScopeAcc:
         self.syncs: array[float] = array("d")
         """Per step that synced weights: its syncs, and (``sync_bytes``) their bytes."""
         self.sync_bytes: array[float] = array("d")
+        self.rl_step: array[float] = array("d")
+        """Per learner step with its spans in the line: its time, and (``rl_parts``) the
+        seconds of each part of :mod:`otel_tunix.accounting.rl_steps`."""
+        self.rl_parts: dict[str, array[float]] = {p: array("d") for p in PARTS}
 
     @property
     def n(self) -> int:
@@ -85,6 +90,8 @@ class _ScopeAcc:
         attrs = obj.get(rs.ATTRIBUTES)
         if isinstance(attrs, Mapping):
             self._rl(attrs)
+        if is_learner_step(self.scope, attrs if isinstance(attrs, Mapping) else None):
+            self._rl_parts(obj, start, end, step_time)
         comps = obj.get(rs.COMPONENTS)
         if isinstance(comps, Mapping):
             for name, ct in comps.items():
@@ -112,6 +119,17 @@ class _ScopeAcc:
         if isinstance(syncs, int | float):
             self.syncs.append(float(syncs))
             self.sync_bytes.append(_f(attrs.get(attr.RL_WEIGHT_SYNC_BYTES)))
+
+    def _rl_parts(self, obj: Mapping[str, Any], start: int, end: int, step_time: float) -> None:
+        """A learner step's parts, from the component spans of its line."""
+        spans = obj.get(rs.SPANS)
+        if not isinstance(spans, list):
+            return
+        infos = [SpanInfo.from_json(e) for e in spans if isinstance(e, Mapping)]
+        parts = step_parts(start, max(end, start + round(step_time * 1e9)), infos)
+        self.rl_step.append(step_time)
+        for part, seconds in parts.items():
+            self.rl_parts[part].append(seconds)
 
     def _comp(self, name: str, kind: str, idx: int) -> array[float]:
         col = self.comp.get((name, kind))

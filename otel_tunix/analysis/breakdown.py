@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from otel_tunix.accounting.categories import is_eval_scope
+from otel_tunix.accounting.rl_steps import PARTS
 from otel_tunix.analysis.accumulate import _FileAcc, _i, _ScopeAcc
 from otel_tunix.analysis.ledger import run_goodput
 from otel_tunix.analysis.readers import (
@@ -174,13 +175,26 @@ class RLStats:
     """Steps that synced more than once (the ``weight_sync_repeated`` alert)."""
     mean_sync_bytes: float
     """Bytes synced per such step, on average (as given to ``weight_sync``; 0: not given)."""
+    breakdown_steps: int = 0
+    """Sampled learner steps broken into parts (:mod:`otel_tunix.accounting.rl_steps`)."""
+    mean_step_sec: float = 0.0
+    """Their mean wall time."""
+    parts_sec: dict[str, float] = field(default_factory=dict)
+    """Per part (``rollout``, ``rollout_wait``, ..., ``idle``), its mean seconds per such
+    step; they add up to ``mean_step_sec``."""
 
 
 def _rl_stats(accs: Sequence[_ScopeAcc]) -> RLStats | None:
     lags = _concat([np.frombuffer(a.max_lag, dtype=np.float64) for a in accs])
     syncs = _concat([np.frombuffer(a.syncs, dtype=np.float64) for a in accs])
-    if not lags.size and not syncs.size:
+    times = _concat([np.frombuffer(a.rl_step, dtype=np.float64) for a in accs])
+    if not lags.size and not syncs.size and not times.size:
         return None
+    parts = {
+        p: float(_concat([np.frombuffer(a.rl_parts[p], dtype=np.float64) for a in accs]).mean())
+        for p in PARTS
+        if times.size
+    }
     nbytes = _concat([np.frombuffer(a.sync_bytes, dtype=np.float64) for a in accs])
     return RLStats(
         scope=accs[0].scope,
@@ -192,6 +206,9 @@ def _rl_stats(accs: Sequence[_ScopeAcc]) -> RLStats | None:
         mean_syncs=float(syncs.mean()) if syncs.size else 0.0,
         repeated_sync_steps=int((syncs > 1).sum()),
         mean_sync_bytes=float(nbytes.mean()) if nbytes.size else 0.0,
+        breakdown_steps=int(times.size),
+        mean_step_sec=float(times.mean()) if times.size else 0.0,
+        parts_sec=parts,
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_tunix.accounting.categories import BADPUT
-from otel_tunix.analysis.breakdown import MAD_FACTOR, RunSummary
+from otel_tunix.analysis.breakdown import MAD_FACTOR, RLStats, RunSummary
 from otel_tunix.analysis.readers import AnalysisError, listed
 from otel_tunix.analysis.timeline import Goodput
 
@@ -42,6 +42,25 @@ def rich_table(title: str, *cols: str) -> Any:
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
     for i, col in enumerate(cols):
         t.add_column(col, justify="left" if i == 0 or col in _LEFT else "right", no_wrap=i == 0)
+    return t
+
+
+def rl_parts_table(x: RLStats) -> Any:
+    """The table of one RL scope's learner step, added up: each part's mean per step, its
+    share, and their sum against the mean step time."""
+    t = rich_table(
+        f"RL step added up: {x.scope}",
+        "part",
+        "ms/step",
+        "% of step",
+    )
+    step = x.mean_step_sec
+    for part, sec in x.parts_sec.items():
+        share = sec / step * 100 if step > 0 else 0.0
+        t.add_row(part, _ms(sec), f"{share:.1f}")
+    total = sum(x.parts_sec.values())
+    t.add_row("sum of parts", _ms(total), f"{total / step * 100:.1f}" if step > 0 else "-")
+    t.add_row(f"step time ({x.breakdown_steps} steps)", _ms(step), "100.0", style="bold")
     return t
 
 
@@ -192,7 +211,8 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             latest = escape(s.last_error or "")
             con.print(f"  [red]{s.failed_steps} sampled steps raised[/] (the latest: {latest})\n")
 
-    if summary.rl:
+    lagged = [x for x in summary.rl if x.lag_steps or x.sync_steps]
+    if lagged:
         lt = table(
             "RL: each learner step's largest policy lag (in learner steps), weight syncs",
             "scope",
@@ -204,7 +224,7 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
             ">1 sync",
             "MB/step",
         )
-        for x in summary.rl:
+        for x in lagged:
             lt.add_row(
                 x.scope,
                 str(max(x.lag_steps, x.sync_steps)),
@@ -217,6 +237,9 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
                 style="yellow" if x.repeated_sync_steps else None,
             )
         con.print(lt)
+    for x in summary.rl:
+        if x.breakdown_steps:
+            con.print(rl_parts_table(x))
 
     g = summary.goodput
     run_on = f" ({g.device_run_on_sec:.2f} s of it device run-on)" if g.device_run_on_sec else ""

@@ -63,12 +63,14 @@ from typing import Any
 
 import otel_tunix
 import otel_tunix.rl
+from otel_tunix.analysis.breakdown import summarize
 from otel_tunix.analysis.report import (
     breakdown_table,
     demo_service_name,
     print_run_files,
     progress_bar,
 )
+from otel_tunix.analysis.summary_tables import rl_parts_table
 from otel_tunix.instrumentation import torch as ott
 from otel_tunix.metrics.generation import GenerationMetrics
 from otel_tunix.metrics.rl import rl_metrics
@@ -561,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
     sessions = otel_tunix.shutdown()
 
     console.print(breakdown_table(sessions, title="RL step-time breakdown"))
+    if info.output_dir is not None:  # the learner step added up, as otel-tunix summary shows it
+        for x in summarize(info.output_dir).rl:
+            if x.scope == LEARNER and x.breakdown_steps:
+                console.print(rl_parts_table(x))
     waits = rollout_idle_and_learner_blocked(sessions)
     for label, key, step_key in (
         ("rollout idle", "rollout_idle_sec", "rollout_step_sec"),

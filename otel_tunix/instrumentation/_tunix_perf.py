@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from otel_tunix.accounting.rl_steps import declare_framework_perf
 from otel_tunix.consumers.step_accounting import StepSink
 from otel_tunix.model.steps import SpanInfo, StepSummary
 from otel_tunix.recording.current_run import CurrentRun, get_current
@@ -76,6 +77,7 @@ class LearnerExport:
 
     def watch(self) -> None:
         """Follow the current run's steps (called as a learner step opens)."""
+        declare_framework_perf(LEARNER_SCOPE)  # Tunix logs its perf/* names itself
         run = get_current()
         if run is not None and run is not self._run:
             sink = _RecentSteps()

@@ -23,6 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_tunix.consumers.jsonl import StepJsonlWriter
 from otel_tunix.consumers.live_ledger import FIRST_STEP, LiveLedger
+from otel_tunix.consumers.rl_steps import RLStepSink
 from otel_tunix.consumers.sinks import ExportFnSink, MetricsLoggerSink, instrument_sink
 from otel_tunix.consumers.step_accounting import StepAccountingProcessor
 from otel_tunix.consumers.stragglers import StragglerDetector
@@ -443,6 +444,7 @@ def _step_consumers(
         )
         consumers.add(instruments)
     consumers.add(MetricsLoggerSink(logger))
+    consumers.add(RLStepSink(logger))
     if out_dir is not None:
         files["spans"] = out_dir / f"spans{rank.file_suffix}.jsonl"
         consumers.add(StepJsonlWriter(files["spans"], header))

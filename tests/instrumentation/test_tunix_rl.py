@@ -30,6 +30,7 @@ grpo_lib = pytest.importorskip("tunix.rl.grpo.grpo_learner")
 base_rollout = pytest.importorskip("tunix.rl.rollout.base_rollout")
 tc = pytest.importorskip("tunix.tests.test_common")
 
+from otel_tunix.accounting import rl_steps  # noqa: E402
 from otel_tunix.instrumentation.tunix import (  # noqa: E402
     PROFILER_STEP,
     OTelPerfTracer,
@@ -279,6 +280,12 @@ def test_tunix_perf_metrics_come_from_our_spans_and_join_their_step(grpo: RLRun)
         assert at[k]["perf/global_step_time"] == pytest.approx(step.step_time_sec)
         assert at[k]["perf/rl/learner/step_time_sec"] == pytest.approx(step.step_time_sec)
         assert "rewards/mean" in at[k]
+        # the learner step added up (docs/rl.md): Tunix logs its perf/* names itself, so
+        # otel-tunix's breakdown has names of its own, and its parts sum to the step
+        assert at[k]["rl/step/step_time"] == pytest.approx(step.step_time_sec)
+        parts = [at[k][f"rl/step/{part}_time"] for part in rl_steps.PARTS]
+        assert sum(parts) == pytest.approx(step.step_time_sec, rel=0.01)
+        assert at[k]["rl/step/rollout_time"] > 0 and at[k]["rl/step/training_time"] > 0
 
 
 def test_parity_with_tunix_perf_metrics_export(grpo_tunix_perf: RLRun) -> None:

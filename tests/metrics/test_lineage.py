@@ -343,6 +343,10 @@ def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
     otel_tunix.shutdown()
     summary = summarize(run.path)
     synced = [len(s) for s in syncs if s]
+    (got,) = summary.rl
+    # the learner step added up (tests/metrics/test_rl_steps.py checks its parts)
+    assert got.breakdown_steps == len(lags)
+    assert sum(got.parts_sec.values()) == pytest.approx(got.mean_step_sec, rel=0.01)
     assert summary.rl == [
         RLStats(
             scope=LEARNER,
@@ -354,6 +358,9 @@ def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
             mean_syncs=sum(synced) / len(synced),
             repeated_sync_steps=1,
             mean_sync_bytes=sum(map(sum, syncs)) / len(synced),
+            breakdown_steps=got.breakdown_steps,
+            mean_step_sec=got.mean_step_sec,
+            parts_sec=got.parts_sec,
         )
     ]
     assert summary.to_json()["rl"][0]["repeated_sync_steps"] == 1
@@ -363,3 +370,11 @@ def test_the_summary_shows_each_rl_scopes_lag_and_syncs(local_run: Any) -> None:
     title = next(i for i, line in enumerate(lines) if line.startswith("RL: "))
     row = next(line for line in lines[title:] if line.strip().startswith(LEARNER))
     assert row.split()[1:] == ["5", "1.40", "2.8", "3", "1.25", "1", "1.75"]
+    # and the learner step added up: its parts, their sum, the step time
+    added = next(i for i, line in enumerate(lines) if line.startswith("RL step added up: "))
+    end = next(i for i in range(added, len(lines)) if lines[i].strip().startswith("step time"))
+    rows = {line.split()[0]: line.split() for line in lines[added + 1 : end + 1] if line.strip()}
+    ms = {p: float(rows[p][1]) for p in got.parts_sec}
+    assert ms == pytest.approx({p: v * 1e3 for p, v in got.parts_sec.items()}, abs=1e-3)
+    assert float(rows["sum"][3]) == pytest.approx(got.mean_step_sec * 1e3, abs=2e-3)
+    assert rows["step"][:4] == ["step", "time", "(5", "steps)"]
