@@ -151,8 +151,13 @@ def test_bench_collectives_prints_the_wrapper_cost_against_a_collective():
 
 
 def test_bench_export_prints_its_ratios_and_every_span_reaches_the_collector():
-    text = _run("bench_export.py", "--steps", "40", "--rounds", "1", "--cpu-work", "200")
+    text = _run(
+        "bench_export.py",
+        *("--steps", "40", "--rounds", "1", "--cpu-work", "200"),
+        *("--whole-steps", "50", "--whole-rounds", "1"),
+    )
     for line in (
+        "whole process, grpc: otel-tunix / SDK OTLP path = ",
         "grpc: otel-tunix / SDK OTLP path = ",
         "http: otel-tunix / SDK OTLP path = ",
         "metrics: otel-tunix's OTLP metrics = ",
