@@ -27,6 +27,7 @@ __all__ = [
     "SpanStack",
     "enable_auto_configure",
     "ensure_configured",
+    "record_allocator_counts",
     "record_device_memory",
     "require",
     "step_is_open",
@@ -206,6 +207,55 @@ class _MemoryGauges:
 
 
 _gauges: _MemoryGauges | None = None
+
+
+class _AllocatorCounters:
+    """OTel counters of the allocator's retries and OOMs, on the run's meter provider."""
+
+    def __init__(self, provider: Any) -> None:
+        meter = otel_tunix.get_meter("otel_tunix.instrumentation")
+        self.provider = provider
+        self.counters = {
+            "alloc_retries": meter.create_counter(
+                "tunix.memory.alloc_retries",
+                unit="{retry}",
+                description="Allocation retries of the device memory allocator",
+            ),
+            "ooms": meter.create_counter(
+                "tunix.memory.ooms",
+                unit="{error}",
+                description="Out-of-memory errors of the device memory allocator",
+            ),
+        }
+
+
+_counters: _AllocatorCounters | None = None
+
+
+def record_allocator_counts(
+    counts: Mapping[str, int], *, device: str, step: int | None, scope: str = "train"
+) -> None:
+    """Publish the device allocator's ``alloc_retries`` / ``ooms`` during one step: the OTel
+    counters ``tunix.memory.<key>`` (attributes ``device`` and ``scope``) grow by them, and
+    the MetricsLogger scalars ``memory/<key>`` (perf scalars: the alert rules see them, the
+    logger's OTel backend does not publish them again) are them."""
+    global _counters
+    if not counts:
+        return
+    provider = _run_meter_provider()
+    if provider is not None:
+        if _counters is None or _counters.provider is not provider:
+            _counters = _AllocatorCounters(provider)
+        labels = {"device": device, attr.METRIC_SCOPE: scope}
+        for key, value in counts.items():
+            counter = _counters.counters.get(key)
+            if counter is not None and value > 0:
+                counter.add(value, labels)
+    otel_tunix.get_metrics_logger().log_dict(
+        {f"memory/{key}": float(value) for key, value in counts.items()},
+        step=step,
+        source=PERF_SOURCE,
+    )
 
 
 def _run_meter_provider() -> Any:

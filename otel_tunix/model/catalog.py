@@ -548,6 +548,22 @@ _ROWS: list[MetricSpec] = [
         "system",
     ),
     MetricSpec(
+        "tunix.memory.alloc_retries",
+        C,
+        "{retry}",
+        "Allocation retries of torch's CUDA caching allocator (num_alloc_retries), per step",
+        "system",
+        "memory/alloc_retries",
+    ),
+    MetricSpec(
+        "tunix.memory.ooms",
+        C,
+        "{error}",
+        "Out-of-memory errors of torch's CUDA caching allocator (num_ooms), per step",
+        "system",
+        "memory/ooms",
+    ),
+    MetricSpec(
         "tunix.queue.depth",
         G,
         "{item}",
