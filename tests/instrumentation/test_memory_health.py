@@ -154,3 +154,89 @@ def test_cuda_steps_carry_their_allocator_counts() -> None:
     for s in spans:
         assert s.attributes[attr.MEMORY_PEAK_ALLOCATED] > 0
         assert attr.MEMORY_ALLOC_RETRIES in s.attributes
+
+
+# --- out-of-memory errors -------------------------------------------------------------------
+def _oom() -> BaseException:
+    return torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_an_oom_marks_its_step_and_without_cuda_keeps_no_snapshot_said_once(
+    local_run: Callable[..., RunFolder], caplog: pytest.LogCaptureFixture
+) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("CUDA is in use in this process")
+    raised: dict[int, str] = {}  # step -> what the loop raised in it (its own bookkeeping)
+    run = local_run()
+    for n in range(6):
+        try:
+            with otel_tunix.step(n):
+                with otel_tunix.component("forward"):
+                    if n == 1:  # out of a component, caught in the step (a skipped batch)
+                        raised[n] = "oom"
+                        try:
+                            with otel_tunix.component("backward"):
+                                raise _oom()
+                        except torch.cuda.OutOfMemoryError:
+                            pass
+                    if n == 3:  # out of a component and the step
+                        raised[n] = "oom"
+                        raise _oom()
+                    if n == 4:
+                        raised[n] = "value"
+                        raise ValueError("not memory")
+        except (torch.cuda.OutOfMemoryError, ValueError):
+            pass
+    otel_tunix.shutdown()
+
+    steps = {s["step"]: s["attributes"] for s in run.steps()}
+    oom_steps = sorted(n for n, what in raised.items() if what == "oom")
+    assert sorted(n for n, a in steps.items() if a.get(attr.MEMORY_OOM)) == oom_steps
+    assert not any(attr.PROFILE_PATH in a for a in steps.values())
+    assert run.summary()["memory_snapshots"] == {
+        "oom_steps": len(oom_steps),
+        "snapshots": [],
+        "skipped": {"no_cuda": len(oom_steps)},
+    }
+    said = [r for r in caplog.records if "no memory snapshot" in r.getMessage()]
+    assert len(said) == 1
+    assert not (run.path / "profiles").exists()
+
+
+def test_an_oom_outside_any_torch_program_is_not_ours() -> None:
+    from otel_tunix.metrics.memory_snapshots import is_out_of_memory
+
+    assert is_out_of_memory(_oom())
+    assert not is_out_of_memory(MemoryError("host memory"))
+    assert not is_out_of_memory(RuntimeError("CUDA out of memory"))  # not torch's class
+
+
+@requires_cuda
+def test_cuda_oom_keeps_a_snapshot_linked_from_the_step(
+    local_run: Callable[..., RunFolder],
+) -> None:
+    import pickle
+
+    torch.cuda.memory._record_memory_history(max_entries=10_000)
+    try:
+        run = local_run()
+        keep = torch.empty(1 << 20, device="cuda")
+        free, _ = torch.cuda.mem_get_info()
+        for n in range(2):
+            try:
+                with otel_tunix.step(n), otel_tunix.component("forward"):
+                    if n == 1:
+                        torch.empty(free * 4, dtype=torch.uint8, device="cuda")
+            except torch.cuda.OutOfMemoryError:
+                pass
+        otel_tunix.shutdown()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del keep
+    steps = {s["step"]: s["attributes"] for s in run.steps()}
+    assert steps[1][attr.MEMORY_OOM] is True and attr.MEMORY_OOM not in steps[0]
+    (snap,) = run.summary()["memory_snapshots"]["snapshots"]
+    assert steps[1][attr.PROFILE_PATH] == snap["path"] and snap["step"] == 1
+    with open(run.path / snap["path"], "rb") as f:
+        data = pickle.load(f)
+    assert data["segments"] and "device_traces" in data
