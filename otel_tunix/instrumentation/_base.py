@@ -202,6 +202,7 @@ class _MemoryGauges:
                     "tunix.memory.peak_allocated",
                     "Peak device memory held by tensors during the step",
                 ),
+                ("limit", "tunix.memory.limit", "Device memory the framework may use"),
             )
         }
 
@@ -263,19 +264,38 @@ def _run_meter_provider() -> Any:
     return otel_tunix.current_run()
 
 
+_SPAN_KEYS = (
+    ("peak_allocated", attr.MEMORY_PEAK_ALLOCATED),
+    ("reserved", attr.MEMORY_RESERVED),
+    ("limit", attr.MEMORY_LIMIT),
+)
+"""Memory readings that also go on the step span, and their attributes."""
+
+
 def record_device_memory(
-    stats: Mapping[str, float], *, device: str, step: int | None, scope: str = "train"
+    stats: Mapping[str, float],
+    *,
+    device: str,
+    step: int | None,
+    scope: str = "train",
+    span_attributes: dict[str, Any] | None = None,
 ) -> None:
     """Publish device memory readings (bytes) of one step.
 
-    ``stats`` holds any of ``allocated``, ``reserved``, ``peak_allocated``. They become the
-    OTel gauges ``tunix.memory.<key>`` (unit ``By``, attributes ``device`` and ``scope``) and
-    the MetricsLogger scalars ``memory/<key>_bytes`` (logged as perf scalars, so the logger's
-    OTel backend does not publish them a second time).
+    ``stats`` holds any of ``allocated``, ``reserved``, ``peak_allocated``, ``limit``. They
+    become the OTel gauges ``tunix.memory.<key>`` (unit ``By``, attributes ``device`` and
+    ``scope``) and the MetricsLogger scalars ``memory/<key>_bytes`` (logged as perf scalars,
+    so the logger's OTel backend does not publish them a second time); ``peak_allocated``,
+    ``reserved`` and ``limit`` also go into ``span_attributes`` (the step span's, when given)
+    as ``tunix.memory.<key>``.
     """
     global _gauges
     if not stats:
         return
+    if span_attributes is not None:
+        for key, name in _SPAN_KEYS:
+            if key in stats:
+                span_attributes[name] = int(stats[key])
     provider = _run_meter_provider()
     if provider is not None:
         if _gauges is None or _gauges.provider is not provider:

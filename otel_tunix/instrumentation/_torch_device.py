@@ -383,22 +383,6 @@ _allocator_last: dict[str, AllocatorStep] = {}
 """The last :class:`AllocatorStep` read per device label."""
 
 
-def step_memory_attributes(
-    stats: Mapping[str, float], counts: AllocatorStep | None
-) -> dict[str, Any]:
-    """The step-span attributes of one step's memory readings (:func:`memory_stats` and
-    :func:`allocator_step`)."""
-    out: dict[str, Any] = {}
-    if "peak_allocated" in stats:
-        out[attr.MEMORY_PEAK_ALLOCATED] = int(stats["peak_allocated"])
-    if "reserved" in stats:
-        out[attr.MEMORY_RESERVED] = int(stats["reserved"])
-    if counts is not None:
-        out[attr.MEMORY_ALLOC_RETRIES] = counts.alloc_retries
-        out[attr.MEMORY_OOMS] = counts.ooms
-    return out
-
-
 def publish_step_memory(
     stats: Mapping[str, float],
     allocator_stats: Mapping[str, Any],
@@ -416,7 +400,8 @@ def publish_step_memory(
     if step is None:
         step = view.number if view is not None else None
     scope = scope or (view.scope if view is not None else None) or "train"
-    _base.record_device_memory(stats, device=device, step=step, scope=scope)
+    span = view.attributes if view is not None else None
+    _base.record_device_memory(stats, device=device, step=step, scope=scope, span_attributes=span)
     counts = allocator_step(allocator_stats, _allocator_last.get(device))
     _allocator_last[device] = counts
     _base.record_allocator_counts(
@@ -425,8 +410,9 @@ def publish_step_memory(
         step=step,
         scope=scope,
     )
-    if view is not None:
-        view.attributes.update(step_memory_attributes(stats, counts))
+    if span is not None:
+        span[attr.MEMORY_ALLOC_RETRIES] = counts.alloc_retries
+        span[attr.MEMORY_OOMS] = counts.ooms
     return {**stats, "alloc_retries": float(counts.alloc_retries), "ooms": float(counts.ooms)}
 
 

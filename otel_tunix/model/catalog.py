@@ -546,6 +546,7 @@ _ROWS: list[MetricSpec] = [
         "By",
         "Device memory the framework may use (JAX bytes_limit)",
         "system",
+        "memory/limit_bytes",
     ),
     MetricSpec(
         "tunix.memory.alloc_retries",

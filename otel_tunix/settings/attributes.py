@@ -64,9 +64,14 @@ the step (a failed ``cudaMalloc`` that freed the cache and tried again)."""
 MEMORY_OOMS: Final = "tunix.memory.ooms"
 """On a step span (torch with CUDA): the allocator's out-of-memory errors during the step."""
 MEMORY_PEAK_ALLOCATED: Final = "tunix.memory.peak_allocated"
-"""On a step span (torch with CUDA): peak bytes held by tensors during the step."""
+"""On a step span (torch with CUDA; JAX where ``Device.memory_stats()`` answers): peak bytes
+held by tensors during the step (JAX: ``peak_bytes_in_use``, since the process started)."""
 MEMORY_RESERVED: Final = "tunix.memory.reserved"
-"""On a step span (torch with CUDA): bytes reserved by the allocator at the step's end."""
+"""On a step span (torch with CUDA; JAX where it reports ``pool_bytes``): bytes reserved by
+the allocator at the step's end."""
+MEMORY_LIMIT: Final = "tunix.memory.limit"
+"""On a step span (JAX on a device that reports it): bytes the framework may use
+(``bytes_limit``)."""
 MEMORY_OOM: Final = "tunix.memory.oom"
 """True on a step span when an out-of-memory error (``torch.cuda.OutOfMemoryError``) was
 raised inside the step or one of its components."""

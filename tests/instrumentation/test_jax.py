@@ -227,19 +227,45 @@ def test_device_memory_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
         cap.flush()
         gauges = {
             name: [(dict(p.attributes), p.value) for p in _points(cap, name)]
-            for name in ("tunix.memory.allocated", "tunix.memory.reserved")
+            for name in ("tunix.memory.allocated", "tunix.memory.reserved", "tunix.memory.limit")
         }
+        steps = [s for s in cap.spans() if s.name == "train_step"]
     assert gauges["tunix.memory.allocated"] == [({"device": "gpu:max", "scope": "train"}, 300)]
     assert gauges["tunix.memory.reserved"] == [({"device": "gpu:max", "scope": "train"}, 900)]
+    assert gauges["tunix.memory.limit"] == [({"device": "gpu:max", "scope": "train"}, 10**9)]
     assert otj.memory_stats() == (
-        {"allocated": 300.0, "reserved": 900.0, "peak_allocated": 600.0},
+        {"allocated": 300.0, "reserved": 900.0, "peak_allocated": 600.0, "limit": 1e9},
         "gpu:max",
     )
+    assert len(steps) == 2
+    for s in steps:  # each step span carries its readings
+        assert s.attributes[attr.MEMORY_PEAK_ALLOCATED] == 600
+        assert s.attributes[attr.MEMORY_RESERVED] == 900
+        assert s.attributes[attr.MEMORY_LIMIT] == 10**9
 
 
 def test_memory_stats_none_on_cpu() -> None:
     jnp.ones(1).block_until_ready()
     assert otj.memory_stats() is None
+
+
+def test_cpu_steps_stay_silent_about_device_memory() -> None:
+    """CPU devices answer ``memory_stats()`` with None: no gauge, scalar, attribute or
+    warning is added."""
+    assert all(d.memory_stats() is None for d in jax.local_devices())
+    step_fn = otj.instrument_jit(jax.jit(lambda x: x * 5))
+    with capture() as cap:
+        for n in range(3):
+            with otel_tunix.step(n):
+                step_fn(jnp.ones((4,)))
+        cap.flush()
+        names = {m for m in cap.metrics()}
+        steps = [s for s in cap.spans() if s.name == "train_step"]
+        logged = dict(otel_tunix.get_metrics_logger().last_values)
+    assert len(steps) == 3
+    assert not any(n.startswith("tunix.memory.") for n in names)
+    assert not any(k.startswith("tunix.memory.") for s in steps for k in s.attributes or {})
+    assert not any(k.startswith("memory/") for k in logged)
 
 
 def test_missing_jax_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
