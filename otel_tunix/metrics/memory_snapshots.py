@@ -1,18 +1,21 @@
 """Out-of-memory errors: the step they happen in is marked, and a snapshot of the device
 memory is kept beside the profile captures.
 
-When a ``torch.cuda.OutOfMemoryError`` leaves a component or a step that is recorded, the
-step's span gets ``tunix.memory.oom = true`` and, with CUDA in use and a run folder, the CUDA
-caching allocator's state (``torch.cuda.memory._snapshot()``, pickled: what
-``python -m torch.cuda._memory_viz`` and https://pytorch.org/memory_viz read) is written to
-``<run folder>/profiles/oom-<n>-<scope>-step<k>.pickle``, taken at once, while the tensors
-the failed step holds are still alive. The step's span links it with ``tunix.profile.path``
+When an out-of-memory error (``torch.cuda.OutOfMemoryError``; JAX's ``JaxRuntimeError``
+with status ``RESOURCE_EXHAUSTED``) leaves a component or a step that is recorded, the
+step's span gets ``tunix.memory.oom = true`` and, with a run folder, a snapshot is taken at
+once, while the tensors the failed step holds are still alive: torch (with CUDA in use) the
+CUDA caching allocator's state (``torch.cuda.memory._snapshot()``, pickled: what
+``python -m torch.cuda._memory_viz`` and https://pytorch.org/memory_viz read) in
+``<run folder>/profiles/oom-<n>-<scope>-step<k>.pickle``; JAX
+``jax.profiler.device_memory_profile()`` (a gzipped pprof profile: ``pprof``) in
+``...step<k>.prof``. The step's span links it with ``tunix.profile.path``
 (relative to the run folder), as a profile capture is linked, unless a capture covering the
-step holds that attribute already. The snapshot carries the allocation history when the
+step holds that attribute already. torch's snapshot carries the allocation history when the
 program turned it on (``torch.cuda.memory._record_memory_history()``), only the segments
 otherwise.
 
-Without CUDA nothing is written: counted (``summary.json``'s ``memory_snapshots``) and
+torch without CUDA writes nothing: counted (``summary.json``'s ``memory_snapshots``) and
 said once. Nothing here raises into the training loop.
 """
 
@@ -30,7 +33,7 @@ from otel_tunix.recording.step_record import StepRecord
 from otel_tunix.settings import attributes as attr
 from otel_tunix.support.errors import warn_once
 
-__all__ = ["MAX_SNAPSHOTS", "OomSnapshots", "is_out_of_memory"]
+__all__ = ["MAX_SNAPSHOTS", "OomSnapshots", "is_out_of_memory", "out_of_memory_framework"]
 
 _logger = logging.getLogger(__name__)
 
@@ -41,14 +44,28 @@ SNAPSHOTS_DIR = "profiles"
 """The run folder's subfolder of the snapshots (that of the profile captures)."""
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is torch's CUDA out-of-memory error (torch is not imported here: a
-    program that never imported it raised none)."""
+def out_of_memory_framework(exc: BaseException) -> str | None:
+    """``"torch"`` when ``exc`` is torch's CUDA out-of-memory error, ``"jax"`` when it is
+    JAX's (a ``JaxRuntimeError`` whose status is ``RESOURCE_EXHAUSTED``), else ``None``.
+    Neither framework is imported here: a program that never imported one raised none of
+    its errors."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-    return isinstance(oom, type) and isinstance(exc, oom)
+    if torch is not None:
+        oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+        if isinstance(oom, type) and isinstance(exc, oom):
+            return "torch"
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        error = getattr(getattr(jax, "errors", None), "JaxRuntimeError", None)
+        if isinstance(error, type) and isinstance(exc, error) and "RESOURCE_EXHAUSTED" in str(exc):
+            return "jax"
+    return None
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory error of torch or JAX
+    (:func:`out_of_memory_framework`)."""
+    return out_of_memory_framework(exc) is not None
 
 
 def _cuda_in_use(torch: Any) -> bool:
@@ -85,12 +102,13 @@ class OomSnapshots:
         """An error left a component or step of ``rec``: mark the step and keep a snapshot
         when it is an out-of-memory error (once per step). Never raises."""
         try:
-            if not is_out_of_memory(exc) or rec.attributes.get(attr.MEMORY_OOM):
+            framework = out_of_memory_framework(exc)
+            if framework is None or rec.attributes.get(attr.MEMORY_OOM):
                 return
             rec.attributes[attr.MEMORY_OOM] = True
             with self._lock:
                 self.marked += 1
-            path = self._snapshot(rec, exc)
+            path = self._snapshot(rec, exc, framework)
             if path is not None:
                 rec.attributes.setdefault(attr.PROFILE_PATH, path)
         except Exception:
@@ -105,10 +123,9 @@ class OomSnapshots:
         with self._lock:
             self.skipped[why] += 1
 
-    def _snapshot(self, rec: StepRecord, exc: BaseException) -> str | None:
-        """Write the CUDA allocator's snapshot; its path relative to the run folder."""
-        torch = sys.modules["torch"]
-        if not _cuda_in_use(torch):
+    def _snapshot(self, rec: StepRecord, exc: BaseException, framework: str) -> str | None:
+        """Write the framework's memory snapshot; its path relative to the run folder."""
+        if framework == "torch" and not _cuda_in_use(sys.modules["torch"]):
             self._skip("no_cuda")
             warn_once(
                 "oom-snapshot-no-cuda",
@@ -126,15 +143,25 @@ class OomSnapshots:
                 return None
             self._taken += 1
             index = self._taken
-            rel = f"{SNAPSHOTS_DIR}/oom-{index}-{rec.scope}-step{rec.number}.pickle"
-            entry = {"path": rel, "scope": rec.scope, "step": rec.number, "error": str(exc)}
+            suffix = "pickle" if framework == "torch" else "prof"
+            rel = f"{SNAPSHOTS_DIR}/oom-{index}-{rec.scope}-step{rec.number}.{suffix}"
+            entry = {
+                "path": rel,
+                "framework": framework,
+                "scope": rec.scope,
+                "step": rec.number,
+                "error": str(exc)[:500],
+            }
             self.snapshots.append(entry)  # the index is taken: another thread gets the next
         try:
-            snapshot = torch.cuda.memory._snapshot()
             path = self.run_dir / rel
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as f:
-                pickle.dump(snapshot, f)
+            if framework == "torch":
+                snapshot = sys.modules["torch"].cuda.memory._snapshot()
+                with open(path, "wb") as f:
+                    pickle.dump(snapshot, f)
+            else:
+                path.write_bytes(sys.modules["jax"].profiler.device_memory_profile())
         except Exception as failure:
             with self._lock:
                 self.snapshots.remove(entry)

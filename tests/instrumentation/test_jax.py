@@ -351,3 +351,47 @@ def test_a_loop_that_never_waits_for_the_device_tiles_its_wall_time_with_host_st
     for earlier, later in itertools.pairwise(steps):
         assert earlier.end_ns <= later.start_ns  # consecutive host windows never overlap
     assert all(s.device_times and s.device_times["train_step_compute"] > 0 for s in steps)
+
+
+def test_a_resource_exhausted_error_marks_its_step_and_keeps_a_memory_profile(
+    local_run: Any,
+) -> None:
+    """JAX's out-of-memory error (a real ``JaxRuntimeError`` with XLA's status text) in a
+    component: the step is marked and ``device_memory_profile()`` (which answers on CPU
+    too) is kept, linked from the step; another runtime error is not an OOM."""
+    import gzip
+
+    oom = jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes."
+    )
+    raised: dict[int, str] = {}
+    run = local_run()
+    x = jnp.ones((64, 64))
+    for n in range(4):
+        with otel_tunix.step(n):
+            (x @ x).block_until_ready()
+            try:
+                with otel_tunix.component("forward"):
+                    if n == 2:
+                        raised[n] = "oom"
+                        raise oom
+                    if n == 3:
+                        raised[n] = "other"
+                        raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: bad shapes")
+            except jax.errors.JaxRuntimeError:
+                pass
+    otel_tunix.shutdown()
+
+    steps = {s["step"]: s["attributes"] for s in run.steps()}
+    assert [n for n in sorted(steps) if steps[n].get(attr.MEMORY_OOM)] == [2]
+    summary = run.summary()["memory_snapshots"]
+    assert summary["oom_steps"] == 1 and summary["skipped"] == {}
+    (snap,) = summary["snapshots"]
+    assert snap["path"] == "profiles/oom-1-train-step2.prof"
+    assert snap["framework"] == "jax" and snap["step"] == 2
+    assert snap["error"].startswith("RESOURCE_EXHAUSTED")
+    assert steps[2][attr.PROFILE_PATH] == snap["path"]
+    assert attr.PROFILE_PATH not in steps[3]
+    profile = gzip.decompress((run.path / snap["path"]).read_bytes())  # pprof: gzipped proto
+    for sample_type in (b"allocations", b"space", b"bytes"):  # its string table
+        assert sample_type in profile
