@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import sys
 from typing import Any
@@ -354,7 +355,7 @@ def test_a_loop_that_never_waits_for_the_device_tiles_its_wall_time_with_host_st
 
 
 def test_a_resource_exhausted_error_marks_its_step_and_keeps_a_memory_profile(
-    local_run: Any,
+    local_run: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """JAX's out-of-memory error (a real ``JaxRuntimeError`` with XLA's status text) in a
     component: the step is marked and ``device_memory_profile()`` (which answers on CPU
@@ -395,3 +396,14 @@ def test_a_resource_exhausted_error_marks_its_step_and_keeps_a_memory_profile(
     profile = gzip.decompress((run.path / snap["path"]).read_bytes())  # pprof: gzipped proto
     for sample_type in (b"allocations", b"space", b"bytes"):  # its string table
         assert sample_type in profile
+
+    # `otel-tunix summary` lists the snapshot, from the run folder
+    from otel_tunix.cli import main
+
+    capsys.readouterr()
+    assert main(["summary", str(run.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_snapshots"] == [{"rank": None, **snap}]
+    assert main(["summary", str(run.path)]) == 0
+    text = capsys.readouterr().out
+    assert "Out-of-memory snapshots: 1" in text
+    assert "profiles/oom-1-train-step2.prof: train step 2" in text
