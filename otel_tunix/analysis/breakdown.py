@@ -236,8 +236,14 @@ class RunSummary:
     profiles: list[dict[str, Any]] = field(default_factory=list)
     """The profile captures of the run (``summary.json``'s ``profiles``, each with its
     ``rank``): path, steps, trace ids, status and why (the alert, or ``capture_profile()``)."""
+    memory_snapshots: list[dict[str, Any]] = field(default_factory=list)
+    """The out-of-memory snapshots of the run (``summary.json``'s ``memory_snapshots``, each
+    with its ``rank``): path, framework, scope, step, error."""
 
     def to_json(self) -> dict[str, Any]:
+        """The summary as ``otel-tunix summary --json`` prints it (``memory_snapshots`` only
+        when the run kept some)."""
+        snapshots = {"memory_snapshots": self.memory_snapshots} if self.memory_snapshots else {}
         return {
             "source": self.source,
             "files": self.files,
@@ -260,6 +266,7 @@ class RunSummary:
             "bad_lines": self.bad_lines,
             "rl": [asdict(r) for r in self.rl],
             "profiles": self.profiles,
+            **snapshots,
         }
 
 
@@ -506,11 +513,15 @@ def summarize(path: str | os.PathLike[str]) -> RunSummary:
         runs=[str(r) for r in runs] if len(runs) > 1 else [],
         rl=rl,
         profiles=profile_captures(paths),
+        memory_snapshots=profile_captures(paths, "memory_snapshots", "snapshots"),
     )
 
 
-def profile_captures(spans_files: Sequence[Path]) -> list[dict[str, Any]]:
-    """The profile captures listed by the ``summary[-rank<N>].json`` beside each spans
+def profile_captures(
+    spans_files: Sequence[Path], section: str = "profiles", key: str = "captures"
+) -> list[dict[str, Any]]:
+    """The profile captures (``section`` / ``key``: another list of the same files, the
+    out-of-memory snapshots) listed by the ``summary[-rank<N>].json`` beside each spans
     file, each with its ``rank`` (a missing or unreadable summary lists none)."""
     out: list[dict[str, Any]] = []
     for path in spans_files:
@@ -518,7 +529,7 @@ def profile_captures(spans_files: Sequence[Path]) -> list[dict[str, Any]]:
         name = "summary.json" if rank is None else f"summary-rank{rank}.json"
         try:
             data = json.loads((path.parent / name).read_text())
-            captures = data.get("profiles", {}).get("captures", [])
+            captures = data.get(section, {}).get(key, [])
         except (OSError, ValueError, AttributeError):
             continue
         out.extend({"rank": rank, **c} for c in captures if isinstance(c, dict))

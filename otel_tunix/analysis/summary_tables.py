@@ -326,5 +326,13 @@ def render_summary(summary: RunSummary, console: Any = None, *, max_anomalies: i
                 f"  {on_rank}{p.get('path', '')}: {covers}, asked by {asked} ({status})",
                 soft_wrap=True,
             )
+    if summary.memory_snapshots:
+        con.print(f"[bold]Out-of-memory snapshots[/]: {len(summary.memory_snapshots)}")
+        for m in summary.memory_snapshots:
+            on_rank = f"rank {m['rank']}: " if m.get("rank") is not None else ""
+            con.print(
+                f"  {on_rank}{m.get('path', '')}: {m.get('scope')} step {m.get('step')}",
+                soft_wrap=True,
+            )
     for n in [*summary.notes, *g.notes]:
         con.print(f"[dim]note: {n}[/]")

@@ -27,6 +27,7 @@ __all__ = [
     "SpanStack",
     "enable_auto_configure",
     "ensure_configured",
+    "record_allocator_counts",
     "record_device_memory",
     "require",
     "step_is_open",
@@ -201,6 +202,7 @@ class _MemoryGauges:
                     "tunix.memory.peak_allocated",
                     "Peak device memory held by tensors during the step",
                 ),
+                ("limit", "tunix.memory.limit", "Device memory the framework may use"),
             )
         }
 
@@ -208,24 +210,92 @@ class _MemoryGauges:
 _gauges: _MemoryGauges | None = None
 
 
+class _AllocatorCounters:
+    """OTel counters of the allocator's retries and OOMs, on the run's meter provider."""
+
+    def __init__(self, provider: Any) -> None:
+        meter = otel_tunix.get_meter("otel_tunix.instrumentation")
+        self.provider = provider
+        self.counters = {
+            "alloc_retries": meter.create_counter(
+                "tunix.memory.alloc_retries",
+                unit="{retry}",
+                description="Allocation retries of the device memory allocator",
+            ),
+            "ooms": meter.create_counter(
+                "tunix.memory.ooms",
+                unit="{error}",
+                description="Out-of-memory errors of the device memory allocator",
+            ),
+        }
+
+
+_counters: _AllocatorCounters | None = None
+
+
+def record_allocator_counts(
+    counts: Mapping[str, int], *, device: str, step: int | None, scope: str = "train"
+) -> None:
+    """Publish the device allocator's ``alloc_retries`` / ``ooms`` during one step: the OTel
+    counters ``tunix.memory.<key>`` (attributes ``device`` and ``scope``) grow by them, and
+    the MetricsLogger scalars ``memory/<key>`` (perf scalars: the alert rules see them, the
+    logger's OTel backend does not publish them again) are them."""
+    global _counters
+    if not counts:
+        return
+    provider = _run_meter_provider()
+    if provider is not None:
+        if _counters is None or _counters.provider is not provider:
+            _counters = _AllocatorCounters(provider)
+        labels = {"device": device, attr.METRIC_SCOPE: scope}
+        for key, value in counts.items():
+            counter = _counters.counters.get(key)
+            if counter is not None and value > 0:
+                counter.add(value, labels)
+    otel_tunix.get_metrics_logger().log_dict(
+        {f"memory/{key}": float(value) for key, value in counts.items()},
+        step=step,
+        source=PERF_SOURCE,
+    )
+
+
 def _run_meter_provider() -> Any:
     """The current run (its identity changes with each ``configure()``), or ``None``."""
     return otel_tunix.current_run()
 
 
+_SPAN_KEYS = (
+    ("peak_allocated", attr.MEMORY_PEAK_ALLOCATED),
+    ("reserved", attr.MEMORY_RESERVED),
+    ("limit", attr.MEMORY_LIMIT),
+)
+"""Memory readings that also go on the step span, and their attributes."""
+
+
 def record_device_memory(
-    stats: Mapping[str, float], *, device: str, step: int | None, scope: str = "train"
+    stats: Mapping[str, float],
+    *,
+    device: str,
+    step: int | None,
+    scope: str = "train",
+    span_attributes: dict[str, Any] | None = None,
 ) -> None:
     """Publish device memory readings (bytes) of one step.
 
-    ``stats`` holds any of ``allocated``, ``reserved``, ``peak_allocated``. They become the
-    OTel gauges ``tunix.memory.<key>`` (unit ``By``, attributes ``device`` and ``scope``) and
-    the MetricsLogger scalars ``memory/<key>_bytes`` (logged as perf scalars, so the logger's
-    OTel backend does not publish them a second time).
+    ``stats`` holds any of ``allocated``, ``reserved``, ``peak_allocated``, ``limit``. They
+    become the OTel gauges ``tunix.memory.<key>`` (unit ``By``, attributes ``device`` and
+    ``scope``) and the MetricsLogger scalars ``memory/<key>_bytes`` (logged as perf scalars,
+    so the logger's OTel backend does not publish them a second time); ``peak_allocated``,
+    ``reserved`` and ``limit`` also go into ``span_attributes`` (the step span's, when given)
+    as ``tunix.memory.<key>``.
     """
     global _gauges
     if not stats:
         return
+    if span_attributes is not None:
+        for key, name in _SPAN_KEYS:
+            if key in stats:
+                span_attributes[name] = int(stats[key])
     provider = _run_meter_provider()
     if provider is not None:
         if _gauges is None or _gauges.provider is not provider:

@@ -15,7 +15,8 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import otel_tunix
@@ -336,26 +337,109 @@ def memory_stats(device: Any = None, *, reset_peak: bool = True) -> dict[str, fl
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class AllocatorStep:
+    """The CUDA caching allocator's retry and OOM counts of one step (see
+    :func:`allocator_step`)."""
+
+    alloc_retries: int
+    """Allocation retries during the step (a ``cudaMalloc`` that failed, freed the cache and
+    was tried again)."""
+    ooms: int
+    """Out-of-memory errors during the step."""
+    total_alloc_retries: int
+    """``num_alloc_retries`` as read (since the process started or the counters' reset)."""
+    total_ooms: int
+    """``num_ooms`` as read."""
+
+    @property
+    def retries_growing(self) -> bool:
+        """The retry count grew during the step: the allocator is short of memory."""
+        return self.alloc_retries > 0
+
+
+def allocator_step(stats: Mapping[str, Any], previous: AllocatorStep | None) -> AllocatorStep:
+    """The retries and OOMs of one step from ``torch.cuda.memory_stats()`` (``stats``) and
+    the previous step's reading.
+
+    The counts of a step are the growth of ``num_alloc_retries`` / ``num_ooms`` since the
+    previous reading; the first reading counts everything since the process started; a count
+    that went down (``torch.cuda.reset_accumulated_memory_stats()``) counts from zero. A key
+    missing from ``stats`` reads 0. Pure: no torch, no CUDA.
+    """
+    retries = int(stats.get("num_alloc_retries", 0) or 0)
+    ooms = int(stats.get("num_ooms", 0) or 0)
+    last_retries = previous.total_alloc_retries if previous is not None else 0
+    last_ooms = previous.total_ooms if previous is not None else 0
+    return AllocatorStep(
+        alloc_retries=retries - last_retries if retries >= last_retries else retries,
+        ooms=ooms - last_ooms if ooms >= last_ooms else ooms,
+        total_alloc_retries=retries,
+        total_ooms=ooms,
+    )
+
+
+_allocator_last: dict[str, AllocatorStep] = {}
+"""The last :class:`AllocatorStep` read per device label."""
+
+
+def publish_step_memory(
+    stats: Mapping[str, float],
+    allocator_stats: Mapping[str, Any],
+    *,
+    device: str,
+    step: int | None = None,
+    scope: str | None = None,
+) -> dict[str, float]:
+    """Publish one step's memory readings of ``device``: ``stats`` as :func:`memory_stats`
+    gives them, ``allocator_stats`` as ``torch.cuda.memory_stats()`` does (its
+    ``num_alloc_retries`` / ``num_ooms``, turned into the step's counts by
+    :func:`allocator_step` against this device's previous reading). What is published:
+    see :func:`record_memory_stats`, which reads both on CUDA and calls this."""
+    view = otel_tunix.current_step()
+    if step is None:
+        step = view.number if view is not None else None
+    scope = scope or (view.scope if view is not None else None) or "train"
+    span = view.attributes if view is not None else None
+    _base.record_device_memory(stats, device=device, step=step, scope=scope, span_attributes=span)
+    counts = allocator_step(allocator_stats, _allocator_last.get(device))
+    _allocator_last[device] = counts
+    _base.record_allocator_counts(
+        {"alloc_retries": counts.alloc_retries, "ooms": counts.ooms},
+        device=device,
+        step=step,
+        scope=scope,
+    )
+    if span is not None:
+        span[attr.MEMORY_ALLOC_RETRIES] = counts.alloc_retries
+        span[attr.MEMORY_OOMS] = counts.ooms
+    return {**stats, "alloc_retries": float(counts.alloc_retries), "ooms": float(counts.ooms)}
+
+
 def record_memory_stats(
     step: int | None = None, *, scope: str | None = None, reset_peak: bool = True
 ) -> dict[str, float]:
-    """Publish :func:`memory_stats` of the current CUDA device for one step.
+    """Publish :func:`memory_stats` of the current CUDA device for one step, and the
+    allocator's retries and OOMs during the step (:func:`allocator_step`).
 
     OTel gauges ``tunix.memory.allocated`` / ``.reserved`` / ``.peak_allocated`` (By,
-    attributes ``device``, ``scope``) and MetricsLogger scalars ``memory/<key>_bytes``.
-    ``step`` and ``scope`` default to the step open in the calling context. Never raises.
+    attributes ``device``, ``scope``), counters ``tunix.memory.alloc_retries`` /
+    ``tunix.memory.ooms``, MetricsLogger scalars ``memory/<key>_bytes``,
+    ``memory/alloc_retries`` and ``memory/ooms`` (the step's counts: the
+    ``alloc_retries_growing`` alert rule watches the first), and the step span's
+    ``tunix.memory.*`` attributes. ``step`` and ``scope`` default to the step open in the
+    calling context. Returns the bytes and the step's ``alloc_retries`` / ``ooms``; empty
+    without CUDA. Never raises.
     """
     try:
         stats = memory_stats(reset_peak=reset_peak)
         if not stats:
             return stats
-        view = otel_tunix.current_step()
-        if step is None:
-            step = view.number if view is not None else None
-        scope = scope or (view.scope if view is not None else None) or "train"
-        device = f"cuda:{sys.modules['torch'].cuda.current_device()}"
-        _base.record_device_memory(stats, device=device, step=step, scope=scope)
-        return stats
+        cuda = sys.modules["torch"].cuda
+        device = f"cuda:{cuda.current_device()}"
+        return publish_step_memory(
+            stats, cuda.memory_stats(), device=device, step=step, scope=scope
+        )
     except Exception:
         warn_once(
             ("torch", "memory"),

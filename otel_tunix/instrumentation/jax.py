@@ -418,6 +418,7 @@ _MEMORY_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("allocated", ("bytes_in_use",)),
     ("reserved", ("pool_bytes", "bytes_reserved")),
     ("peak_allocated", ("peak_bytes_in_use",)),
+    ("limit", ("bytes_limit",)),
 )
 """otel-tunix memory key -> ``memory_stats()`` keys, first present wins."""
 
@@ -425,10 +426,11 @@ _MEMORY_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
 def memory_stats() -> tuple[dict[str, float], str] | None:
     """Device memory of this process's local devices as ``({key: bytes}, device label)``.
 
-    Keys are otel-tunix's (``allocated``, ``reserved``, ``peak_allocated``); with several
-    local devices each is the largest over them (the one that runs out first) and the label
-    is ``"<platform>:max"``. ``None`` before JAX started its backends, or when no device
-    reports memory (CPU).
+    Keys are otel-tunix's (``allocated``, ``reserved``, ``peak_allocated``, ``limit``: from
+    ``bytes_in_use``, ``pool_bytes``, ``peak_bytes_in_use``, ``bytes_limit``); with several
+    local devices each is the largest over them (the one that runs out first; ``limit``: the
+    smallest) and the label is ``"<platform>:max"``. ``None`` before JAX started its
+    backends, or when no device reports memory (CPU).
     """
     jax = sys.modules.get("jax")
     if jax is None or not _backends_ready(jax):
@@ -450,7 +452,11 @@ def memory_stats() -> tuple[dict[str, float], str] | None:
         for key, names in _MEMORY_KEYS:
             for name in names:
                 if name in stats:
-                    out[key] = max(out.get(key, 0.0), float(stats[name]))
+                    value = float(stats[name])
+                    if key == "limit":  # the smallest: the device that runs out first
+                        out[key] = min(out.get(key, value), value)
+                    else:
+                        out[key] = max(out.get(key, 0.0), value)
                     break
     if not out:
         return None
@@ -473,7 +479,13 @@ class _StepMemory:
             found = memory_stats()
             if found is not None:
                 stats, label = found
-                _base.record_device_memory(stats, device=label, step=rec.number, scope=rec.scope)
+                _base.record_device_memory(  # the span waits for this device end: its
+                    stats,  # attributes are still the step's to add
+                    device=label,
+                    step=rec.number,
+                    scope=rec.scope,
+                    span_attributes=rec.attributes,
+                )
         except Exception:  # memory_stats() guards JAX's calls: a bug of ours
             report_internal_error("reading JAX device memory after a step")
 

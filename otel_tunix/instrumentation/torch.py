@@ -53,8 +53,11 @@ from otel_tunix.instrumentation._torch_compile import (
 from otel_tunix.instrumentation._torch_device import ANCHOR_SLACK_NS as ANCHOR_SLACK_NS
 from otel_tunix.instrumentation._torch_device import (
     DEVICE_DURATION,
+    AllocatorStep,
+    allocator_step,
     device_component,
     memory_stats,
+    publish_step_memory,
     record_memory_stats,
 )
 from otel_tunix.instrumentation._torch_device import REANCHOR_NS as REANCHOR_NS
@@ -80,8 +83,10 @@ from otel_tunix.instrumentation._torch_steps import ensure_configured as ensure_
 __all__ = [
     "COLLECTIVES",
     "DEVICE_DURATION",
+    "AllocatorStep",
     "InstrumentedLoader",
     "TorchInstrumentor",
+    "allocator_step",
     "device_component",
     "distributed_rank_attributes",
     "instrument_collectives",
@@ -90,6 +95,7 @@ __all__ = [
     "instrument_model",
     "instrument_optimizer",
     "memory_stats",
+    "publish_step_memory",
     "quiet_forward",
     "record_memory_stats",
     "uninstrument_collectives",

@@ -18,6 +18,7 @@ from enum import IntEnum
 from typing import Literal
 
 __all__ = [
+    "ALLOC_RETRIES_METRIC",
     "POLICY_LAG_METRIC",
     "WEIGHT_SYNCS_METRIC",
     "DropRule",
@@ -408,6 +409,8 @@ def default_rules(*, max_policy_lag: int | None = None) -> list[Rule]:
     ``step_time_spike``          ``step_time_sec``,                    warning > median +
                                  ``perf/*/step_time_sec``              3·MAD of 50 (3 in a
                                                                        row, after 50 steps)
+    ``alloc_retries_growing``    ``memory/alloc_retries``              warning > 0 (the
+                                                                       retry count grew)
     ``weight_sync_repeated``     ``rl/weight_syncs_per_step``          warning > 1
     ``policy_lag`` (with a       ``policy_lag``                        warning > the bound
     bound)
@@ -465,6 +468,13 @@ def default_rules(*, max_policy_lag: int | None = None) -> list[Rule]:
             description="steps much slower than the recent ones",
         ),
         ThresholdRule(
+            "alloc_retries_growing",
+            (ALLOC_RETRIES_METRIC,),
+            warning=above(0),
+            description="the CUDA allocator had to free its cache and retry allocations: "
+            "memory is nearly full (fragmentation, or a batch too large); an OOM may follow",
+        ),
+        ThresholdRule(
             "weight_sync_repeated",
             (WEIGHT_SYNCS_METRIC,),
             warning=above(1),
@@ -474,6 +484,10 @@ def default_rules(*, max_policy_lag: int | None = None) -> list[Rule]:
         *extra,
     ]
 
+
+ALLOC_RETRIES_METRIC = "memory/alloc_retries"
+"""The allocation retries of torch's CUDA caching allocator during a step (the PyTorch
+integration logs it after each optimizer step; rule ``alloc_retries_growing``)."""
 
 WEIGHT_SYNCS_METRIC = "rl/weight_syncs_per_step"
 """The MetricsLogger name of a learner step's weight syncs so far (``otel_tunix.rl``)."""

@@ -546,6 +546,23 @@ _ROWS: list[MetricSpec] = [
         "By",
         "Device memory the framework may use (JAX bytes_limit)",
         "system",
+        "memory/limit_bytes",
+    ),
+    MetricSpec(
+        "tunix.memory.alloc_retries",
+        C,
+        "{retry}",
+        "Allocation retries of torch's CUDA caching allocator (num_alloc_retries), per step",
+        "system",
+        "memory/alloc_retries",
+    ),
+    MetricSpec(
+        "tunix.memory.ooms",
+        C,
+        "{error}",
+        "Out-of-memory errors of torch's CUDA caching allocator (num_ooms), per step",
+        "system",
+        "memory/ooms",
     ),
     MetricSpec(
         "tunix.queue.depth",

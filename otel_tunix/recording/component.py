@@ -343,6 +343,9 @@ class Component:
             st = self._step
             if exc is not None:
                 step_extras(st).errors[sid] = exc
+                watch = st.runtime.error_watch
+                if watch is not None:
+                    watch(st, exc)
             resolver = self._resolver
             if resolver is not None:
                 self._resolver = self._device_end  # for the next use of this object

@@ -226,9 +226,11 @@ class step:
                 )
             self._otel_token = self._token = None
             if rec is not None:
+                rt = rec.runtime
+                if exc is not None and rt.error_watch is not None:
+                    rt.error_watch(rec, exc)  # the step still open: its attributes count
                 rec.end_ns = end
                 rec.error = exc
-                rt = rec.runtime
                 try:
                     rt.open_steps.remove(rec)
                 except ValueError:

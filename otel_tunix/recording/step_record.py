@@ -12,6 +12,7 @@ import collections
 import contextvars
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import (
@@ -282,6 +283,7 @@ class Runtime:
 
     __slots__ = (
         "allowed",
+        "error_watch",
         "job_ids",
         "job_root",
         "last_scope",
@@ -334,6 +336,11 @@ class Runtime:
         self.pending_events: collections.deque[StepEvent] = collections.deque(
             maxlen=MAX_PENDING_EVENTS
         )
+        self.error_watch: Callable[[StepRecord, BaseException], None] | None = None
+        """Told, on the raising thread, when an exception leaves a recorded component or a
+        sampled step (with that step's record; the step still open): the out-of-memory
+        marks and snapshots (:mod:`otel_tunix.metrics.memory_snapshots`). It must not
+        raise."""
         self.step_watch: StepWatch | None = None
         """Told when each step starts and ends, while set (``None``: nothing is told; the
         hot path reads this one attribute per step edge): a profile capture pending or

@@ -31,6 +31,7 @@ from otel_tunix.exporters.datadog import DatadogClient, DatadogMetricExporter, D
 from otel_tunix.logger.live_line import LiveLine
 from otel_tunix.logger.metrics_logger import MetricsLogger, MetricsLoggerOptions, metrics_file_name
 from otel_tunix.metrics.alerts import AlertEngine
+from otel_tunix.metrics.memory_snapshots import OomSnapshots
 from otel_tunix.metrics.profiling import ProfileCaptures, ProfileFileTrigger
 from otel_tunix.metrics.system import SystemMetricsSampler
 from otel_tunix.model.alert_rules import default_rules
@@ -346,6 +347,8 @@ def assemble(
             consumers.add(proc)
     consumers.add(ProviderSpans(tp, args.span_processors, consumers))  # the provider's others
     state.runtime = _runtime(args, settings, info, prov, consumers, state.offset_ns)
+    if state.runtime is not None:
+        state.memory_snapshots = state.runtime.error_watch = OomSnapshots(out_dir)
     if out_dir is not None and state.runtime is not None:
         state.profiles = ProfileCaptures(
             state.runtime,

@@ -74,6 +74,9 @@ class RunState:
     profiles: Any = None
     """The run's profile captures (:class:`otel_tunix.metrics.profiling.ProfileCaptures`;
     ``None`` without a run folder)."""
+    memory_snapshots: Any = None
+    """The run's out-of-memory marks and snapshots
+    (:class:`otel_tunix.metrics.memory_snapshots.OomSnapshots`)."""
 
 
 def register_observables(meter: Any, state: RunState | None) -> None:
@@ -193,6 +196,8 @@ def write_summary(
         data["goodput"] = st.ledger.figures()
     if st.profiles is not None:
         data["profiles"] = st.profiles.to_json()
+    if st.memory_snapshots is not None:
+        data["memory_snapshots"] = st.memory_snapshots.to_json()
     if timeout is not None:
         data["shutdown"] = {"timeout_sec": timeout, "unfinished": list(unfinished)}
     data["write_errors"] = own_write_errors(st)

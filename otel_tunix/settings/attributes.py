@@ -58,6 +58,23 @@ its nested components its children; it has no ``tunix.step`` or ``tunix.scope``.
 PROFILE_PATH: Final = "tunix.profile.path"
 """On a profiled step's span and on the alert that asked for the capture: the profile
 capture's path relative to the run folder (:mod:`otel_tunix.metrics.profiling`)."""
+MEMORY_ALLOC_RETRIES: Final = "tunix.memory.alloc_retries"
+"""On a step span (torch with CUDA): the CUDA caching allocator's allocation retries during
+the step (a failed ``cudaMalloc`` that freed the cache and tried again)."""
+MEMORY_OOMS: Final = "tunix.memory.ooms"
+"""On a step span (torch with CUDA): the allocator's out-of-memory errors during the step."""
+MEMORY_PEAK_ALLOCATED: Final = "tunix.memory.peak_allocated"
+"""On a step span (torch with CUDA; JAX where ``Device.memory_stats()`` answers): peak bytes
+held by tensors during the step (JAX: ``peak_bytes_in_use``, since the process started)."""
+MEMORY_RESERVED: Final = "tunix.memory.reserved"
+"""On a step span (torch with CUDA; JAX where it reports ``pool_bytes``): bytes reserved by
+the allocator at the step's end."""
+MEMORY_LIMIT: Final = "tunix.memory.limit"
+"""On a step span (JAX on a device that reports it): bytes the framework may use
+(``bytes_limit``)."""
+MEMORY_OOM: Final = "tunix.memory.oom"
+"""True on a step span when an out-of-memory error (``torch.cuda.OutOfMemoryError``) was
+raised inside the step or one of its components."""
 GOODPUT_CATEGORY: Final = "tunix.goodput.category"
 """On a component recorded with a goodput category (``component(name,
 category=...)``, :func:`otel_tunix.accounting.categories.declare`): that category."""

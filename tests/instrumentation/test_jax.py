@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import sys
 from typing import Any
@@ -227,19 +228,45 @@ def test_device_memory_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
         cap.flush()
         gauges = {
             name: [(dict(p.attributes), p.value) for p in _points(cap, name)]
-            for name in ("tunix.memory.allocated", "tunix.memory.reserved")
+            for name in ("tunix.memory.allocated", "tunix.memory.reserved", "tunix.memory.limit")
         }
+        steps = [s for s in cap.spans() if s.name == "train_step"]
     assert gauges["tunix.memory.allocated"] == [({"device": "gpu:max", "scope": "train"}, 300)]
     assert gauges["tunix.memory.reserved"] == [({"device": "gpu:max", "scope": "train"}, 900)]
+    assert gauges["tunix.memory.limit"] == [({"device": "gpu:max", "scope": "train"}, 10**9)]
     assert otj.memory_stats() == (
-        {"allocated": 300.0, "reserved": 900.0, "peak_allocated": 600.0},
+        {"allocated": 300.0, "reserved": 900.0, "peak_allocated": 600.0, "limit": 1e9},
         "gpu:max",
     )
+    assert len(steps) == 2
+    for s in steps:  # each step span carries its readings
+        assert s.attributes[attr.MEMORY_PEAK_ALLOCATED] == 600
+        assert s.attributes[attr.MEMORY_RESERVED] == 900
+        assert s.attributes[attr.MEMORY_LIMIT] == 10**9
 
 
 def test_memory_stats_none_on_cpu() -> None:
     jnp.ones(1).block_until_ready()
     assert otj.memory_stats() is None
+
+
+def test_cpu_steps_stay_silent_about_device_memory() -> None:
+    """CPU devices answer ``memory_stats()`` with None: no gauge, scalar, attribute or
+    warning is added."""
+    assert all(d.memory_stats() is None for d in jax.local_devices())
+    step_fn = otj.instrument_jit(jax.jit(lambda x: x * 5))
+    with capture() as cap:
+        for n in range(3):
+            with otel_tunix.step(n):
+                step_fn(jnp.ones((4,)))
+        cap.flush()
+        names = {m for m in cap.metrics()}
+        steps = [s for s in cap.spans() if s.name == "train_step"]
+        logged = dict(otel_tunix.get_metrics_logger().last_values)
+    assert len(steps) == 3
+    assert not any(n.startswith("tunix.memory.") for n in names)
+    assert not any(k.startswith("tunix.memory.") for s in steps for k in s.attributes or {})
+    assert not any(k.startswith("memory/") for k in logged)
 
 
 def test_missing_jax_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,3 +352,58 @@ def test_a_loop_that_never_waits_for_the_device_tiles_its_wall_time_with_host_st
     for earlier, later in itertools.pairwise(steps):
         assert earlier.end_ns <= later.start_ns  # consecutive host windows never overlap
     assert all(s.device_times and s.device_times["train_step_compute"] > 0 for s in steps)
+
+
+def test_a_resource_exhausted_error_marks_its_step_and_keeps_a_memory_profile(
+    local_run: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JAX's out-of-memory error (a real ``JaxRuntimeError`` with XLA's status text) in a
+    component: the step is marked and ``device_memory_profile()`` (which answers on CPU
+    too) is kept, linked from the step; another runtime error is not an OOM."""
+    import gzip
+
+    oom = jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes."
+    )
+    raised: dict[int, str] = {}
+    run = local_run()
+    x = jnp.ones((64, 64))
+    for n in range(4):
+        with otel_tunix.step(n):
+            (x @ x).block_until_ready()
+            try:
+                with otel_tunix.component("forward"):
+                    if n == 2:
+                        raised[n] = "oom"
+                        raise oom
+                    if n == 3:
+                        raised[n] = "other"
+                        raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: bad shapes")
+            except jax.errors.JaxRuntimeError:
+                pass
+    otel_tunix.shutdown()
+
+    steps = {s["step"]: s["attributes"] for s in run.steps()}
+    assert [n for n in sorted(steps) if steps[n].get(attr.MEMORY_OOM)] == [2]
+    summary = run.summary()["memory_snapshots"]
+    assert summary["oom_steps"] == 1 and summary["skipped"] == {}
+    (snap,) = summary["snapshots"]
+    assert snap["path"] == "profiles/oom-1-train-step2.prof"
+    assert snap["framework"] == "jax" and snap["step"] == 2
+    assert snap["error"].startswith("RESOURCE_EXHAUSTED")
+    assert steps[2][attr.PROFILE_PATH] == snap["path"]
+    assert attr.PROFILE_PATH not in steps[3]
+    profile = gzip.decompress((run.path / snap["path"]).read_bytes())  # pprof: gzipped proto
+    for sample_type in (b"allocations", b"space", b"bytes"):  # its string table
+        assert sample_type in profile
+
+    # `otel-tunix summary` lists the snapshot, from the run folder
+    from otel_tunix.cli import main
+
+    capsys.readouterr()
+    assert main(["summary", str(run.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_snapshots"] == [{"rank": None, **snap}]
+    assert main(["summary", str(run.path)]) == 0
+    text = capsys.readouterr().out
+    assert "Out-of-memory snapshots: 1" in text
+    assert "profiles/oom-1-train-step2.prof: train step 2" in text

@@ -175,7 +175,7 @@ def test_a_custom_rule_and_metric_globs():
         AlertEngine([SpikeRule("a", ("m",)), SpikeRule("a", ("n",))])
     assert {r.name for r in default_rules()} == {
         "kl_divergence", "clip_fraction", "explained_variance", "entropy_collapse",
-        "loss_not_finite", "step_time_spike", "weight_sync_repeated",
+        "loss_not_finite", "step_time_spike", "alloc_retries_growing", "weight_sync_repeated",
     }  # fmt: skip
 
 
