@@ -94,17 +94,18 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use (PEP 562) and keep the name here."""
-    if name == "rl":
-        value: Any = importlib.import_module("otel_tunix.metrics.rl")
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # mypy sees the imports above: a misspelt name stays an error
 
+    def __getattr__(name: str) -> Any:
+        """Import a public name's module on first use (PEP 562) and keep the name here."""
+        if name == "rl":
+            value: Any = importlib.import_module("otel_tunix.metrics.rl")
+        elif name in _HOMES:
+            value = getattr(importlib.import_module(_HOMES[name]), name)
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
