@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 from opentelemetry.metrics import MeterProvider
 
 from otel_tunix.logger.instruments import CatalogInstruments
@@ -309,6 +308,8 @@ class GenerationMetrics:
         stamps: Sequence[float],
         end: float,
     ) -> None:
+        import numpy as np  # here, not at import: ``import otel_tunix`` stays free of numpy
+
         sequences = getattr(out, "sequences", out)
         seq = np.asarray(sequences.detach().cpu().numpy())
         cfg = getattr(model, "config", None)
