@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.processes import child_env
+from processes import child_env
 
 _HEAVY = (
     "numpy",
