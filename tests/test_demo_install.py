@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from processes import shell_env
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = {"jax", "jaxlib", "ray", "transformers", "trl", "wandb", "google-tunix", "pandas"}
@@ -27,7 +28,12 @@ def _make_n(target: str, venv: Path, *, always: bool = True) -> list[list[str]]:
     """The commands ``make`` would run for ``target`` with ``.venv`` at ``venv``."""
     args = ["make", "-n", *(["-B"] if always else []), target, f"VENV={venv}"]
     out = subprocess.run(
-        [*args, f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True, check=True
+        [*args, f"PY={sys.executable}"],
+        cwd=ROOT,
+        env=shell_env(),
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return [shlex.split(line) for line in out.splitlines() if line and not line.startswith("#")]
 
@@ -137,7 +143,12 @@ def test_make_demo_otlp_adds_the_otlp_extra_and_sends_the_demo_to_a_collector(
 def test_make_test_pythons_runs_the_core_tests_on_each_python_and_is_not_in_make_test() -> None:
     def dry(*args: str) -> str:
         return subprocess.run(
-            ["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True
+            ["make", "-n", *args],
+            cwd=ROOT,
+            env=shell_env(),
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
 
     pythons = "/py312/bin/python3 /py313/bin/python3"

@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from processes import shell_env
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -45,7 +46,7 @@ def _user_env() -> dict[str, str]:
     """A shell's environment: no virtual environment active, nothing of otel-tunix set."""
     env = {
         k: v
-        for k, v in os.environ.items()
+        for k, v in shell_env().items()
         if not k.startswith(("OTEL_", "PYTEST_", "VIRTUAL_ENV", "PYTHON"))
     }
     env["PATH"] = os.pathsep.join(

@@ -194,9 +194,11 @@ def test_disabling_the_instrumentations(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_plain_iterator_loop_steps_cover_the_loop_forward_included(tmp_path: Path) -> None:
-    # No DataLoader: the step opens at the model's forward, not at backward. What the steps
-    # do not cover is the loop's zero_grad, otel-tunix's own configure() at the first forward
-    # and its step boundaries (together about 1 % of 2 s on this 2-core machine).
+    # No DataLoader: the step opens at the model's forward, not at backward. From the first
+    # step on, what the steps do not cover is the loop's zero_grad and otel-tunix's step
+    # boundaries (about 1 % of 2 s on this 2-core machine); before it, otel-tunix's own
+    # configure() at the first forward (its imports included: a time that moves with the
+    # machine's load, so it is left out of the ratio).
     _, run_dir = run_instrumented(
         tmp_path,
         PLAIN_LOOP_PY,
@@ -208,7 +210,8 @@ def test_plain_iterator_loop_steps_cover_the_loop_forward_included(tmp_path: Pat
     assert len(steps) == 150
     assert all(clock["start_ns"] <= r["start_ns"] and r["end_ns"] <= clock["end_ns"] for r in steps)
     covered = sum(r["step_time_sec"] for r in steps)
-    assert covered / wall >= 0.95, (covered, wall)
+    from_first_step = (clock["end_ns"] - steps[0]["start_ns"]) * 1e-9
+    assert covered / from_first_step >= 0.95, (covered, from_first_step, wall)
     for r in steps:
         assert set(r["components"]) == {"forward", "backward", "optimizer_step"}
         assert r["components"]["forward"]["count"] == 1
