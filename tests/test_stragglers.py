@@ -370,3 +370,42 @@ def test_on_cuda_the_gpu_wait_of_a_blocked_component_is_the_time_subtracted() ->
         assert s.device_end_ns  # its components ended on the device
         assert s.blocked_time_sec < 0.5 * gpu_wait  # the host hardly saw the wait
         assert _blocked_sec(s) == pytest.approx(gpu_wait, rel=0.1, abs=5e-4)
+
+
+def test_a_window_leaves_out_the_steps_a_profile_capture_slowed(tmp_path: Path) -> None:
+    """Issue #39: the straggler comparison does not take a rank's profiled steps (slowed by
+    the profiler, not by the rank) for its speed; the window still spans the same steps as
+    the other ranks' windows."""
+    pytest.importorskip("torch")
+    import statistics
+    import time
+
+    import otel_tunix
+    from otel_tunix.consumers.stragglers import rank_window
+    from otel_tunix.pipeline.step_sinks import StepSink
+    from otel_tunix.settings.attributes import PROFILE_PATH
+
+    got: list[otel_tunix.StepSummary] = []
+
+    class Keep(StepSink):
+        def on_steps(self, summaries):  # type: ignore[no-untyped-def]
+            got.extend(summaries)
+
+    otel_tunix.configure(output_dir=tmp_path / "run", system_metrics=False, step_sinks=[Keep()])
+    assert otel_tunix.capture_profile(steps=2, framework="torch") is not None
+    for n in range(6):
+        with otel_tunix.step(n), otel_tunix.component("work"):
+            time.sleep(0.01)
+    otel_tunix.shutdown()
+    profiled = [s.step for s in got if PROFILE_PATH in s.attributes]
+    assert profiled == [0, 1]  # the capture covers the next two steps
+    window = rank_window(0, got)
+    kept = [s for s in got if s.step not in profiled]
+    assert (window.first_step, window.last_step) == (0, 5)
+    assert window.step_time_sec == pytest.approx(statistics.fmean(s.step_time_sec for s in kept))
+    assert {step for step, _ in window.slowest} <= {s.step for s in kept}
+    # every step profiled: the window is all there is
+    only = rank_window(0, [s for s in got if s.step in profiled])
+    assert only.step_time_sec == pytest.approx(
+        statistics.fmean(s.step_time_sec for s in got if s.step in profiled)
+    )
