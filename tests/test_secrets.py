@@ -139,8 +139,18 @@ def test_secret_looking_keys_and_messages() -> None:
         "session_cookie",
         "sessionCookie",
     ]
-    plain = ["lr", "max_tokens", "tokens_per_sec", "monkey", "keyboard_layout", "author",
-             "num_keys", "batch_size", "path", "pattern"]  # fmt: skip
+    plain = [
+        "lr",
+        "max_tokens",
+        "tokens_per_sec",
+        "monkey",
+        "keyboard_layout",
+        "author",
+        "num_keys",
+        "batch_size",
+        "path",
+        "pattern",
+    ]
     assert [k for k in secret if not is_secret_key(k)] == []
     assert [k for k in plain if is_secret_key(k)] == []
     text = "export failed to https://u:pw@h:4318/v1/traces?sig=abc (api_key=sk-1, lr=3)"
