@@ -47,7 +47,6 @@ from otel_tunix.consumers.step_accounting import StepSink
 from otel_tunix.model.alert_rules import Severity
 from otel_tunix.model.steps import StepSummary
 from otel_tunix.recording.current_run import meter
-from otel_tunix.settings.attributes import PROFILE_PATH
 from otel_tunix.support.errors import warn_once
 
 _logger = logging.getLogger(__name__)
@@ -158,30 +157,6 @@ def compare(windows: Sequence[RankWindow], margin: float) -> list[RankVerdict]:
     return out
 
 
-def rank_window(rank: int, steps: Sequence[StepSummary]) -> RankWindow:
-    """This rank's window of ``steps`` (its sampled steps, in order): the ranks' windows span
-    the same steps, and its means leave out the steps a profile capture slowed
-    (``tunix.profile.path``: the profiler's own cost, not the rank's), unless every step of
-    the window was profiled."""
-    kept = [s for s in steps if PROFILE_PATH not in s.attributes] or list(steps)
-    components: dict[str, float] = {}
-    for s in kept:
-        for name, (busy, blocked, _) in s.component_times.items():
-            components[name] = components.get(name, 0.0) + busy + blocked
-    n = len(kept)
-    own = [s.step_time_sec - _blocked_sec(s) for s in kept]
-    slowest = heapq.nlargest(SLOWEST_STEPS, range(n), key=own.__getitem__)
-    return RankWindow(
-        rank,
-        steps[0].step,
-        steps[-1].step,
-        sum(s.step_time_sec for s in kept) / n,
-        {name: t / n for name, t in components.items()},
-        sum(own) / n,
-        tuple((kept[i].step, kept[i].trace_id) for i in slowest),
-    )
-
-
 class StragglerDetector(StepSink):
     """Compares this rank's recent steps with the other ranks' (see the module docstring).
 
@@ -255,7 +230,22 @@ class StragglerDetector(StepSink):
         if len(steps) < self.window:
             return
         self._steps = []
-        mine = rank_window(self.rank, steps)
+        components: dict[str, float] = {}
+        for s in steps:
+            for name, (busy, blocked, _) in s.component_times.items():
+                components[name] = components.get(name, 0.0) + busy + blocked
+        n = len(steps)
+        own = [s.step_time_sec - _blocked_sec(s) for s in steps]
+        slowest = heapq.nlargest(SLOWEST_STEPS, range(n), key=own.__getitem__)
+        mine = RankWindow(
+            self.rank,
+            steps[0].step,
+            steps[-1].step,
+            sum(s.step_time_sec for s in steps) / n,
+            {name: t / n for name, t in components.items()},
+            sum(own) / n,
+            tuple((steps[i].step, steps[i].trace_id) for i in slowest),
+        )
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._exchange_loop, name="otel-tunix-stragglers", daemon=True
